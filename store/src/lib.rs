@@ -1,0 +1,161 @@
+//! Subscription storage for websub-hub.
+//!
+//! A hub keeps every verified WebSub subscription behind [`SubscriptionStore`].
+//! This crate owns that contract, the [`Subscription`] value it stores, the
+//! [`StoreError`] a backend reports, and the backends themselves, one module
+//! each:
+//!
+//! | backend | feature | for |
+//! |---|---|---|
+//! | [`memory`] | always | tests, development, single-process hubs |
+//! | `sqlite` | `sqlite` | the embedded default: one file, one process |
+//! | `postgres` | `postgres` | production hubs, several replicas on one database |
+//! | `redis` | `redis` | subscription state shared through Redis |
+//!
+//! Every backend passes the conformance suite in `websub-storetest`; a new
+//! backend is proven the same way (see the README's "Writing a backend").
+//!
+//! ```
+//! use chrono::{Duration, Utc};
+//! use websub_store::{memory::MemoryStore, StoreError, Subscription, SubscriptionStore};
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let store = MemoryStore::new();
+//! let sub = Subscription::new("https://example.com/feed", "https://sub.example/cb")
+//!     .with_lease(Duration::days(10), Utc::now());
+//! store.save(&sub).await?;
+//!
+//! let found = store.get(&sub.topic, &sub.callback).await?;
+//! assert_eq!(found, sub);
+//!
+//! store.delete(&sub.topic, &sub.callback).await?;
+//! assert!(matches!(
+//!     store.get(&sub.topic, &sub.callback).await,
+//!     Err(StoreError::UnknownSubscription { .. })
+//! ));
+//! # Ok::<(), StoreError>(())
+//! # }).unwrap();
+//! ```
+
+mod error;
+pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+mod subscription;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+pub use error::StoreError;
+pub use subscription::{OwnerQuota, Subscription, expiry_bound_micros, to_micros};
+
+/// Where a hub keeps its verified subscriptions.
+///
+/// # Contract
+///
+/// Every backend keeps every rule below; the `websub-storetest` suite checks
+/// each of them, boundaries included. A backend documents only what it adds.
+///
+/// - **Identity.** A subscription is identified by the pair (topic, callback),
+///   compared byte for byte. Neither half is unique on its own: one callback
+///   may subscribe to many topics and one topic may have many callbacks.
+/// - **`save` replaces.** Saving a pair that exists overwrites every field
+///   with the new value. It never creates a second entry and never fails
+///   because the pair exists: re-subscribing is legal in WebSub.
+/// - **`get` of a missing pair** fails with
+///   [`StoreError::UnknownSubscription`], never a default value.
+/// - **`delete` is idempotent.** Deleting a missing pair succeeds, because
+///   unsubscribing is idempotent and a hub may retry it.
+/// - **`list_by_topic` is the hot path**: it runs on every publish, so it is
+///   served from an index on the topic, never a scan.
+/// - **`topics`** lists each topic that has at least one subscription, once.
+///   A topic disappears with its last subscription.
+/// - **`list_expiring(before)` is strictly before**: a subscription expiring
+///   exactly at `before` is not returned, and a permanent subscription (no
+///   `expires_at`) never is. Results come in no particular order.
+/// - **Timestamps** round-trip at microsecond precision: a value saved with
+///   whole microseconds reads back equal.
+/// - **`save_within_limit`** counts the owner's subscriptions *other than this
+///   pair* and saves only if that count is below the limit; the count and the
+///   save are one atomic step, serialised against every other conditional save
+///   for the same owner and quota type — across processes for backends that
+///   are shared between processes, across tasks for in-process ones. A
+///   re-save of a pair the owner already holds therefore never counts as new.
+///   Refusal is [`StoreError::LimitReached`] carrying the count it saw.
+/// - **Concurrency.** Every method is safe to call from many tasks at once;
+///   concurrent saves of one pair leave exactly one entry holding one of the
+///   written values.
+#[async_trait]
+pub trait SubscriptionStore: Send + Sync + std::fmt::Debug {
+    /// Inserts the subscription, or replaces the one with the same pair.
+    async fn save(&self, subscription: &Subscription) -> Result<(), StoreError>;
+
+    /// Returns the subscription of the pair, or
+    /// [`StoreError::UnknownSubscription`].
+    async fn get(&self, topic: &str, callback: &str) -> Result<Subscription, StoreError>;
+
+    /// Removes the subscription of the pair; a missing pair is not an error.
+    async fn delete(&self, topic: &str, callback: &str) -> Result<(), StoreError>;
+
+    /// Every subscription of the topic, in no particular order.
+    async fn list_by_topic(&self, topic: &str) -> Result<Vec<Subscription>, StoreError>;
+
+    /// Every topic with at least one subscription, each once, in no
+    /// particular order.
+    async fn topics(&self) -> Result<Vec<String>, StoreError>;
+
+    /// Subscriptions whose `expires_at` is strictly before `before`;
+    /// permanent subscriptions never.
+    async fn list_expiring(&self, before: DateTime<Utc>) -> Result<Vec<Subscription>, StoreError>;
+
+    /// How many subscriptions name `owner` as their owner.
+    async fn count_by_owner(&self, owner: &str) -> Result<u64, StoreError>;
+
+    /// Saves the subscription only if its owner holds fewer than
+    /// `quota.limit` subscriptions besides this pair, atomically and
+    /// serialised per (quota type, owner).
+    ///
+    /// Fails with [`StoreError::MissingOwner`] when the subscription has no
+    /// owner, and with [`StoreError::LimitReached`] when the owner is full.
+    async fn save_within_limit(
+        &self,
+        subscription: &Subscription,
+        quota: &OwnerQuota,
+    ) -> Result<(), StoreError>;
+}
+
+#[async_trait]
+impl<S: SubscriptionStore + ?Sized> SubscriptionStore for std::sync::Arc<S> {
+    async fn save(&self, subscription: &Subscription) -> Result<(), StoreError> {
+        (**self).save(subscription).await
+    }
+    async fn get(&self, topic: &str, callback: &str) -> Result<Subscription, StoreError> {
+        (**self).get(topic, callback).await
+    }
+    async fn delete(&self, topic: &str, callback: &str) -> Result<(), StoreError> {
+        (**self).delete(topic, callback).await
+    }
+    async fn list_by_topic(&self, topic: &str) -> Result<Vec<Subscription>, StoreError> {
+        (**self).list_by_topic(topic).await
+    }
+    async fn topics(&self) -> Result<Vec<String>, StoreError> {
+        (**self).topics().await
+    }
+    async fn list_expiring(&self, before: DateTime<Utc>) -> Result<Vec<Subscription>, StoreError> {
+        (**self).list_expiring(before).await
+    }
+    async fn count_by_owner(&self, owner: &str) -> Result<u64, StoreError> {
+        (**self).count_by_owner(owner).await
+    }
+    async fn save_within_limit(
+        &self,
+        subscription: &Subscription,
+        quota: &OwnerQuota,
+    ) -> Result<(), StoreError> {
+        (**self).save_within_limit(subscription, quota).await
+    }
+}
