@@ -1,7 +1,36 @@
 //! websub-hub: a WebSub hub that is also the delivery end of a transactional
 //! outbox.
 //!
-//! The subscription state lives behind [`websub_store::SubscriptionStore`];
-//! this crate re-exports it so services depend on one crate.
+//! The library does the work; `websubd` only wires it. [`serve`] takes a
+//! bound listener, a validated [`HubConfig`] and a shutdown future, and runs
+//! the hub until the future resolves, then drains in-flight work.
+//!
+//! One module per job:
+//! - [`protocol`]: parsing and validating WebSub requests;
+//! - [`verify`]: verification of intent, denials, and the subscription
+//!   workflow that saves or deletes only after success;
+//! - [`lease`]: lease clamping and the reaper of expired subscriptions;
+//! - [`net`]: the network policy for callbacks and topic fetches;
+//! - [`intake`]: publish pings, topic fetches, fat pings;
+//! - [`events`]: the durable event log and per-subscriber delivery records;
+//! - [`dispatch`]: expand, claim, deliver, record;
+//! - [`signature`]: `X-Hub-Signature` and webhook signatures;
+//! - [`api`]: the HTTP adapter;
+//! - [`config`]: settings, defaults and validation.
 
+pub mod api;
+pub mod clock;
+pub mod config;
+pub mod dispatch;
+pub mod events;
+pub mod intake;
+pub mod lease;
+pub mod net;
+pub mod protocol;
+pub mod server;
+pub mod signature;
+pub mod verify;
+
+pub use config::HubConfig;
+pub use server::serve;
 pub use websub_store as store;

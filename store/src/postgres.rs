@@ -279,3 +279,34 @@ impl SubscriptionStore for PostgresStore {
         Ok(())
     }
 }
+
+/// `url` with its database replaced by `database` (query string kept): how
+/// tools and tests reach a sibling database on the same server.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let authority_start = base.find("://").map_or(0, |at| at + 3);
+    let path_start = base[authority_start..]
+        .find('/')
+        .map_or(base.len(), |at| authority_start + at);
+    let mut out = format!("{}/{database}", &base[..path_start]);
+    if !query.is_empty() {
+        out.push('?');
+        out.push_str(query);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn with_database_replaces_only_the_path() {
+        assert_eq!(
+            super::with_database("postgres://u@127.0.0.1:5/postgres?sslmode=disable", "x"),
+            "postgres://u@127.0.0.1:5/x?sslmode=disable"
+        );
+        assert_eq!(
+            super::with_database("postgres://u@h:5", "x"),
+            "postgres://u@h:5/x"
+        );
+    }
+}

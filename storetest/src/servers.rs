@@ -66,6 +66,28 @@ pub async fn redis_url() -> Option<String> {
     .await
 }
 
+/// A URL of a database of its own on the test PostgreSQL server, created for
+/// the caller (for tests whose tables must not be shared), or `None` (skip)
+/// outside CI.
+///
+/// # Panics
+/// Under `CI=true` when [`DATABASE_URL_VAR`] is not set, or when the
+/// database cannot be created.
+pub async fn fresh_postgres_url() -> Option<String> {
+    use sqlx::Connection;
+    let admin_url = postgres_url().await?;
+    let name = format!("websub_test_{}", rand::random::<u64>());
+    let mut admin = sqlx::PgConnection::connect(&admin_url)
+        .await
+        .unwrap_or_else(|error| panic!("connect to the test PostgreSQL: {error}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .unwrap_or_else(|error| panic!("create database {name}: {error}"));
+    let _ = admin.close().await;
+    Some(websub_store::postgres::with_database(&admin_url, &name))
+}
+
 /// Whether the tests run in CI, where nothing may skip.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|value| !value.is_empty() && value != "false" && value != "0")

@@ -1,1 +1,567 @@
-//! Helpers shared by the end-to-end tests.
+//! What the end-to-end tests share: a scripted subscriber and publisher
+//! (real axum servers on 127.0.0.1), and a hub started in process on a free
+//! port.
+//!
+//! The subscriber answers verification GETs as each test scripts them
+//! (echo the challenge, refuse, stall) and records every delivery POST with
+//! its headers and raw body; the publisher serves topics, honouring
+//! conditional GETs. Tests wait for what they expect with an upper bound —
+//! they are woken by the event itself, never by sleeping.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// How a subscriber answers a verification GET.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VerifyAnswer {
+    /// 200 with the challenge as the body.
+    Echo,
+    /// This status, empty body.
+    Status(u16),
+    /// 200 with another body.
+    WrongBody,
+}
+
+/// How a subscriber answers a delivery POST.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryAnswer {
+    /// This status.
+    Status(u16),
+    /// Wait this long, then 200.
+    Hang(Duration),
+    /// Each status in turn, then the last forever.
+    Sequence(Vec<u16>),
+}
+
+/// A verification request the subscriber received.
+#[derive(Debug, Clone)]
+pub struct Verification {
+    /// The callback path it came to.
+    pub path: String,
+    /// The raw query string.
+    pub raw_query: String,
+    /// The decoded query pairs.
+    pub params: Vec<(String, String)>,
+}
+
+impl Verification {
+    /// The first value of a query parameter.
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// A delivery the subscriber received.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The callback path it came to.
+    pub path: String,
+    /// The raw query string.
+    pub raw_query: Option<String>,
+    /// Every header.
+    pub headers: HeaderMap,
+    /// The body, byte for byte.
+    pub body: Bytes,
+    /// When it arrived.
+    pub received_at: Instant,
+}
+
+impl Delivery {
+    /// A header's value as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+}
+
+#[derive(Debug, Default)]
+struct SubscriberState {
+    verify_answers: Mutex<HashMap<String, VerifyAnswer>>,
+    delivery_answers: Mutex<HashMap<String, DeliveryAnswer>>,
+    attempts: Mutex<HashMap<String, usize>>,
+    verifications: Mutex<Vec<Verification>>,
+    deliveries: Mutex<Vec<Delivery>>,
+    changed: Notify,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A subscriber: one server, any number of callbacks (`/cb/<name>`).
+#[derive(Debug)]
+pub struct TestSubscriber {
+    address: SocketAddr,
+    state: Arc<SubscriberState>,
+    stop: CancellationToken,
+}
+
+impl TestSubscriber {
+    /// Starts a subscriber on 127.0.0.1, echoing every challenge and
+    /// answering every delivery 204 until told otherwise.
+    pub async fn start() -> Self {
+        let state = Arc::new(SubscriberState::default());
+        let app = Router::new()
+            .route("/cb/{name}", get(verify_callback).post(deliver_callback))
+            .with_state(state.clone());
+        let (address, stop) = serve_on_loopback(app).await;
+        Self {
+            address,
+            state,
+            stop,
+        }
+    }
+
+    /// The callback URL named `name`.
+    pub fn callback(&self, name: &str) -> String {
+        format!("http://{}/cb/{name}", self.address)
+    }
+
+    /// Scripts the verification answer of one callback.
+    pub fn answer_verification(&self, name: &str, answer: VerifyAnswer) {
+        lock(&self.state.verify_answers).insert(format!("/cb/{name}"), answer);
+    }
+
+    /// Scripts the delivery answer of one callback.
+    pub fn answer_delivery(&self, name: &str, answer: DeliveryAnswer) {
+        lock(&self.state.delivery_answers).insert(format!("/cb/{name}"), answer);
+    }
+
+    /// Every verification received so far.
+    pub fn verifications(&self) -> Vec<Verification> {
+        lock(&self.state.verifications).clone()
+    }
+
+    /// Every delivery received so far, to any callback.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        lock(&self.state.deliveries).clone()
+    }
+
+    /// Deliveries received by one callback.
+    pub fn deliveries_to(&self, name: &str) -> Vec<Delivery> {
+        let path = format!("/cb/{name}");
+        self.deliveries()
+            .into_iter()
+            .filter(|delivery| delivery.path == path)
+            .collect()
+    }
+
+    /// How many delivery attempts one callback has seen (answered or not).
+    pub fn attempts(&self, name: &str) -> usize {
+        lock(&self.state.attempts)
+            .get(&format!("/cb/{name}"))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Waits until `condition` holds, for at most `limit`; woken by every
+    /// request the subscriber receives. Returns whether it held.
+    pub async fn wait_until(&self, limit: Duration, condition: impl Fn(&Self) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let changed = self.state.changed.notified();
+            if condition(self) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return condition(self);
+            }
+        }
+    }
+
+    /// Waits for `count` deliveries to `name`, at most `limit`.
+    pub async fn wait_for_deliveries(
+        &self,
+        name: &str,
+        count: usize,
+        limit: Duration,
+    ) -> Vec<Delivery> {
+        self.wait_until(limit, |subscriber| {
+            subscriber.deliveries_to(name).len() >= count
+        })
+        .await;
+        self.deliveries_to(name)
+    }
+
+    /// Waits for `count` verifications in all, at most `limit`.
+    pub async fn wait_for_verifications(&self, count: usize, limit: Duration) -> Vec<Verification> {
+        self.wait_until(limit, |subscriber| {
+            subscriber.verifications().len() >= count
+        })
+        .await;
+        self.verifications()
+    }
+}
+
+impl Drop for TestSubscriber {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn verify_callback(
+    State(state): State<Arc<SubscriberState>>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let path = format!("/cb/{name}");
+    let raw_query = query.unwrap_or_default();
+    let params: Vec<(String, String)> = serde_urlencoded::from_str(&raw_query).unwrap_or_default();
+    let challenge = params
+        .iter()
+        .find(|(key, _)| key == "hub.challenge")
+        .map(|(_, value)| value.clone())
+        .unwrap_or_default();
+    let answer = lock(&state.verify_answers)
+        .get(&path)
+        .cloned()
+        .unwrap_or(VerifyAnswer::Echo);
+    lock(&state.verifications).push(Verification {
+        path,
+        raw_query,
+        params,
+    });
+    state.changed.notify_waiters();
+    match answer {
+        VerifyAnswer::Echo => (StatusCode::OK, challenge).into_response(),
+        VerifyAnswer::WrongBody => (StatusCode::OK, format!("not-{challenge}")).into_response(),
+        VerifyAnswer::Status(status) => StatusCode::from_u16(status)
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            .into_response(),
+    }
+}
+
+async fn deliver_callback(
+    State(state): State<Arc<SubscriberState>>,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = format!("/cb/{name}");
+    let attempt = {
+        let mut attempts = lock(&state.attempts);
+        let count = attempts.entry(path.clone()).or_default();
+        *count += 1;
+        *count
+    };
+    state.changed.notify_waiters();
+    let answer = lock(&state.delivery_answers)
+        .get(&path)
+        .cloned()
+        .unwrap_or(DeliveryAnswer::Status(204));
+    let status = match answer {
+        DeliveryAnswer::Status(status) => status,
+        DeliveryAnswer::Hang(duration) => {
+            tokio::time::sleep(duration).await;
+            200
+        }
+        DeliveryAnswer::Sequence(statuses) => statuses
+            .get(attempt - 1)
+            .or(statuses.last())
+            .copied()
+            .unwrap_or(200),
+    };
+    if (200..300).contains(&status) {
+        lock(&state.deliveries).push(Delivery {
+            path,
+            raw_query: query,
+            headers,
+            body,
+            received_at: Instant::now(),
+        });
+        state.changed.notify_waiters();
+    }
+    StatusCode::from_u16(status)
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        .into_response()
+}
+
+/// A topic the publisher serves.
+#[derive(Debug, Clone)]
+pub struct Topic {
+    /// Its Content-Type.
+    pub content_type: String,
+    /// Its content.
+    pub body: Bytes,
+    /// Its ETag, if it sends one.
+    pub etag: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct PublisherState {
+    topics: Mutex<HashMap<String, Topic>>,
+    fetches: Mutex<HashMap<String, usize>>,
+}
+
+/// A publisher serving topics at `/topics/<name>`.
+#[derive(Debug)]
+pub struct TestPublisher {
+    address: SocketAddr,
+    state: Arc<PublisherState>,
+    stop: CancellationToken,
+}
+
+impl TestPublisher {
+    /// Starts a publisher on 127.0.0.1.
+    pub async fn start() -> Self {
+        let state = Arc::new(PublisherState::default());
+        let app = Router::new()
+            .route("/topics/{name}", get(serve_topic))
+            .with_state(state.clone());
+        let (address, stop) = serve_on_loopback(app).await;
+        Self {
+            address,
+            state,
+            stop,
+        }
+    }
+
+    /// The URL of topic `name`.
+    pub fn topic_url(&self, name: &str) -> String {
+        format!("http://{}/topics/{name}", self.address)
+    }
+
+    /// Sets what topic `name` serves.
+    pub fn set_topic(
+        &self,
+        name: &str,
+        content_type: &str,
+        body: impl Into<Bytes>,
+        etag: Option<&str>,
+    ) {
+        lock(&self.state.topics).insert(
+            name.to_owned(),
+            Topic {
+                content_type: content_type.to_owned(),
+                body: body.into(),
+                etag: etag.map(str::to_owned),
+            },
+        );
+    }
+
+    /// How many times topic `name` was fetched.
+    pub fn fetches(&self, name: &str) -> usize {
+        lock(&self.state.fetches).get(name).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for TestPublisher {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn serve_topic(
+    State(state): State<Arc<PublisherState>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    *lock(&state.fetches).entry(name.clone()).or_default() += 1;
+    let Some(topic) = lock(&state.topics).get(&name).cloned() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    if let (Some(etag), Some(asked)) = (&topic.etag, headers.get(header::IF_NONE_MATCH))
+        && asked.as_bytes() == etag.as_bytes()
+    {
+        return StatusCode::NOT_MODIFIED.into_response();
+    }
+    let mut response = (StatusCode::OK, topic.body).into_response();
+    if let Ok(value) = HeaderValue::from_str(&topic.content_type) {
+        response.headers_mut().insert(header::CONTENT_TYPE, value);
+    }
+    if let Some(etag) = topic
+        .etag
+        .and_then(|etag| HeaderValue::from_str(&etag).ok())
+    {
+        response.headers_mut().insert(header::ETAG, etag);
+    }
+    response
+}
+
+/// Serves `app` on a free loopback port until the token is cancelled.
+pub async fn serve_on_loopback(app: Router) -> (SocketAddr, CancellationToken) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|error| panic!("bind a loopback port: {error}"));
+    let address = listener
+        .local_addr()
+        .unwrap_or_else(|error| panic!("local address: {error}"));
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(stopped.cancelled_owned())
+            .await;
+    });
+    (address, stop)
+}
+
+/// A hub running in this process on a free loopback port.
+#[derive(Debug)]
+pub struct TestHub {
+    /// The hub URL (ends with a slash).
+    pub url: String,
+    /// The hub's subscription store.
+    pub store: std::sync::Arc<dyn websub_store::SubscriptionStore>,
+    /// The hub's event log.
+    pub events: std::sync::Arc<dyn websub_hub::events::EventLog>,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<Result<(), websub_hub::server::ServeError>>>,
+}
+
+/// Which database a test hub keeps its event log and subscriptions in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A fresh SQLite file.
+    Sqlite,
+    /// A fresh database on the test PostgreSQL server.
+    Postgres,
+}
+
+/// A configuration for a test hub: loopback allowed, quick polls, a fresh
+/// database of the given kind. `None` when the backend's server is missing
+/// outside CI (the test skips).
+pub async fn test_config(backend: Backend) -> Option<websub_hub::HubConfig> {
+    let database_url = match backend {
+        Backend::Sqlite => format!(
+            "sqlite:{}",
+            std::env::temp_dir()
+                .join(format!("websub-e2e-{}.db", uuid::Uuid::new_v4()))
+                .display()
+        ),
+        Backend::Postgres => websub_storetest::servers::fresh_postgres_url().await?,
+    };
+    let mut config = websub_hub::HubConfig {
+        database_url,
+        allow_private_network: true,
+        poll_interval: Duration::from_millis(200),
+        ..websub_hub::HubConfig::default()
+    };
+    config.delivery.timeout = Duration::from_secs(5);
+    config.delivery.visibility_timeout = Duration::from_secs(30);
+    config.verification.timeout = Duration::from_secs(5);
+    Some(config)
+}
+
+impl TestHub {
+    /// Starts a hub with `config` on a free loopback port (the listen address
+    /// and public URL are set here).
+    pub async fn start(mut config: websub_hub::HubConfig) -> Self {
+        websub_hub::net::install_crypto_provider();
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|error| panic!("bind a loopback port: {error}"));
+        let address = listener
+            .local_addr()
+            .unwrap_or_else(|error| panic!("local address: {error}"));
+        config.listen = address;
+        config.public_url = websub_hub::config::public_url_for(address);
+        let url = config.public_url.to_string();
+        let hub = websub_hub::server::Hub::open(config)
+            .await
+            .unwrap_or_else(|error| panic!("open the hub: {error}"));
+        let store = hub.store().clone();
+        let events = hub.events().clone();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(hub.run(listener, stop.clone().cancelled_owned()));
+        Self {
+            url,
+            store,
+            events,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// POSTs a form to the hub; returns the status and the body text.
+    pub async fn post_form(&self, form: &[(&str, &str)]) -> (u16, String) {
+        let response = http_client()
+            .post(&self.url)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(serde_urlencoded::to_string(form).unwrap_or_default())
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("POST to the hub: {error}"));
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap_or_default())
+    }
+
+    /// Subscribes `callback` to `topic` and waits until the hub holds the
+    /// subscription (the subscriber must echo the challenge).
+    pub async fn subscribe(&self, topic: &str, callback: &str, extra: &[(&str, &str)]) {
+        let mut form = vec![
+            ("hub.mode", "subscribe"),
+            ("hub.topic", topic),
+            ("hub.callback", callback),
+        ];
+        form.extend_from_slice(extra);
+        let (status, body) = self.post_form(&form).await;
+        assert_eq!(status, 202, "subscribe answered {status}: {body}");
+        assert!(
+            self.wait_for_subscription(topic, callback, true).await,
+            "{callback} never became subscribed to {topic}"
+        );
+    }
+
+    /// Waits (at most 10 s, polling the store) until the pair is held or not.
+    pub async fn wait_for_subscription(&self, topic: &str, callback: &str, held: bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.store.get(topic, callback).await.is_ok() == held {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Sends a thin publish ping for `topics`.
+    pub async fn publish(&self, topics: &[&str]) -> (u16, String) {
+        let form: Vec<(&str, &str)> = topics.iter().map(|topic| ("hub.url", *topic)).collect();
+        let mut form = form;
+        form.insert(0, ("hub.mode", "publish"));
+        self.post_form(&form).await
+    }
+
+    /// Stops the hub and waits for it to drain.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for TestHub {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A plain HTTP client for tests.
+pub fn http_client() -> reqwest::Client {
+    websub_hub::net::install_crypto_provider();
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|error| panic!("build a client: {error}"))
+}

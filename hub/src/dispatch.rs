@@ -1,0 +1,614 @@
+//! The dispatcher: expands recorded events into one delivery record per
+//! subscriber, claims due records, POSTs them to their callbacks, and records
+//! each outcome — delivered, retried with backoff, exhausted, or dropped.
+//!
+//! Delivery is at least once. A record is claimed before its attempt and
+//! completed after it; a process killed in between leaves a claim that
+//! becomes claimable again after the visibility timeout. One slow or dead
+//! subscriber never delays another: attempts run concurrently, bounded
+//! overall and per callback host, and each carries its own timeout.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+use uuid::Uuid;
+use websub_store::{Subscription, SubscriptionStore};
+
+use crate::clock::Clock;
+use crate::config::DeliveryPolicy;
+use crate::events::{Claimed, Completion, Event, EventLog, EventLogError, Outcome};
+use crate::signature::{EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, sign};
+
+/// The wait before retry number `retry` (1-based) under the seed's curve: the
+/// first retry is immediate, the last waits `max_backoff`, and the ones in
+/// between double towards it. With 10 retries and 10 s, a dead subscriber is
+/// exhausted in about 20 s.
+pub fn backoff(retry: u32, max_retries: u32, max_backoff: Duration) -> Duration {
+    if retry <= 1 {
+        return Duration::ZERO;
+    }
+    if retry >= max_retries {
+        return max_backoff;
+    }
+    let halvings = (max_retries - retry).min(63);
+    max_backoff / 2u32.saturating_pow(halvings.min(31))
+}
+
+/// The outcome of a failed attempt that had `failures_before` failures
+/// before it.
+pub fn after_failure(
+    failures_before: u32,
+    error: String,
+    policy: &DeliveryPolicy,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Outcome {
+    let failures = failures_before.saturating_add(1);
+    if failures > policy.max_retries {
+        return Outcome::Exhausted { error };
+    }
+    let wait = backoff(failures, policy.max_retries, policy.max_backoff);
+    Outcome::Retry {
+        error,
+        next_attempt_at: now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+    }
+}
+
+/// What a subscriber's answer means for its delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Answer {
+    Delivered,
+    Gone,
+    Failed(String),
+}
+
+/// The dispatcher. Cheap to clone; clones share state.
+#[derive(Debug, Clone)]
+pub struct Dispatcher {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    events: Arc<dyn EventLog>,
+    store: Arc<dyn SubscriptionStore>,
+    client: reqwest::Client,
+    hub_url: String,
+    policy: DeliveryPolicy,
+    poll_interval: Duration,
+    clock: Arc<dyn Clock>,
+    wake: Notify,
+    /// Signalled whenever an attempt finishes and frees a slot.
+    room: Notify,
+    bodies: EventCache,
+    hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl Dispatcher {
+    /// A dispatcher delivering `events` to the subscriptions in `store`,
+    /// announcing `hub_url` in its `Link` headers.
+    pub fn new(
+        events: Arc<dyn EventLog>,
+        store: Arc<dyn SubscriptionStore>,
+        client: reqwest::Client,
+        hub_url: String,
+        policy: DeliveryPolicy,
+        poll_interval: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                events,
+                store,
+                client,
+                hub_url,
+                policy,
+                poll_interval,
+                clock,
+                wake: Notify::new(),
+                room: Notify::new(),
+                bodies: EventCache::new(256),
+                hosts: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Tells the dispatcher there is new work (an event recorded), so it does
+    /// not wait for its next poll.
+    pub fn wake(&self) {
+        self.inner.wake.notify_one();
+    }
+
+    /// Expands every recorded but unexpanded event into delivery records for
+    /// the current subscribers of its topic. Returns how many records were
+    /// created.
+    pub async fn expand_pending(&self) -> Result<u64, DispatchError> {
+        let mut created = 0;
+        loop {
+            let pending = self.inner.events.unexpanded(64).await?;
+            if pending.is_empty() {
+                return Ok(created);
+            }
+            for event in pending {
+                let callbacks: Vec<String> = self
+                    .inner
+                    .store
+                    .list_by_topic(&event.topic)
+                    .await?
+                    .into_iter()
+                    .map(|subscription| subscription.callback)
+                    .collect();
+                let now = self.inner.clock.now();
+                created += self.inner.events.expand(event.id, &callbacks, now).await?;
+                debug!(event = %event.id, topic = %event.topic, subscribers = callbacks.len(), "expanded");
+                self.inner.bodies.insert(Arc::new(event));
+            }
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled, then waits for the attempts in
+    /// flight and records their outcomes before returning.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let in_flight = Arc::new(Semaphore::new(self.inner.policy.concurrency));
+        let attempts = TaskTracker::new();
+        let (completed, completions) = mpsc::unbounded_channel();
+        let recorder = tokio::spawn(self.clone().record_outcomes(completions));
+
+        let mut expand_due = true;
+        while !shutdown.is_cancelled() {
+            if expand_due {
+                if let Err(error) = self.expand_pending().await {
+                    warn!(%error, "expanding events failed; retrying at the next poll");
+                }
+                expand_due = false;
+            }
+            let room = in_flight.available_permits();
+            if room == 0 {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = self.inner.room.notified() => {}
+                }
+                continue;
+            }
+            let limit = room.min(self.inner.policy.batch_size);
+            let claimed = match self
+                .inner
+                .events
+                .claim(
+                    limit,
+                    self.inner.clock.now(),
+                    self.inner.policy.visibility_timeout,
+                )
+                .await
+            {
+                Ok(claimed) => claimed,
+                Err(error) => {
+                    warn!(%error, "claiming deliveries failed; retrying at the next poll");
+                    Vec::new()
+                }
+            };
+            let more_due = claimed.len() == limit;
+            if !claimed.is_empty()
+                && let Err(error) = self
+                    .start_attempts(claimed, &in_flight, &attempts, &completed)
+                    .await
+            {
+                warn!(%error, "preparing deliveries failed; they are retried after the visibility timeout");
+            }
+            if !more_due {
+                // Fewer records were due than there was room for: wait for
+                // news instead of asking the log again at once.
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = self.inner.wake.notified() => expand_due = true,
+                    () = tokio::time::sleep(self.inner.poll_interval) => expand_due = true,
+                }
+            }
+        }
+        attempts.close();
+        attempts.wait().await;
+        drop(completed);
+        if let Err(error) = recorder.await {
+            warn!(%error, "the outcome recorder stopped abnormally");
+        }
+    }
+
+    async fn start_attempts(
+        &self,
+        claimed: Vec<Claimed>,
+        in_flight: &Arc<Semaphore>,
+        attempts: &TaskTracker,
+        completed: &mpsc::UnboundedSender<Completion>,
+    ) -> Result<(), DispatchError> {
+        let mut subscribers: HashMap<String, HashMap<String, Subscription>> = HashMap::new();
+        let mut events: HashMap<Uuid, Arc<Event>> = HashMap::new();
+        for claim in &claimed {
+            if !subscribers.contains_key(&claim.topic) {
+                let by_callback = self
+                    .inner
+                    .store
+                    .list_by_topic(&claim.topic)
+                    .await?
+                    .into_iter()
+                    .map(|subscription| (subscription.callback.clone(), subscription))
+                    .collect();
+                subscribers.insert(claim.topic.clone(), by_callback);
+            }
+            if let std::collections::hash_map::Entry::Vacant(slot) = events.entry(claim.event_id)
+                && let Some(event) = self.event(claim.event_id).await?
+            {
+                slot.insert(event);
+            }
+        }
+
+        let now = self.inner.clock.now();
+        for claim in claimed {
+            let subscription = subscribers
+                .get(&claim.topic)
+                .and_then(|by_callback| by_callback.get(&claim.subscriber))
+                .cloned();
+            let event = events.get(&claim.event_id).cloned();
+            let (subscription, event) = match (subscription, event) {
+                (Some(subscription), _) if subscription.is_expired(now) => {
+                    let _ = completed.send(dropped(&claim, "the subscription's lease has expired"));
+                    continue;
+                }
+                (Some(subscription), Some(event)) => (subscription, event),
+                (None, _) => {
+                    let _ = completed.send(dropped(&claim, "no longer subscribed"));
+                    continue;
+                }
+                (Some(_), None) => {
+                    let _ = completed.send(dropped(&claim, "the event was purged"));
+                    continue;
+                }
+            };
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                return Ok(());
+            };
+            let dispatcher = self.clone();
+            let completed = completed.clone();
+            let span = info_span!("deliver", topic = %claim.topic, callback = %claim.subscriber, event = %claim.event_id);
+            attempts.spawn(
+                async move {
+                    let completion = dispatcher.attempt(claim, subscription, event).await;
+                    let _ = completed.send(completion);
+                    drop(permit);
+                    dispatcher.inner.room.notify_one();
+                }
+                .instrument(span),
+            );
+        }
+        Ok(())
+    }
+
+    async fn event(&self, id: Uuid) -> Result<Option<Arc<Event>>, DispatchError> {
+        if let Some(event) = self.inner.bodies.get(id) {
+            return Ok(Some(event));
+        }
+        let Some(event) = self.inner.events.event(id).await? else {
+            return Ok(None);
+        };
+        let event = Arc::new(event);
+        self.inner.bodies.insert(event.clone());
+        Ok(Some(event))
+    }
+
+    fn host_limit(&self, callback: &str) -> Arc<Semaphore> {
+        let host = url::Url::parse(callback)
+            .ok()
+            .and_then(|url| {
+                url.host_str()
+                    .map(|host| format!("{host}:{:?}", url.port_or_known_default()))
+            })
+            .unwrap_or_default();
+        let mut hosts = self
+            .inner
+            .hosts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        hosts
+            .entry(host)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.inner.policy.per_host)))
+            .clone()
+    }
+
+    async fn attempt(
+        &self,
+        claim: Claimed,
+        subscription: Subscription,
+        event: Arc<Event>,
+    ) -> Completion {
+        let host = self.host_limit(&claim.subscriber);
+        let answer = match host.acquire().await {
+            Ok(_host_slot) => {
+                post(
+                    &self.inner.client,
+                    &self.inner.hub_url,
+                    &subscription,
+                    &event,
+                    self.inner.policy.timeout,
+                )
+                .await
+            }
+            Err(_) => Answer::Failed("the dispatcher is shutting down".to_owned()),
+        };
+        let now = self.inner.clock.now();
+        let outcome = match answer {
+            Answer::Delivered => {
+                metrics::counter!("websub_deliveries_total", "outcome" => "delivered").increment(1);
+                Outcome::Delivered
+            }
+            Answer::Gone => {
+                metrics::counter!("websub_deliveries_total", "outcome" => "gone").increment(1);
+                info!("callback answered 410 Gone: removing the subscription");
+                if let Err(error) = self
+                    .inner
+                    .store
+                    .delete(&subscription.topic, &subscription.callback)
+                    .await
+                {
+                    warn!(%error, "removing a gone subscription failed");
+                }
+                Outcome::Dropped {
+                    reason: "410 Gone: subscription removed".to_owned(),
+                }
+            }
+            Answer::Failed(error) => {
+                metrics::counter!("websub_deliveries_total", "outcome" => "failed").increment(1);
+                info!(%error, retry_count = claim.retry_count, "delivery failed");
+                after_failure(claim.retry_count, error, &self.inner.policy, now)
+            }
+        };
+        Completion {
+            event_id: claim.event_id,
+            subscriber: claim.subscriber,
+            outcome,
+        }
+    }
+
+    /// Writes outcomes back in batches: whatever has arrived since the last
+    /// write goes in one round trip, so the log keeps up with the network.
+    async fn record_outcomes(self, mut completions: mpsc::UnboundedReceiver<Completion>) {
+        let limit = self.inner.policy.batch_size.max(1);
+        let mut batch = Vec::with_capacity(limit);
+        while completions.recv_many(&mut batch, limit).await > 0 {
+            let mut delay = Duration::from_millis(50);
+            loop {
+                match self
+                    .inner
+                    .events
+                    .complete(&batch, self.inner.clock.now())
+                    .await
+                {
+                    Ok(()) => break,
+                    Err(error) => {
+                        // The records stay claimed; keep trying so outcomes are
+                        // not lost, until the visibility timeout makes them
+                        // due again anyway.
+                        warn!(%error, records = batch.len(), "recording outcomes failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                        if delay >= Duration::from_secs(5) && completions.is_closed() {
+                            break;
+                        }
+                    }
+                }
+            }
+            let next_retry = batch
+                .iter()
+                .filter_map(|completion| match completion.outcome {
+                    Outcome::Retry {
+                        next_attempt_at, ..
+                    } => Some(next_attempt_at),
+                    _ => None,
+                })
+                .min();
+            if let Some(due) = next_retry {
+                // Retries are due sooner than the next poll, the first at
+                // once: wake the claim loop when the earliest is due.
+                let wait = (due - self.inner.clock.now()).to_std().unwrap_or_default();
+                let dispatcher = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    dispatcher.wake();
+                });
+            }
+            batch.clear();
+        }
+    }
+}
+
+fn dropped(claim: &Claimed, reason: &str) -> Completion {
+    Completion {
+        event_id: claim.event_id,
+        subscriber: claim.subscriber.clone(),
+        outcome: Outcome::Dropped {
+            reason: reason.to_owned(),
+        },
+    }
+}
+
+/// The `Link` header of a delivery: the hub and the topic, combined.
+pub fn link_header(hub_url: &str, topic: &str) -> String {
+    format!("<{hub_url}>; rel=\"hub\", <{topic}>; rel=\"self\"")
+}
+
+/// One delivery POST: the exact callback, the exact body and Content-Type,
+/// the Link header, the signature when the subscription has a secret, and
+/// the event id.
+async fn post(
+    client: &reqwest::Client,
+    hub_url: &str,
+    subscription: &Subscription,
+    event: &Event,
+    timeout: Duration,
+) -> Answer {
+    let mut request = client
+        .post(&subscription.callback)
+        .timeout(timeout)
+        .header(http::header::CONTENT_TYPE, &event.content_type)
+        .header(http::header::LINK, link_header(hub_url, &event.topic))
+        .header(EVENT_ID_HEADER, event.id.to_string());
+    if let Some(secret) = &subscription.secret {
+        request = request.header(HUB_SIGNATURE_HEADER, sign(secret.as_bytes(), &event.body));
+    }
+    let response = match request.body(event.body.clone()).send().await {
+        Ok(response) => response,
+        Err(error) if error.is_timeout() => return Answer::Failed("timed out".to_owned()),
+        Err(error) => return Answer::Failed(format!("request failed: {}", error_chain(&error))),
+    };
+    let status = response.status();
+    // Drain a small body so the connection goes back to the pool; a large one
+    // is abandoned rather than read (the spec says the body is ignored).
+    let mut body = response.bytes_stream();
+    let mut read = 0usize;
+    while read < 64 * 1024 {
+        match tokio::time::timeout(timeout, body.next()).await {
+            Ok(Some(Ok(chunk))) => read += chunk.len(),
+            _ => break,
+        }
+    }
+    if status.is_success() {
+        Answer::Delivered
+    } else if status == http::StatusCode::GONE {
+        Answer::Gone
+    } else {
+        Answer::Failed(format!("HTTP {}", status.as_u16()))
+    }
+}
+
+/// An error and its causes on one line, for `last_error`.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Recently delivered events, so a fan-out to thousands of subscribers reads
+/// its body from the log once.
+#[derive(Debug)]
+struct EventCache {
+    capacity: usize,
+    entries: Mutex<CachedEvents>,
+}
+
+/// The cached events, and their ids oldest first for eviction.
+#[derive(Debug, Default)]
+struct CachedEvents {
+    by_id: HashMap<Uuid, Arc<Event>>,
+    order: VecDeque<Uuid>,
+}
+
+impl EventCache {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            entries: Mutex::new(CachedEvents::default()),
+        }
+    }
+
+    fn get(&self, id: Uuid) -> Option<Arc<Event>> {
+        let entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        entries.by_id.get(&id).cloned()
+    }
+
+    fn insert(&self, event: Arc<Event>) {
+        let mut guard = self
+            .entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let cached = &mut *guard;
+        if cached.by_id.insert(event.id, event.clone()).is_none() {
+            cached.order.push_back(event.id);
+        }
+        while cached.order.len() > self.capacity {
+            if let Some(oldest) = cached.order.pop_front() {
+                cached.by_id.remove(&oldest);
+            }
+        }
+    }
+}
+
+/// Failures the dispatcher reports (each is retried; none loses a record).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DispatchError {
+    /// The event log failed.
+    #[error(transparent)]
+    Events(#[from] EventLogError),
+    /// The subscription store failed.
+    #[error(transparent)]
+    Store(#[from] websub_store::StoreError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_follows_the_seed_curve() {
+        let max = Duration::from_secs(10);
+        assert_eq!(backoff(1, 10, max), Duration::ZERO);
+        assert_eq!(backoff(10, 10, max), max);
+        assert_eq!(backoff(9, 10, max), Duration::from_secs(5));
+        assert_eq!(backoff(2, 10, max), max / 256);
+        for retry in 2..10 {
+            assert!(backoff(retry, 10, max) < backoff(retry + 1, 10, max));
+        }
+        let total: Duration = (1..=10).map(|retry| backoff(retry, 10, max)).sum();
+        assert!(
+            total > Duration::from_secs(19) && total < Duration::from_secs(21),
+            "a dead subscriber is exhausted in about 20 s, not {total:?}"
+        );
+    }
+
+    #[test]
+    fn failures_retry_until_the_limit_then_exhaust() {
+        let policy = DeliveryPolicy::default();
+        let now = chrono::Utc::now();
+        match after_failure(0, "HTTP 500".to_owned(), &policy, now) {
+            Outcome::Retry {
+                next_attempt_at,
+                error,
+            } => {
+                assert_eq!(next_attempt_at, now, "the first retry is immediate");
+                assert_eq!(error, "HTTP 500");
+            }
+            other => panic!("expected a retry, got {other:?}"),
+        }
+        match after_failure(9, "HTTP 500".to_owned(), &policy, now) {
+            Outcome::Retry {
+                next_attempt_at, ..
+            } => {
+                assert_eq!(next_attempt_at, now + chrono::Duration::seconds(10));
+            }
+            other => panic!("expected the last retry, got {other:?}"),
+        }
+        assert!(matches!(
+            after_failure(10, "HTTP 500".to_owned(), &policy, now),
+            Outcome::Exhausted { .. }
+        ));
+    }
+
+    #[test]
+    fn link_header_combines_hub_and_self() {
+        assert_eq!(
+            link_header("https://hub.example/", "https://pub.example/feed?x=1"),
+            "<https://hub.example/>; rel=\"hub\", <https://pub.example/feed?x=1>; rel=\"self\""
+        );
+    }
+}

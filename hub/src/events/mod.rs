@@ -1,0 +1,200 @@
+//! The hub's durable event log: one row per accepted event (a publish's
+//! content, a fat ping) and one delivery record per (event, subscriber) —
+//! the same two-table shape as a producer's outbox. The dispatcher expands
+//! events into delivery records, claims due records, and writes back each
+//! outcome; everything it needs to survive a crash is here.
+//!
+//! Two backends: [`sqlite::SqliteEventLog`] (the embedded default) and
+//! [`postgres::PostgresEventLog`] (several hub replicas on one database:
+//! claims use `FOR UPDATE SKIP LOCKED` and never overlap).
+
+pub mod postgres;
+pub mod sqlite;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// Content accepted for distribution, before it is recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    /// The topic URL the content belongs to.
+    pub topic: String,
+    /// The topic's Content-Type, exactly (parameters included).
+    pub content_type: String,
+    /// The content, byte for byte.
+    pub body: Bytes,
+}
+
+/// A recorded event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Unique, time-ordered (UUIDv7).
+    pub id: Uuid,
+    /// The topic URL.
+    pub topic: String,
+    /// The Content-Type delivered with the body.
+    pub content_type: String,
+    /// The content.
+    pub body: Bytes,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+}
+
+/// A delivery record claimed for one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The event to deliver.
+    pub event_id: Uuid,
+    /// The event's topic.
+    pub topic: String,
+    /// Who it goes to: the subscription's callback URL.
+    pub subscriber: String,
+    /// Failed attempts so far.
+    pub retry_count: u32,
+}
+
+/// What became of one claimed delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The subscriber answered 2xx.
+    Delivered,
+    /// The attempt failed; try again at `next_attempt_at`.
+    Retry {
+        /// Why the attempt failed (status or transport error).
+        error: String,
+        /// When the record becomes due again.
+        next_attempt_at: DateTime<Utc>,
+    },
+    /// The attempt failed and no retries are left: the record stops being
+    /// claimed and keeps the error for inspection.
+    Exhausted {
+        /// Why the last attempt failed.
+        error: String,
+    },
+    /// Nothing to deliver any more (the subscription is gone, or answered
+    /// 410): the record is closed with the reason kept.
+    Dropped {
+        /// Why it was dropped.
+        reason: String,
+    },
+}
+
+/// The outcome of one claimed delivery, ready to be recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The event delivered.
+    pub event_id: Uuid,
+    /// The subscriber it went to.
+    pub subscriber: String,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+/// The full state of one delivery record, for inspection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryRecord {
+    /// The event.
+    pub event_id: Uuid,
+    /// The subscriber.
+    pub subscriber: String,
+    /// When it was delivered (or dropped); `None` while pending or exhausted.
+    pub processed_at: Option<DateTime<Utc>>,
+    /// Failed attempts so far.
+    pub retry_count: u32,
+    /// The last failure, kept after exhaustion.
+    pub last_error: Option<String>,
+    /// When a dispatcher claimed it, while an attempt is in flight.
+    pub processing_since: Option<DateTime<Utc>>,
+    /// When it is due; `None` once exhausted or processed.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+}
+
+/// Failures of the event log.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EventLogError {
+    /// The database failed.
+    #[error("event log database failed: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Migrations failed.
+    #[error("event log migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A stored value could not be decoded.
+    #[error("invalid stored event data: {0}")]
+    Invalid(String),
+}
+
+/// Where the hub records events and delivery outcomes.
+///
+/// Every method is safe to call concurrently, from several processes sharing
+/// one database where the backend allows it. Times are passed in (never
+/// read from the clock inside) so callers control them in tests.
+#[async_trait]
+pub trait EventLog: Send + Sync + std::fmt::Debug {
+    /// Records an event durably; it is expanded later by
+    /// [`EventLog::expand`]. Returns the stored event.
+    async fn record(&self, event: NewEvent, now: DateTime<Utc>) -> Result<Event, EventLogError>;
+
+    /// Writes one delivery record per subscriber (due at `now`) and marks the
+    /// event expanded, in one transaction. Idempotent: records that exist are
+    /// left as they are. Set-based, in chunks: 100 000 subscribers take a
+    /// handful of statements. Returns how many records were created.
+    async fn expand(
+        &self,
+        event_id: Uuid,
+        subscribers: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
+    /// Events recorded but not yet expanded (a crash between the two), oldest
+    /// first, at most `limit`.
+    async fn unexpanded(&self, limit: usize) -> Result<Vec<Event>, EventLogError>;
+
+    /// Claims up to `limit` due records: unprocessed, `next_attempt_at <=
+    /// now`, and not claimed since `now - visibility` (a claim older than
+    /// that belongs to a dead process). Sets `processing_since = now`.
+    /// Concurrent claimers never receive the same record.
+    async fn claim(
+        &self,
+        limit: usize,
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Claimed>, EventLogError>;
+
+    /// One event by id.
+    async fn event(&self, id: Uuid) -> Result<Option<Event>, EventLogError>;
+
+    /// Records outcomes in one round trip: `Delivered` and `Dropped` set
+    /// `processed_at = now`; `Retry` increments `retry_count` and sets
+    /// `next_attempt_at`; `Exhausted` increments `retry_count` and clears
+    /// `next_attempt_at`. Every outcome keeps its error in `last_error` and
+    /// clears `processing_since`.
+    async fn complete(
+        &self,
+        completions: &[Completion],
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError>;
+
+    /// Every delivery record of an event.
+    async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError>;
+
+    /// Deletes events created before `cutoff` with their delivery records.
+    /// Returns how many events were deleted.
+    async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError>;
+}
+
+/// Opens the event log a database URL names (`sqlite:PATH` or
+/// `postgres://…`) and runs its migrations.
+pub async fn connect(url: &str) -> Result<std::sync::Arc<dyn EventLog>, EventLogError> {
+    if url.starts_with("sqlite:") {
+        Ok(std::sync::Arc::new(
+            sqlite::SqliteEventLog::connect(url).await?,
+        ))
+    } else {
+        Ok(std::sync::Arc::new(
+            postgres::PostgresEventLog::connect(url).await?,
+        ))
+    }
+}

@@ -1,0 +1,266 @@
+//! Assembling and running a hub: opens the stores a configuration names,
+//! wires the parts together, serves HTTP on a listener it is given, and on
+//! shutdown stops taking requests, then drains verifications, fetches and
+//! deliveries in flight before returning. It installs no signal handlers and
+//! binds no ports: the binary does that.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use websub_store::SubscriptionStore;
+
+use crate::api::{self, ApiState};
+use crate::clock::{Clock, SystemClock};
+use crate::config::HubConfig;
+use crate::dispatch::Dispatcher;
+use crate::events::{self, EventLog, EventLogError};
+use crate::intake::Intake;
+use crate::lease::Reaper;
+use crate::net::{self, NetPolicy};
+use crate::verify::{Subscriptions, Verifier};
+
+/// How long shutdown waits for work in flight before giving up on it. What
+/// is cut short is not lost: unrecorded deliveries are claimed again after
+/// the visibility timeout.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A hub, assembled and ready to run.
+#[derive(Debug)]
+pub struct Hub {
+    config: HubConfig,
+    store: Arc<dyn SubscriptionStore>,
+    events: Arc<dyn EventLog>,
+    subscriptions: Subscriptions,
+    intake: Intake,
+    dispatcher: Dispatcher,
+    reaper: Reaper,
+    metrics: Option<PrometheusHandle>,
+}
+
+/// Why a hub could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The subscription store could not be opened.
+    #[error("opening the subscription store failed: {0}")]
+    Store(#[from] websub_store::StoreError),
+    /// The event log could not be opened.
+    #[error("opening the event log failed: {0}")]
+    Events(#[from] EventLogError),
+    /// The HTTP clients could not be built.
+    #[error("building the HTTP clients failed: {0}")]
+    Net(#[from] crate::net::NetError),
+    /// Serving HTTP failed.
+    #[error("serving HTTP failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Opens what `config` names, serves on `listener` until `shutdown`
+/// resolves, then drains and returns.
+pub async fn serve(
+    listener: TcpListener,
+    config: HubConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    Hub::open(config).await?.run(listener, shutdown).await
+}
+
+/// Opens the subscription store a `--store` / `--database-url` value names.
+pub async fn open_store(url: &str) -> Result<Arc<dyn SubscriptionStore>, websub_store::StoreError> {
+    use websub_store::{memory, postgres, redis, sqlite};
+    Ok(if url == "memory" {
+        Arc::new(memory::MemoryStore::new())
+    } else if url.starts_with("sqlite:") {
+        Arc::new(sqlite::SqliteStore::connect(url).await?)
+    } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+        Arc::new(redis::RedisStore::connect(url).await?)
+    } else {
+        Arc::new(postgres::PostgresStore::connect(url).await?)
+    })
+}
+
+impl Hub {
+    /// Validates `config`, opens its event log and subscription store (running
+    /// migrations), and assembles the hub on the system clock.
+    pub async fn open(config: HubConfig) -> Result<Self, ServeError> {
+        config.validate()?;
+        let events = events::connect(&config.database_url).await?;
+        let store_url = config
+            .store
+            .clone()
+            .unwrap_or_else(|| config.database_url.clone());
+        let store = open_store(&store_url).await?;
+        Self::assemble(config, store, events, Arc::new(SystemClock))
+    }
+
+    /// Assembles a hub from parts already open (tests inject their own store,
+    /// log and clock here).
+    pub fn assemble(
+        config: HubConfig,
+        store: Arc<dyn SubscriptionStore>,
+        events: Arc<dyn EventLog>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, ServeError> {
+        let policy = NetPolicy {
+            allow_private_network: config.allow_private_network,
+        };
+        let delivery_client =
+            net::delivery_client(&policy, config.delivery.timeout, config.delivery.per_host)?;
+        let dispatcher = Dispatcher::new(
+            events.clone(),
+            store.clone(),
+            delivery_client.clone(),
+            config.public_url.to_string(),
+            config.delivery,
+            config.poll_interval,
+            clock.clone(),
+        );
+        let verifier = Verifier::new(delivery_client, config.verification);
+        let subscriptions = Subscriptions::new(
+            store.clone(),
+            verifier,
+            policy.clone(),
+            config.lease,
+            config.verification,
+            clock.clone(),
+        );
+        let intake = Intake::new(
+            events.clone(),
+            store.clone(),
+            dispatcher.clone(),
+            net::fetch_client(&policy, config.delivery.timeout)?,
+            policy,
+            clock.clone(),
+            config.max_content_bytes,
+        );
+        let reaper = Reaper::new(store.clone(), clock, config.reaper_interval);
+        Ok(Self {
+            config,
+            store,
+            events,
+            subscriptions,
+            intake,
+            dispatcher,
+            reaper,
+            metrics: None,
+        })
+    }
+
+    /// Serves `/metrics` from this handle (the binary installs the recorder;
+    /// the library installs nothing global).
+    pub fn with_metrics(mut self, handle: PrometheusHandle) -> Self {
+        self.metrics = Some(handle);
+        self
+    }
+
+    /// The subscription store.
+    pub fn store(&self) -> &Arc<dyn SubscriptionStore> {
+        &self.store
+    }
+
+    /// The event log.
+    pub fn events(&self) -> &Arc<dyn EventLog> {
+        &self.events
+    }
+
+    /// The subscription workflow.
+    pub fn subscriptions(&self) -> &Subscriptions {
+        &self.subscriptions
+    }
+
+    /// Content intake.
+    pub fn intake(&self) -> &Intake {
+        &self.intake
+    }
+
+    /// The dispatcher.
+    pub fn dispatcher(&self) -> &Dispatcher {
+        &self.dispatcher
+    }
+
+    /// The HTTP routes, for serving or for driving with `tower::ServiceExt`.
+    pub fn router(&self) -> axum::Router {
+        api::router(ApiState {
+            subscriptions: self.subscriptions.clone(),
+            intake: self.intake.clone(),
+            internal_api_key: self.config.internal_api_key.as_deref().map(Arc::from),
+            internal_api_key_header: Arc::from(self.config.internal_api_key_header.as_str()),
+            max_form_bytes: self.config.max_form_bytes,
+            max_content_bytes: self.config.max_content_bytes,
+            metrics: self.metrics.clone(),
+        })
+    }
+
+    /// Runs the hub on `listener` until `shutdown` resolves, then drains.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let stop = CancellationToken::new();
+        let background = CancellationToken::new();
+        let dispatcher = tokio::spawn(self.dispatcher.clone().run(background.clone()));
+        let reaper = tokio::spawn(self.reaper.clone().run(background.clone()));
+        let retention = self.config.retention.map(|ttl| {
+            tokio::spawn(sweep_retention(
+                self.events.clone(),
+                ttl,
+                background.clone(),
+            ))
+        });
+
+        info!(address = %listener.local_addr()?, hub = %self.config.public_url, "websub hub serving");
+        let stop_serving = stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            stop_serving.cancel();
+        });
+        let served = axum::serve(listener, self.router())
+            .with_graceful_shutdown(stop.clone().cancelled_owned())
+            .await;
+
+        info!("shutting down: draining work in flight");
+        let drain = async {
+            self.subscriptions.tracker().close();
+            self.intake.tracker().close();
+            self.subscriptions.tracker().wait().await;
+            self.intake.tracker().wait().await;
+            background.cancel();
+            let _ = dispatcher.await;
+            let _ = reaper.await;
+            if let Some(retention) = retention {
+                let _ = retention.await;
+            }
+        };
+        if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
+            warn!("work still in flight after {DRAIN_TIMEOUT:?}; it resumes at the next start");
+        }
+        served?;
+        Ok(())
+    }
+}
+
+/// Deletes events older than `ttl` every hour until cancelled.
+async fn sweep_retention(events: Arc<dyn EventLog>, ttl: Duration, stop: CancellationToken) {
+    let mut every_hour = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = every_hour.tick() => {}
+        }
+        let cutoff =
+            chrono::Utc::now() - chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+        match events.purge_before(cutoff).await {
+            Ok(deleted) => info!(deleted, "retention sweep"),
+            Err(error) => warn!(%error, "retention sweep failed"),
+        }
+    }
+}

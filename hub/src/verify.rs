@@ -1,0 +1,581 @@
+//! Verification of intent (WebSub 5.3), denials (5.2), and the subscription
+//! workflow around them: a subscribe or unsubscribe request changes the
+//! store only after the subscriber has confirmed it.
+//!
+//! [`Verifier`] makes the GET requests; [`Subscriptions`] runs the workflow
+//! (network policy, lease, verification, save or delete) in the background
+//! after the hub has answered 202, bounded in concurrency and drained at
+//! shutdown.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use rand::Rng;
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+use url::Url;
+use websub_store::{StoreError, Subscription, SubscriptionStore};
+
+use crate::clock::Clock;
+use crate::config::{HubConfig, LeasePolicy, VerificationPolicy};
+use crate::lease;
+use crate::net::{self, NetError, NetPolicy};
+use crate::protocol::{Mode, SubscriptionRequest};
+
+/// Length of a `hub.challenge`: 43 alphanumeric characters carry about 256
+/// bits from the CSPRNG.
+pub const CHALLENGE_LENGTH: usize = 43;
+
+/// How much more than the challenge a verification response may carry
+/// before the hub stops reading: enough for a sloppy echo, too little to
+/// exhaust memory.
+const RESPONSE_SLACK_BYTES: usize = 1024;
+
+/// Idle keep-alive connections kept per callback host by the verification
+/// client [`Subscriptions::from_config`] builds; verifications are rare
+/// compared with deliveries.
+const VERIFICATION_IDLE_PER_HOST: usize = 4;
+
+/// Why a verification (or a denial notice) did not succeed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VerifyError {
+    /// The callback could not be parsed as a URL.
+    #[error("the callback is not a valid URL")]
+    InvalidCallback {
+        /// The parser's error.
+        #[source]
+        source: url::ParseError,
+    },
+    /// 404: the subscriber does not agree with the request.
+    #[error("the subscriber refused (404 Not Found)")]
+    NotFound,
+    /// A 3xx: WebSub counts a redirect as failure, and it is not followed.
+    #[error("the callback redirected ({status}); redirects are not followed")]
+    Redirect {
+        /// The status received.
+        status: StatusCode,
+    },
+    /// Any other status outside 2xx.
+    #[error("the callback answered {status}")]
+    Status {
+        /// The status received.
+        status: StatusCode,
+    },
+    /// A 2xx whose body is not exactly the challenge.
+    #[error(
+        "the callback answered 2xx with a body of {body_bytes} bytes that is not the challenge"
+    )]
+    ChallengeMismatch {
+        /// How many bytes of body were read (reading stops past the bound).
+        body_bytes: usize,
+    },
+    /// No complete answer within the verification timeout.
+    #[error("the callback did not answer within {timeout:?}")]
+    Timeout {
+        /// The timeout that elapsed.
+        timeout: Duration,
+    },
+    /// No connection could be made (refused, unresolvable, or refused by
+    /// the network policy at connect time).
+    #[error("could not connect to the callback")]
+    Connect {
+        /// The client's error.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The request failed after connecting.
+    #[error("the request to the callback failed")]
+    Request {
+        /// The client's error.
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+/// Makes verification-of-intent and denial requests to callbacks.
+///
+/// It contacts whatever callback it is given, through a client whose
+/// resolver applies the network policy to names; callers check IP literals
+/// with [`NetPolicy::check_literal`] first, as [`Subscriptions`] does.
+#[derive(Debug, Clone)]
+pub struct Verifier {
+    client: reqwest::Client,
+    policy: VerificationPolicy,
+}
+
+impl Verifier {
+    /// A verifier using `client` (built by [`net::delivery_client`]: no
+    /// redirects) and the policy's timeout for each request.
+    pub fn new(client: reqwest::Client, policy: VerificationPolicy) -> Self {
+        Self { client, policy }
+    }
+
+    /// The verification policy in force.
+    pub fn policy(&self) -> VerificationPolicy {
+        self.policy
+    }
+
+    /// Asks the callback to confirm `mode` of `topic`: a GET with
+    /// `hub.mode`, `hub.topic`, a fresh `hub.challenge` and, when given,
+    /// `hub.lease_seconds`, appended to the callback's own query string.
+    /// Succeeds only on a 2xx whose body is exactly the challenge.
+    pub async fn verify(
+        &self,
+        mode: Mode,
+        topic: &str,
+        callback: &str,
+        lease_seconds: Option<u32>,
+    ) -> Result<(), VerifyError> {
+        let span = tracing::info_span!("verify", %mode, %topic, %callback);
+        async {
+            let challenge = new_challenge();
+            let mut url = callback_url(callback)?;
+            {
+                let mut query = url.query_pairs_mut();
+                query
+                    .append_pair("hub.mode", mode.as_str())
+                    .append_pair("hub.topic", topic)
+                    .append_pair("hub.challenge", &challenge);
+                if let Some(lease_seconds) = lease_seconds {
+                    query.append_pair("hub.lease_seconds", &lease_seconds.to_string());
+                }
+            }
+            let response = self.get(url).await?;
+            let body = self
+                .read_at_most(response, challenge.len() + RESPONSE_SLACK_BYTES)
+                .await?;
+            if body == challenge.as_bytes() {
+                tracing::debug!("verified");
+                Ok(())
+            } else {
+                Err(VerifyError::ChallengeMismatch {
+                    body_bytes: body.len(),
+                })
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Tells the callback its subscription to `topic` is denied: a GET with
+    /// `hub.mode=denied`, `hub.topic` and `hub.reason`. Succeeds on any 2xx;
+    /// the body is ignored.
+    pub async fn deny(&self, topic: &str, callback: &str, reason: &str) -> Result<(), VerifyError> {
+        let span = tracing::info_span!("deny", %topic, %callback);
+        async {
+            let mut url = callback_url(callback)?;
+            url.query_pairs_mut()
+                .append_pair("hub.mode", "denied")
+                .append_pair("hub.topic", topic)
+                .append_pair("hub.reason", reason);
+            self.get(url).await.map(drop)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Sends the GET and sorts the status: 2xx is returned, anything else is
+    /// an error.
+    async fn get(&self, url: Url) -> Result<reqwest::Response, VerifyError> {
+        let response = self
+            .client
+            .get(url)
+            .timeout(self.policy.timeout)
+            .send()
+            .await
+            .map_err(|error| self.transport_error(error))?;
+        let status = response.status();
+        if status.is_success() {
+            Ok(response)
+        } else if status == StatusCode::NOT_FOUND {
+            Err(VerifyError::NotFound)
+        } else if status.is_redirection() {
+            Err(VerifyError::Redirect { status })
+        } else {
+            Err(VerifyError::Status { status })
+        }
+    }
+
+    /// Reads the body, giving up as soon as it exceeds `limit` bytes: such a
+    /// body cannot be the challenge.
+    async fn read_at_most(
+        &self,
+        mut response: reqwest::Response,
+        limit: usize,
+    ) -> Result<Vec<u8>, VerifyError> {
+        let too_long = |body_bytes| VerifyError::ChallengeMismatch { body_bytes };
+        if let Some(announced) = response.content_length()
+            && announced > limit as u64
+        {
+            return Err(too_long(usize::try_from(announced).unwrap_or(usize::MAX)));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|error| self.transport_error(error))?
+        {
+            body.extend_from_slice(&chunk);
+            if body.len() > limit {
+                return Err(too_long(body.len()));
+            }
+        }
+        Ok(body)
+    }
+
+    fn transport_error(&self, error: reqwest::Error) -> VerifyError {
+        // The URL carries the challenge and repeats the span's fields.
+        let error = error.without_url();
+        if error.is_timeout() {
+            VerifyError::Timeout {
+                timeout: self.policy.timeout,
+            }
+        } else if error.is_connect() {
+            VerifyError::Connect { source: error }
+        } else {
+            VerifyError::Request { source: error }
+        }
+    }
+}
+
+fn callback_url(callback: &str) -> Result<Url, VerifyError> {
+    Url::parse(callback).map_err(|source| VerifyError::InvalidCallback { source })
+}
+
+/// A fresh, single-use challenge from the thread-local CSPRNG (ChaCha,
+/// seeded from the operating system).
+fn new_challenge() -> String {
+    rand::rng()
+        .sample_iter(rand::distr::Alphanumeric)
+        .take(CHALLENGE_LENGTH)
+        .map(char::from)
+        .collect()
+}
+
+/// What a processed request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Processed {
+    /// Verified and saved with this lease.
+    Subscribed {
+        /// The lease granted, in seconds.
+        lease_seconds: u32,
+    },
+    /// Verified and deleted.
+    Unsubscribed,
+}
+
+/// Why a processed request changed nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProcessError {
+    /// The network policy refuses the callback.
+    #[error("the callback is refused by the network policy")]
+    Refused(#[source] NetError),
+    /// The subscriber did not confirm.
+    #[error("verification of intent failed")]
+    Verification(#[source] VerifyError),
+    /// Verified, but the hub's policy refused to keep the subscription; the
+    /// subscriber was sent a denial with this reason.
+    #[error("subscription denied: {reason}")]
+    Denied {
+        /// The reason sent as `hub.reason`.
+        reason: String,
+    },
+    /// The store failed.
+    #[error("the subscription store failed")]
+    Store(#[source] StoreError),
+}
+
+/// The subscription workflow. Cheap to clone: clones share everything.
+#[derive(Debug, Clone)]
+pub struct Subscriptions {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<dyn SubscriptionStore>,
+    verifier: Verifier,
+    net: NetPolicy,
+    lease: LeasePolicy,
+    clock: Arc<dyn Clock>,
+    /// Bounds verifications in flight (`VerificationPolicy::concurrency`);
+    /// requests beyond it wait in their task.
+    verifications: Semaphore,
+    tracker: TaskTracker,
+}
+
+/// Why [`Subscriptions::save`] did not save.
+enum SaveError {
+    /// The hub's policy refuses the subscription; the reason goes to the
+    /// subscriber in a denial.
+    Refused {
+        reason: String,
+    },
+    Store(StoreError),
+}
+
+impl Subscriptions {
+    /// The workflow over `store`, verifying with `verifier`, at most
+    /// `verification.concurrency` verifications at once, granting leases by
+    /// `lease`.
+    pub fn new(
+        store: Arc<dyn SubscriptionStore>,
+        verifier: Verifier,
+        net: NetPolicy,
+        lease: LeasePolicy,
+        verification: VerificationPolicy,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let permits = verification.concurrency.clamp(1, Semaphore::MAX_PERMITS);
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                verifier,
+                net,
+                lease,
+                clock,
+                verifications: Semaphore::new(permits),
+                tracker: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// The workflow as `config` describes it, with its own verification
+    /// client.
+    pub fn from_config(
+        store: Arc<dyn SubscriptionStore>,
+        config: &HubConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, NetError> {
+        let net = NetPolicy {
+            allow_private_network: config.allow_private_network,
+        };
+        let client = net::delivery_client(
+            &net,
+            config.verification.timeout,
+            VERIFICATION_IDLE_PER_HOST,
+        )?;
+        let verifier = Verifier::new(client, config.verification);
+        Ok(Self::new(
+            store,
+            verifier,
+            net,
+            config.lease,
+            config.verification,
+            clock,
+        ))
+    }
+
+    /// The tasks started by [`accept`](Self::accept). At shutdown:
+    /// `tracker().close()`, then `tracker().wait().await`.
+    pub fn tracker(&self) -> &TaskTracker {
+        &self.inner.tracker
+    }
+
+    /// The verifier, e.g. to send a denial outside a request.
+    pub fn verifier(&self) -> &Verifier {
+        &self.inner.verifier
+    }
+
+    /// The checks made before answering 202: the callback must pass the
+    /// network policy now. Errors are client errors with a readable reason.
+    pub async fn check(&self, request: &SubscriptionRequest) -> Result<(), NetError> {
+        self.inner.net.check_str(&request.callback).await.map(drop)
+    }
+
+    /// The network policy applied to a topic the hub is asked to fetch
+    /// (publish pings), before answering.
+    pub async fn check_topic(&self, topic: &str) -> Result<(), NetError> {
+        self.inner.net.check_str(topic).await.map(drop)
+    }
+
+    /// Processes `request` in the background and returns at once: the 202
+    /// never depends on the outcome. Failures are logged by
+    /// [`process`](Self::process).
+    pub fn accept(&self, request: SubscriptionRequest) {
+        let subscriptions = self.clone();
+        self.inner.tracker.spawn(async move {
+            // The outcome is logged inside; nobody waits for it.
+            let _outcome = subscriptions.process(request).await;
+        });
+    }
+
+    /// Verifies `request` and only then saves (subscribe) or deletes
+    /// (unsubscribe). A failure at any step leaves the store as it was, so
+    /// an earlier subscription and its secret stay in force. Logs one line
+    /// per failure.
+    pub async fn process(&self, request: SubscriptionRequest) -> Result<Processed, ProcessError> {
+        let span = tracing::info_span!(
+            "subscription",
+            mode = %request.mode,
+            topic = %request.topic,
+            callback = %request.callback,
+        );
+        let outcome = self.process_quietly(request).instrument(span.clone()).await;
+        if let Err(error) = &outcome {
+            span.in_scope(|| log_failure(error));
+        }
+        outcome
+    }
+
+    async fn process_quietly(
+        &self,
+        request: SubscriptionRequest,
+    ) -> Result<Processed, ProcessError> {
+        // The semaphore is never closed, so acquiring cannot fail.
+        let _permit = self.inner.verifications.acquire().await.ok();
+        // IP literals bypass the client's filtering resolver.
+        let callback = net::parse_url(&request.callback).map_err(ProcessError::Refused)?;
+        self.inner
+            .net
+            .check_literal(&callback)
+            .map_err(ProcessError::Refused)?;
+        match request.mode {
+            Mode::Subscribe => self.subscribe(request).await,
+            Mode::Unsubscribe => self.unsubscribe(request).await,
+        }
+    }
+
+    async fn subscribe(&self, request: SubscriptionRequest) -> Result<Processed, ProcessError> {
+        let lease_seconds = lease::grant(&self.inner.lease, request.lease_seconds);
+        // WebSub: the lease runs from the moment of the verification request.
+        let requested_at = self.inner.clock.now();
+        self.inner
+            .verifier
+            .verify(
+                Mode::Subscribe,
+                &request.topic,
+                &request.callback,
+                Some(lease_seconds),
+            )
+            .await
+            .map_err(ProcessError::Verification)?;
+        let created_at = match self
+            .inner
+            .store
+            .get(&request.topic, &request.callback)
+            .await
+        {
+            Ok(existing) => existing.created_at,
+            Err(StoreError::UnknownSubscription { .. }) => requested_at,
+            Err(error) => return Err(ProcessError::Store(error)),
+        };
+        let subscription = Subscription {
+            topic: request.topic,
+            callback: request.callback,
+            secret: request.secret,
+            lease_seconds: Some(lease_seconds),
+            created_at,
+            verified_at: requested_at,
+            expires_at: Some(requested_at + chrono::Duration::seconds(i64::from(lease_seconds))),
+            owner: request.owner,
+        };
+        match self.save(&subscription).await {
+            Ok(()) => {
+                tracing::info!(lease_seconds, "subscribed");
+                Ok(Processed::Subscribed { lease_seconds })
+            }
+            Err(SaveError::Refused { reason }) => {
+                if let Err(error) = self
+                    .inner
+                    .verifier
+                    .deny(&subscription.topic, &subscription.callback, &reason)
+                    .await
+                {
+                    tracing::info!(error = %Chain(&error), "denial notice not delivered");
+                }
+                Err(ProcessError::Denied { reason })
+            }
+            Err(SaveError::Store(error)) => Err(ProcessError::Store(error)),
+        }
+    }
+
+    async fn unsubscribe(&self, request: SubscriptionRequest) -> Result<Processed, ProcessError> {
+        self.inner
+            .verifier
+            .verify(Mode::Unsubscribe, &request.topic, &request.callback, None)
+            .await
+            .map_err(ProcessError::Verification)?;
+        self.inner
+            .store
+            .delete(&request.topic, &request.callback)
+            .await
+            .map_err(ProcessError::Store)?;
+        tracing::info!("unsubscribed");
+        Ok(Processed::Unsubscribed)
+    }
+
+    /// The one place a verified subscription is written, and the seam where
+    /// quota enforcement plugs in: it will become a conditional save
+    /// (`save_within_limit`) whose refusal comes back as
+    /// [`SaveError::Refused`], after which the subscriber is sent a denial.
+    /// Today every save is unconditional.
+    async fn save(&self, subscription: &Subscription) -> Result<(), SaveError> {
+        self.inner
+            .store
+            .save(subscription)
+            .await
+            .map_err(|error| match error {
+                StoreError::LimitReached { limit, .. } => SaveError::Refused {
+                    reason: format!("subscription limit of {limit} reached"),
+                },
+                other => SaveError::Store(other),
+            })
+    }
+}
+
+fn log_failure(error: &ProcessError) {
+    let chain = Chain(error);
+    match error {
+        ProcessError::Refused(_) => tracing::info!(error = %chain, "callback refused"),
+        ProcessError::Verification(_) => tracing::info!(error = %chain, "not verified"),
+        ProcessError::Denied { .. } => tracing::info!(error = %chain, "denied"),
+        ProcessError::Store(_) => tracing::warn!(error = %chain, "not saved"),
+    }
+}
+
+/// An error and its causes on one line, for logs.
+struct Chain<'a>(&'a dyn std::error::Error);
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn challenges_are_long_url_safe_and_fresh() {
+        let first = new_challenge();
+        let second = new_challenge();
+        assert!(first.len() >= 32);
+        assert!(first.bytes().all(|byte| byte.is_ascii_alphanumeric()));
+        assert_ne!(first, second);
+    }
+
+    #[test]
+    fn chain_shows_every_cause() {
+        let error = ProcessError::Refused(NetError::NoAddress {
+            host: "x.example".to_owned(),
+        });
+        assert_eq!(
+            Chain(&error).to_string(),
+            "the callback is refused by the network policy: the host x.example has no address"
+        );
+    }
+}

@@ -1,0 +1,962 @@
+//! The event log's contract ([`EventLog`]), checked against both backends:
+//! PostgreSQL (a real server, from `websub_storetest::servers`) and SQLite (a
+//! fresh file per test under the target's temporary directory).
+//!
+//! Every behaviour is one async check over `&dyn EventLog`, run for each
+//! backend by `both!`. PostgreSQL tests share one server with each other and
+//! with other test binaries whose dispatchers claim due rows, so each test
+//! gets its own schema (on the connections' `search_path`): a claim in one
+//! test can never take another test's rows. Inside it the checks still look
+//! only at their own event ids and subscribers.
+//!
+//! The timing tests print what they measure (`--nocapture` to see it); the
+//! throughput one is `#[ignore]`d and run on demand.
+
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use chrono::{DateTime, TimeDelta, Utc};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use uuid::Uuid;
+use websub_hub::events::postgres::PostgresEventLog;
+use websub_hub::events::sqlite::SqliteEventLog;
+use websub_hub::events::{
+    Claimed, Completion, DeliveryRecord, Event, EventLog, EventLogError, NewEvent, Outcome,
+};
+
+/// Long enough that no claim in a check goes stale unless the check says so.
+const VISIBILITY: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------
+// Backends
+// ---------------------------------------------------------------------------
+
+/// A fresh SQLite event log in its own file.
+async fn sqlite_log(name: &str) -> SqliteEventLog {
+    let path = sqlite_path(name);
+    SqliteEventLog::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .expect("open the SQLite event log")
+}
+
+fn sqlite_path(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("events-{name}-{}.db", Uuid::new_v4().simple()))
+}
+
+/// A PostgreSQL event log in a schema of its own, dropped by
+/// [`PgScratch::drop_schema`] when the check passes (a failing test leaves
+/// it behind for inspection).
+struct PgScratch {
+    log: PostgresEventLog,
+    admin: PgPool,
+    schema: String,
+}
+
+impl PgScratch {
+    async fn new() -> Option<Self> {
+        let url = websub_storetest::servers::postgres_url().await?;
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .expect("connect to the test PostgreSQL");
+        let schema = format!("events_test_{}", Uuid::new_v4().simple());
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&admin)
+            .await
+            .expect("create the test schema");
+        let options = PgConnectOptions::from_str(&url)
+            .expect("parse the test database URL")
+            .options([("search_path", schema.as_str())]);
+        let pool = PgPoolOptions::new()
+            .max_connections(12)
+            .connect_with(options)
+            .await
+            .expect("connect the test pool");
+        let log = PostgresEventLog::from_pool(pool);
+        log.migrate().await.expect("migrate the test schema");
+        Some(Self { log, admin, schema })
+    }
+
+    async fn drop_schema(self) {
+        self.log.pool().close().await;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            self.schema
+        )))
+        .execute(&self.admin)
+        .await
+        .expect("drop the test schema");
+    }
+}
+
+/// Runs a check `async fn(&dyn EventLog)` against both backends.
+macro_rules! both {
+    ($check:ident) => {
+        mod $check {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                let log = super::sqlite_log(stringify!($check)).await;
+                super::$check(&log).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                let Some(scratch) = super::PgScratch::new().await else {
+                    return;
+                };
+                super::$check(&scratch.log).await;
+                scratch.drop_schema().await;
+            }
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+/// A time with whole microseconds, the precision both backends store.
+fn base_time() -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).expect("now is in range")
+}
+
+fn secs(n: i64) -> TimeDelta {
+    TimeDelta::seconds(n)
+}
+
+fn topic() -> String {
+    format!("https://publisher.example/topics/{}", Uuid::new_v4())
+}
+
+fn subscribers(prefix: &str, n: usize) -> Vec<String> {
+    let run = Uuid::new_v4().simple();
+    (0..n)
+        .map(|i| format!("https://subscriber.example/{prefix}/{run}/{i}?token=x"))
+        .collect()
+}
+
+async fn record(log: &dyn EventLog, topic: &str, now: DateTime<Utc>) -> Event {
+    log.record(
+        NewEvent {
+            topic: topic.to_owned(),
+            content_type: "application/json".to_owned(),
+            body: Bytes::from_static(b"{\"hello\":\"world\"}"),
+        },
+        now,
+    )
+    .await
+    .expect("record an event")
+}
+
+/// Claims everything due at `now` and keeps only this event's records.
+async fn claim_own(log: &dyn EventLog, event_id: Uuid, now: DateTime<Utc>) -> Vec<Claimed> {
+    log.claim(100_000, now, VISIBILITY)
+        .await
+        .expect("claim")
+        .into_iter()
+        .filter(|claimed| claimed.event_id == event_id)
+        .collect()
+}
+
+/// The backend's name, for printed measurements.
+fn backend(log: &dyn EventLog) -> &'static str {
+    if format!("{log:?}").starts_with("Postgres") {
+        "postgres"
+    } else {
+        "sqlite"
+    }
+}
+
+fn record_of<'a>(records: &'a [DeliveryRecord], subscriber: &str) -> &'a DeliveryRecord {
+    records
+        .iter()
+        .find(|record| record.subscriber == subscriber)
+        .unwrap_or_else(|| panic!("no delivery record for {subscriber}"))
+}
+
+fn completion(event_id: Uuid, subscriber: &str, outcome: Outcome) -> Completion {
+    Completion {
+        event_id,
+        subscriber: subscriber.to_owned(),
+        outcome,
+    }
+}
+
+fn pending(event_id: Uuid, subscriber: &str, due: DateTime<Utc>) -> DeliveryRecord {
+    DeliveryRecord {
+        event_id,
+        subscriber: subscriber.to_owned(),
+        processed_at: None,
+        retry_count: 0,
+        last_error: None,
+        processing_since: None,
+        next_attempt_at: Some(due),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Checks
+// ---------------------------------------------------------------------------
+
+async fn record_round_trip(log: &dyn EventLog) {
+    // Sub-microsecond digits are dropped by both backends; what record()
+    // returns must already be what event() reads back.
+    let now = base_time() + TimeDelta::nanoseconds(789);
+    let body: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).collect();
+    let new = NewEvent {
+        topic: format!("{}?q=ü&x=%20", topic()),
+        content_type: "application/atom+xml; charset=\"utf-8\"; type=feed".to_owned(),
+        body: Bytes::from(body),
+    };
+    let recorded = log.record(new.clone(), now).await.expect("record");
+    assert_eq!(recorded.topic, new.topic);
+    assert_eq!(recorded.content_type, new.content_type);
+    assert_eq!(recorded.body, new.body);
+    assert_eq!(recorded.created_at, now - TimeDelta::nanoseconds(789));
+    assert_eq!(recorded.id.get_version_num(), 7, "ids are UUIDv7");
+
+    let read = log.event(recorded.id).await.expect("read the event");
+    assert_eq!(read.as_ref(), Some(&recorded));
+
+    let empty = log
+        .record(
+            NewEvent {
+                topic: topic(),
+                content_type: "text/plain".to_owned(),
+                body: Bytes::new(),
+            },
+            now,
+        )
+        .await
+        .expect("record an empty body");
+    assert_ne!(empty.id, recorded.id);
+    assert_eq!(
+        log.event(empty.id).await.expect("read").map(|e| e.body),
+        Some(Bytes::new())
+    );
+
+    assert_eq!(
+        log.event(Uuid::now_v7())
+            .await
+            .expect("read a missing event"),
+        None
+    );
+}
+both!(record_round_trip);
+
+async fn expand_creates_one_record_per_subscriber(log: &dyn EventLog) {
+    let t0 = base_time();
+    let topic = topic();
+    let event = record(log, &topic, t0).await;
+    let unexpanded: Vec<Uuid> = log
+        .unexpanded(10_000)
+        .await
+        .expect("unexpanded")
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    assert!(
+        unexpanded.contains(&event.id),
+        "a recorded event waits for expansion"
+    );
+    assert_eq!(log.deliveries(event.id).await.expect("deliveries"), vec![]);
+
+    let subs = subscribers("expand", 3);
+    // A duplicate in the list still makes one record.
+    let mut with_duplicate = subs.clone();
+    with_duplicate.push(subs[0].clone());
+    let t1 = t0 + secs(1);
+    assert_eq!(
+        log.expand(event.id, &with_duplicate, t1)
+            .await
+            .expect("expand"),
+        3
+    );
+
+    let mut expected: Vec<DeliveryRecord> = subs.iter().map(|s| pending(event.id, s, t1)).collect();
+    expected.sort_by(|a, b| a.subscriber.cmp(&b.subscriber));
+    let mut records = log.deliveries(event.id).await.expect("deliveries");
+    records.sort_by(|a, b| a.subscriber.cmp(&b.subscriber));
+    assert_eq!(records, expected);
+
+    let unexpanded = log.unexpanded(10_000).await.expect("unexpanded");
+    assert!(
+        unexpanded.iter().all(|e| e.id != event.id),
+        "an expanded event is not listed again"
+    );
+}
+both!(expand_creates_one_record_per_subscriber);
+
+async fn expand_is_idempotent(log: &dyn EventLog) {
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    let subs = subscribers("idempotent", 3);
+    assert_eq!(log.expand(event.id, &subs, t0).await.expect("expand"), 3);
+
+    // Give one record some state: claimed, failed, due again later.
+    let claimed = claim_own(log, event.id, t0).await;
+    assert_eq!(claimed.len(), 3);
+    let retry_at = t0 + secs(60);
+    log.complete(
+        &[completion(
+            event.id,
+            &subs[0],
+            Outcome::Retry {
+                error: "HTTP 503".to_owned(),
+                next_attempt_at: retry_at,
+            },
+        )],
+        t0,
+    )
+    .await
+    .expect("complete");
+    let before = log.deliveries(event.id).await.expect("deliveries");
+
+    // The same list again creates nothing and changes nothing.
+    let t1 = t0 + secs(5);
+    assert_eq!(log.expand(event.id, &subs, t1).await.expect("re-expand"), 0);
+    assert_eq!(log.deliveries(event.id).await.expect("deliveries"), before);
+
+    // A longer list adds only the new subscriber, due at the new time.
+    let mut more = subs.clone();
+    more.push(format!("{}-late", subs[0]));
+    assert_eq!(
+        log.expand(event.id, &more, t1).await.expect("expand more"),
+        1
+    );
+    let after = log.deliveries(event.id).await.expect("deliveries");
+    assert_eq!(after.len(), 4);
+    assert_eq!(
+        record_of(&after, &more[3]),
+        &pending(event.id, &more[3], t1)
+    );
+    let first = record_of(&after, &subs[0]);
+    assert_eq!(first.retry_count, 1);
+    assert_eq!(first.last_error.as_deref(), Some("HTTP 503"));
+    assert_eq!(first.next_attempt_at, Some(retry_at));
+
+    // No subscribers at all still marks the event expanded.
+    let lonely = record(log, &topic(), t0).await;
+    assert_eq!(
+        log.expand(lonely.id, &[], t0).await.expect("expand none"),
+        0
+    );
+    let unexpanded = log.unexpanded(10_000).await.expect("unexpanded");
+    assert!(
+        unexpanded
+            .iter()
+            .all(|e| e.id != lonely.id && e.id != event.id)
+    );
+}
+both!(expand_is_idempotent);
+
+async fn expand_of_a_missing_event_fails(log: &dyn EventLog) {
+    let missing = Uuid::now_v7();
+    let result = log
+        .expand(missing, &subscribers("missing", 2), base_time())
+        .await;
+    assert!(
+        matches!(result, Err(EventLogError::Database(_))),
+        "expected a database error, got {result:?}"
+    );
+    let result = log.expand(missing, &[], base_time()).await;
+    assert!(matches!(result, Err(EventLogError::Database(_))));
+    assert_eq!(log.deliveries(missing).await.expect("deliveries"), vec![]);
+}
+both!(expand_of_a_missing_event_fails);
+
+async fn unexpanded_lists_oldest_first(log: &dyn EventLog) {
+    let t0 = base_time();
+    let topic = topic();
+    let middle = record(log, &topic, t0 + secs(1)).await;
+    let newest = record(log, &topic, t0 + secs(2)).await;
+    let oldest = record(log, &topic, t0).await;
+    let expanded = record(log, &topic, t0 - secs(1)).await;
+    log.expand(expanded.id, &[], t0).await.expect("expand");
+
+    let ours = [oldest.id, middle.id, newest.id];
+    let listed: Vec<Uuid> = log
+        .unexpanded(10_000)
+        .await
+        .expect("unexpanded")
+        .into_iter()
+        .map(|e| e.id)
+        .filter(|id| ours.contains(id) || *id == expanded.id)
+        .collect();
+    assert_eq!(listed, ours);
+
+    let listed = log.unexpanded(2).await.expect("unexpanded");
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0], oldest, "full events, oldest first");
+}
+both!(unexpanded_lists_oldest_first);
+
+async fn expand_a_hundred_thousand(log: &dyn EventLog) {
+    // PostgreSQL refuses statements with more than 65 535 parameters, SQLite
+    // more than 32 766 variables: a naive multi-row INSERT fails here.
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    let subs = subscribers("wide", 100_000);
+    let started = Instant::now();
+    let created = log
+        .expand(event.id, &subs, t0)
+        .await
+        .expect("expand 100 000");
+    let took = started.elapsed();
+    println!("{}: expand 100 000 subscribers took {took:?}", backend(log));
+    assert_eq!(created, 100_000);
+    let records = log.deliveries(event.id).await.expect("deliveries");
+    assert_eq!(records.len(), 100_000);
+    let distinct: HashSet<&str> = records.iter().map(|r| r.subscriber.as_str()).collect();
+    assert_eq!(distinct.len(), 100_000);
+    assert!(records.iter().all(|r| r.next_attempt_at == Some(t0)));
+
+    let started = Instant::now();
+    assert_eq!(log.expand(event.id, &subs, t0).await.expect("re-expand"), 0);
+    println!(
+        "{}: re-expand 100 000 subscribers took {:?}",
+        backend(log),
+        started.elapsed()
+    );
+}
+both!(expand_a_hundred_thousand);
+
+async fn claim_returns_due_records_only(log: &dyn EventLog) {
+    let t0 = base_time();
+    let topic = topic();
+    let event = record(log, &topic, t0).await;
+    let names = [
+        "due",
+        "future",
+        "processed",
+        "exhausted",
+        "in-flight",
+        "dropped",
+    ];
+    let subs: Vec<String> = names
+        .iter()
+        .map(|n| format!("https://subscriber.example/{n}/{}", Uuid::new_v4()))
+        .collect();
+    let sub = |n: &str| {
+        let i = names.iter().position(|x| *x == n).expect("known name");
+        subs[i].clone()
+    };
+    log.expand(event.id, &subs, t0).await.expect("expand");
+
+    // Nothing is due before the records' due time.
+    assert_eq!(claim_own(log, event.id, t0 - secs(1)).await, vec![]);
+
+    // At t0 every record is due and claimed once, with its topic.
+    let claimed = claim_own(log, event.id, t0).await;
+    assert_eq!(claimed.len(), subs.len());
+    assert!(
+        claimed
+            .iter()
+            .all(|c| c.topic == topic && c.retry_count == 0)
+    );
+    let records = log.deliveries(event.id).await.expect("deliveries");
+    assert!(records.iter().all(|r| r.processing_since == Some(t0)));
+    // Claimed records are not claimed again while the claim is fresh.
+    assert_eq!(claim_own(log, event.id, t0).await, vec![]);
+
+    let t1 = t0 + secs(1);
+    log.complete(
+        &[
+            completion(
+                event.id,
+                &sub("due"),
+                Outcome::Retry {
+                    error: "HTTP 500".to_owned(),
+                    next_attempt_at: t1,
+                },
+            ),
+            completion(
+                event.id,
+                &sub("future"),
+                Outcome::Retry {
+                    error: "HTTP 502".to_owned(),
+                    next_attempt_at: t0 + secs(3600),
+                },
+            ),
+            completion(event.id, &sub("processed"), Outcome::Delivered),
+            completion(
+                event.id,
+                &sub("exhausted"),
+                Outcome::Exhausted {
+                    error: "HTTP 500".to_owned(),
+                },
+            ),
+            completion(
+                event.id,
+                &sub("dropped"),
+                Outcome::Dropped {
+                    reason: "HTTP 410".to_owned(),
+                },
+            ),
+        ],
+        t0,
+    )
+    .await
+    .expect("complete");
+
+    // At t1 only the retried record is due; "in-flight" was claimed at t0,
+    // which is within the visibility timeout.
+    let claimed = claim_own(log, event.id, t1).await;
+    assert_eq!(
+        claimed,
+        vec![Claimed {
+            event_id: event.id,
+            topic: topic.clone(),
+            subscriber: sub("due"),
+            retry_count: 1,
+        }]
+    );
+
+    // A claim exactly as old as the visibility timeout is still alive.
+    let at_boundary = t0 + TimeDelta::from_std(VISIBILITY).expect("fits");
+    assert_eq!(claim_own(log, event.id, at_boundary).await, vec![]);
+
+    // Older than that it belongs to a dead dispatcher: claimable again. The
+    // record claimed at t1 is exactly at the boundary, so it stays claimed.
+    let later = at_boundary + secs(1);
+    let claimed = claim_own(log, event.id, later).await;
+    assert_eq!(
+        claimed
+            .iter()
+            .map(|c| c.subscriber.clone())
+            .collect::<Vec<_>>(),
+        vec![sub("in-flight")]
+    );
+    let records = log.deliveries(event.id).await.expect("deliveries");
+    assert_eq!(
+        record_of(&records, &sub("in-flight")).processing_since,
+        Some(later)
+    );
+    assert_eq!(record_of(&records, &sub("due")).processing_since, Some(t1));
+
+    // The future retry becomes due at its time.
+    let claimed = claim_own(log, event.id, t0 + secs(3600)).await;
+    let claimed: HashSet<String> = claimed.into_iter().map(|c| c.subscriber).collect();
+    assert!(claimed.contains(&sub("future")));
+    assert!(!claimed.contains(&sub("processed")));
+    assert!(!claimed.contains(&sub("exhausted")));
+    assert!(!claimed.contains(&sub("dropped")));
+}
+both!(claim_returns_due_records_only);
+
+async fn claim_respects_limit_and_due_order(log: &dyn EventLog) {
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    let subs = subscribers("order", 5);
+    log.expand(event.id, &subs, t0).await.expect("expand");
+    let claimed = claim_own(log, event.id, t0).await;
+    assert_eq!(claimed.len(), 5);
+    // Due at different times, latest first in the list.
+    let completions: Vec<Completion> = subs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            completion(
+                event.id,
+                s,
+                Outcome::Retry {
+                    error: "timeout".to_owned(),
+                    next_attempt_at: t0 + secs(10 - i64::try_from(i).expect("small")),
+                },
+            )
+        })
+        .collect();
+    log.complete(&completions, t0).await.expect("complete");
+
+    let t1 = t0 + secs(20);
+    assert_eq!(log.claim(0, t1, VISIBILITY).await.expect("claim 0"), vec![]);
+    let first = log.claim(2, t1, VISIBILITY).await.expect("claim 2");
+    assert_eq!(first.len(), 2);
+    let first: HashSet<String> = first.into_iter().map(|c| c.subscriber).collect();
+    assert_eq!(
+        first,
+        HashSet::from([subs[4].clone(), subs[3].clone()]),
+        "the longest overdue first"
+    );
+    let rest = claim_own(log, event.id, t1).await;
+    assert_eq!(rest.len(), 3);
+    assert!(rest.iter().all(|c| c.retry_count == 1));
+}
+both!(claim_respects_limit_and_due_order);
+
+async fn complete_sets_each_outcome(log: &dyn EventLog) {
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    let subs = subscribers("outcome", 4);
+    log.expand(event.id, &subs, t0).await.expect("expand");
+    assert_eq!(claim_own(log, event.id, t0).await.len(), 4);
+
+    let t1 = t0 + secs(2);
+    let retry_at = t1 + secs(8);
+    log.complete(
+        &[
+            completion(event.id, &subs[0], Outcome::Delivered),
+            completion(
+                event.id,
+                &subs[1],
+                Outcome::Retry {
+                    error: "HTTP 503 Service Unavailable".to_owned(),
+                    next_attempt_at: retry_at,
+                },
+            ),
+            completion(
+                event.id,
+                &subs[2],
+                Outcome::Exhausted {
+                    error: "connection refused".to_owned(),
+                },
+            ),
+            completion(
+                event.id,
+                &subs[3],
+                Outcome::Dropped {
+                    reason: "HTTP 410 Gone".to_owned(),
+                },
+            ),
+        ],
+        t1,
+    )
+    .await
+    .expect("complete");
+
+    let records = log.deliveries(event.id).await.expect("deliveries");
+    assert_eq!(
+        record_of(&records, &subs[0]),
+        &DeliveryRecord {
+            processed_at: Some(t1),
+            next_attempt_at: None,
+            ..pending(event.id, &subs[0], t0)
+        }
+    );
+    assert_eq!(
+        record_of(&records, &subs[1]),
+        &DeliveryRecord {
+            retry_count: 1,
+            last_error: Some("HTTP 503 Service Unavailable".to_owned()),
+            next_attempt_at: Some(retry_at),
+            ..pending(event.id, &subs[1], t0)
+        }
+    );
+    assert_eq!(
+        record_of(&records, &subs[2]),
+        &DeliveryRecord {
+            retry_count: 1,
+            last_error: Some("connection refused".to_owned()),
+            next_attempt_at: None,
+            ..pending(event.id, &subs[2], t0)
+        }
+    );
+    assert_eq!(
+        record_of(&records, &subs[3]),
+        &DeliveryRecord {
+            processed_at: Some(t1),
+            last_error: Some("HTTP 410 Gone".to_owned()),
+            next_attempt_at: None,
+            ..pending(event.id, &subs[3], t0)
+        }
+    );
+
+    // The retried record fails once more, then succeeds: the count grows,
+    // and the last failure stays readable after delivery.
+    assert_eq!(claim_own(log, event.id, retry_at).await.len(), 1);
+    let retry_again = retry_at + secs(1);
+    log.complete(
+        &[completion(
+            event.id,
+            &subs[1],
+            Outcome::Retry {
+                error: "HTTP 500".to_owned(),
+                next_attempt_at: retry_again,
+            },
+        )],
+        retry_at,
+    )
+    .await
+    .expect("complete");
+    let claimed = claim_own(log, event.id, retry_again).await;
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].retry_count, 2);
+    log.complete(
+        &[completion(event.id, &subs[1], Outcome::Delivered)],
+        retry_again,
+    )
+    .await
+    .expect("complete");
+    let records = log.deliveries(event.id).await.expect("deliveries");
+    assert_eq!(
+        record_of(&records, &subs[1]),
+        &DeliveryRecord {
+            processed_at: Some(retry_again),
+            retry_count: 2,
+            last_error: Some("HTTP 500".to_owned()),
+            next_attempt_at: None,
+            ..pending(event.id, &subs[1], t0)
+        }
+    );
+
+    // A late outcome for a closed record (its claim had gone stale and
+    // another dispatcher finished it) changes nothing.
+    log.complete(
+        &[completion(
+            event.id,
+            &subs[0],
+            Outcome::Retry {
+                error: "late".to_owned(),
+                next_attempt_at: t1,
+            },
+        )],
+        t1 + secs(100),
+    )
+    .await
+    .expect("late complete");
+    assert_eq!(log.deliveries(event.id).await.expect("deliveries"), records);
+
+    // An empty batch is a no-op.
+    log.complete(&[], t1).await.expect("empty complete");
+}
+both!(complete_sets_each_outcome);
+
+async fn purge_deletes_old_events_with_their_records(log: &dyn EventLog) {
+    let t0 = base_time();
+    let topic = topic();
+    let old = record(log, &topic, t0 - secs(86_400)).await;
+    log.expand(old.id, &subscribers("old", 3), t0)
+        .await
+        .expect("expand");
+    let new = record(log, &topic, t0).await;
+    log.expand(new.id, &subscribers("new", 2), t0)
+        .await
+        .expect("expand");
+    // More old events than one purge chunk.
+    let mut many = Vec::new();
+    for _ in 0..1_100 {
+        many.push(record(log, &topic, t0 - secs(7_200)).await.id);
+    }
+    // Exactly at the cutoff is not before it.
+    let cutoff = t0 - secs(3_600);
+    let at_cutoff = record(log, &topic, cutoff).await;
+
+    let deleted = log.purge_before(cutoff).await.expect("purge");
+    assert!(deleted >= 1_101, "deleted {deleted}");
+    assert_eq!(log.event(old.id).await.expect("read"), None);
+    assert_eq!(log.deliveries(old.id).await.expect("deliveries"), vec![]);
+    for id in [many[0], many[549], many[1_099]] {
+        assert_eq!(log.event(id).await.expect("read"), None);
+    }
+    assert_eq!(log.event(new.id).await.expect("read"), Some(new.clone()));
+    assert_eq!(log.deliveries(new.id).await.expect("deliveries").len(), 2);
+    assert!(log.event(at_cutoff.id).await.expect("read").is_some());
+    assert_eq!(log.purge_before(cutoff).await.expect("purge again"), 0);
+}
+both!(purge_deletes_old_events_with_their_records);
+
+/// Eight dispatchers draining one event's 5 000 records at once.
+async fn concurrent_claimers_never_share_a_record(log: Arc<dyn EventLog>) {
+    let t0 = base_time();
+    let event = record(&*log, &topic(), t0).await;
+    let subs = subscribers("concurrent", 5_000);
+    log.expand(event.id, &subs, t0).await.expect("expand");
+
+    let claimers: Vec<_> = (0..8)
+        .map(|_| {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let batch = log.claim(37, t0, VISIBILITY).await.expect("claim");
+                    if batch.is_empty() {
+                        return mine;
+                    }
+                    mine.extend(batch);
+                }
+            })
+        })
+        .collect();
+    let mut seen = HashSet::new();
+    let mut per_claimer = Vec::new();
+    for claimer in claimers {
+        let mine = claimer.await.expect("claimer task");
+        per_claimer.push(mine.len());
+        for claimed in mine {
+            assert_eq!(claimed.event_id, event.id);
+            assert!(
+                seen.insert(claimed.subscriber.clone()),
+                "{} was claimed twice",
+                claimed.subscriber
+            );
+        }
+    }
+    assert_eq!(
+        seen.len(),
+        subs.len(),
+        "every record claimed ({per_claimer:?})"
+    );
+    println!("{}: 8 claimers took {per_claimer:?}", backend(&*log));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn concurrent_claimers_postgres() {
+    let Some(scratch) = PgScratch::new().await else {
+        return;
+    };
+    concurrent_claimers_never_share_a_record(Arc::new(scratch.log.clone())).await;
+    scratch.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 8)]
+async fn concurrent_claimers_sqlite() {
+    let log = sqlite_log("concurrent").await;
+    concurrent_claimers_never_share_a_record(Arc::new(log)).await;
+}
+
+// ---------------------------------------------------------------------------
+// Connecting and migrating
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_connect_is_idempotent_and_concurrent() {
+    let path = sqlite_path("connect");
+    let url = format!("sqlite:{}", path.display());
+    // Several pools opening one new file at once: one migrates, the others
+    // find nothing to do.
+    let opened = futures::future::join_all((0..4).map(|_| SqliteEventLog::connect(&url))).await;
+    let logs: Vec<SqliteEventLog> = opened
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("concurrent connects");
+    let event = record(&logs[0], &topic(), base_time()).await;
+    let again = SqliteEventLog::connect(path.to_str().expect("utf-8 path"))
+        .await
+        .expect("reopen by plain path");
+    assert_eq!(again.event(event.id).await.expect("read"), Some(event));
+
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+            .fetch_all(again.pool())
+            .await
+            .expect("list tables");
+    assert!(
+        tables.contains(&"websub_hub_migrations".to_owned()),
+        "{tables:?}"
+    );
+    assert!(
+        !tables.contains(&"_sqlx_migrations".to_owned()),
+        "{tables:?}"
+    );
+    let (journal, foreign_keys, synchronous): (String, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT journal_mode FROM pragma_journal_mode), \
+                (SELECT foreign_keys FROM pragma_foreign_keys), \
+                (SELECT synchronous FROM pragma_synchronous)",
+    )
+    .fetch_one(again.pool())
+    .await
+    .expect("read pragmas");
+    assert_eq!(journal, "wal");
+    assert_eq!(foreign_keys, 1);
+    assert_eq!(synchronous, 1, "NORMAL");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_connect_migrates_the_default_schema() {
+    let Some(url) = websub_storetest::servers::postgres_url().await else {
+        return;
+    };
+    // Replicas starting together: the migrator's advisory lock serialises
+    // them. The tables may already exist from another test binary; nothing
+    // here assumes they are empty.
+    let (a, b) = tokio::join!(
+        PostgresEventLog::connect(&url),
+        PostgresEventLog::connect(&url)
+    );
+    let (a, b) = (a.expect("connect a"), b.expect("connect b"));
+    let event = record(&a, &topic(), base_time()).await;
+    assert_eq!(b.event(event.id).await.expect("read"), Some(event.clone()));
+    let table: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('websub_hub_migrations')::text")
+            .fetch_one(a.pool())
+            .await
+            .expect("look up the migrations table");
+    assert_eq!(table.as_deref(), Some("websub_hub_migrations"));
+    // Leave nothing behind in the shared schema.
+    let cutoff = event.created_at + TimeDelta::microseconds(1);
+    sqlx::query("DELETE FROM websub_events WHERE id = $1 AND created_at < $2")
+        .bind(event.id)
+        .bind(cutoff)
+        .execute(a.pool())
+        .await
+        .expect("clean up");
+}
+
+// ---------------------------------------------------------------------------
+// Throughput (run with `--ignored --nocapture`)
+// ---------------------------------------------------------------------------
+
+/// Drains `rows` records in claim + complete batches of `batch` and reports
+/// rows per second.
+async fn claim_complete_throughput(log: &dyn EventLog, rows: usize, batch: usize) {
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    let subs = subscribers("throughput", rows);
+    let started = Instant::now();
+    log.expand(event.id, &subs, t0).await.expect("expand");
+    println!(
+        "{}: expand {rows} took {:?}",
+        backend(log),
+        started.elapsed()
+    );
+
+    let started = Instant::now();
+    let (mut claiming, mut completing) = (Duration::ZERO, Duration::ZERO);
+    let mut done = 0;
+    loop {
+        let step = Instant::now();
+        let claimed = log.claim(batch, t0, VISIBILITY).await.expect("claim");
+        claiming += step.elapsed();
+        if claimed.is_empty() {
+            break;
+        }
+        let completions: Vec<Completion> = claimed
+            .into_iter()
+            .map(|c| completion(c.event_id, &c.subscriber, Outcome::Delivered))
+            .collect();
+        let step = Instant::now();
+        log.complete(&completions, t0).await.expect("complete");
+        completing += step.elapsed();
+        done += completions.len();
+    }
+    let took = started.elapsed();
+    assert_eq!(done, rows);
+    println!(
+        "{}: claim+complete {rows} rows in batches of {batch}: {took:?}, {:.0} rows/s \
+         (claims {claiming:?}, completions {completing:?})",
+        backend(log),
+        rows as f64 / took.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a measurement, not a check"]
+async fn throughput_sqlite() {
+    let log = sqlite_log("throughput").await;
+    claim_complete_throughput(&log, 100_000, 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a measurement, not a check"]
+async fn throughput_postgres() {
+    let Some(scratch) = PgScratch::new().await else {
+        return;
+    };
+    claim_complete_throughput(&scratch.log, 100_000, 500).await;
+    scratch.drop_schema().await;
+}
