@@ -374,6 +374,10 @@ pub struct FileConfig {
     pub delivery_concurrency: Option<usize>,
     /// See [`DeliveryPolicy::per_host`].
     pub delivery_per_host: Option<usize>,
+    /// See [`DeliveryPolicy::visibility_timeout`].
+    pub visibility_timeout: Option<String>,
+    /// See [`HubConfig::poll_interval`].
+    pub poll_interval: Option<String>,
     /// See [`HubConfig::allow_private_network`].
     pub allow_private_network: Option<bool>,
     /// See [`HubConfig::internal_api_key`].
@@ -429,6 +433,16 @@ impl FileConfig {
             self.delivery_max_backoff,
         )?;
         set(&mut config.delivery.concurrency, self.delivery_concurrency);
+        set_duration(
+            &mut config.delivery.visibility_timeout,
+            "visibility-timeout",
+            self.visibility_timeout,
+        )?;
+        set_duration(
+            &mut config.poll_interval,
+            "poll-interval",
+            self.poll_interval,
+        )?;
         set(&mut config.delivery.per_host, self.delivery_per_host);
         set(
             &mut config.allow_private_network,

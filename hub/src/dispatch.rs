@@ -85,7 +85,10 @@ struct Inner {
     wake: Notify,
     /// Signalled whenever an attempt finishes and frees a slot.
     room: Notify,
+    /// Deliveries on the network at once.
+    http_slots: Semaphore,
     bodies: EventCache,
+    subscribers: SubscriberCache,
     hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
@@ -112,7 +115,9 @@ impl Dispatcher {
                 clock,
                 wake: Notify::new(),
                 room: Notify::new(),
+                http_slots: Semaphore::new(policy.concurrency),
                 bodies: EventCache::new(256),
+                subscribers: SubscriberCache::default(),
                 hosts: Mutex::new(HashMap::new()),
             }),
         }
@@ -135,14 +140,8 @@ impl Dispatcher {
                 return Ok(created);
             }
             for event in pending {
-                let callbacks: Vec<String> = self
-                    .inner
-                    .store
-                    .list_by_topic(&event.topic)
-                    .await?
-                    .into_iter()
-                    .map(|subscription| subscription.callback)
-                    .collect();
+                let (known, _) = self.subscribers(&event.topic, true).await?;
+                let callbacks: Vec<String> = known.by_callback.keys().cloned().collect();
                 let now = self.inner.clock.now();
                 created += self.inner.events.expand(event.id, &callbacks, now).await?;
                 debug!(event = %event.id, topic = %event.topic, subscribers = callbacks.len(), "expanded");
@@ -154,11 +153,20 @@ impl Dispatcher {
     /// Runs until `shutdown` is cancelled, then waits for the attempts in
     /// flight and records their outcomes before returning.
     pub async fn run(self, shutdown: CancellationToken) {
-        let in_flight = Arc::new(Semaphore::new(self.inner.policy.concurrency));
+        let policy = self.inner.policy;
+        // Records claimed and not yet completed: the attempts in flight plus
+        // a queue waiting for a slot, so the network never waits for a claim.
+        // The queue is short enough (a few rounds of attempts) that nothing
+        // waits in it anywhere near the visibility timeout.
+        let queue = policy.batch_size.min(policy.concurrency * 4);
+        let pending = Arc::new(Semaphore::new(policy.concurrency + queue));
         let attempts = TaskTracker::new();
         let (completed, completions) = mpsc::unbounded_channel();
         let recorder = tokio::spawn(self.clone().record_outcomes(completions));
 
+        // Claim in batches, not one row per finished attempt: a claim costs
+        // a round trip whatever its size, so claim once half the queue is free.
+        let claim_threshold = (queue / 2).max(1);
         let mut expand_due = true;
         while !shutdown.is_cancelled() {
             if expand_due {
@@ -167,8 +175,8 @@ impl Dispatcher {
                 }
                 expand_due = false;
             }
-            let room = in_flight.available_permits();
-            if room == 0 {
+            let room = pending.available_permits();
+            if room < claim_threshold {
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     () = self.inner.room.notified() => {}
@@ -195,7 +203,7 @@ impl Dispatcher {
             let more_due = claimed.len() == limit;
             if !claimed.is_empty()
                 && let Err(error) = self
-                    .start_attempts(claimed, &in_flight, &attempts, &completed)
+                    .start_attempts(claimed, &pending, &attempts, &completed)
                     .await
             {
                 warn!(%error, "preparing deliveries failed; they are retried after the visibility timeout");
@@ -221,23 +229,28 @@ impl Dispatcher {
     async fn start_attempts(
         &self,
         claimed: Vec<Claimed>,
-        in_flight: &Arc<Semaphore>,
+        pending: &Arc<Semaphore>,
         attempts: &TaskTracker,
         completed: &mpsc::UnboundedSender<Completion>,
     ) -> Result<(), DispatchError> {
-        let mut subscribers: HashMap<String, HashMap<String, Subscription>> = HashMap::new();
+        // Per topic: its subscribers, and whether they were read for this
+        // batch (then a missing callback is really gone).
+        let mut subscribers: HashMap<String, (Arc<Subscribers>, bool)> = HashMap::new();
         let mut events: HashMap<Uuid, Arc<Event>> = HashMap::new();
         for claim in &claimed {
-            if !subscribers.contains_key(&claim.topic) {
-                let by_callback = self
-                    .inner
-                    .store
-                    .list_by_topic(&claim.topic)
-                    .await?
-                    .into_iter()
-                    .map(|subscription| (subscription.callback.clone(), subscription))
-                    .collect();
-                subscribers.insert(claim.topic.clone(), by_callback);
+            let (known, fresh) = match subscribers.get(&claim.topic) {
+                Some(known) => known.clone(),
+                None => {
+                    let known = self.subscribers(&claim.topic, false).await?;
+                    subscribers.insert(claim.topic.clone(), known.clone());
+                    known
+                }
+            };
+            if !fresh && !known.by_callback.contains_key(&claim.subscriber) {
+                // Subscribed after the cached list was read: read it again
+                // rather than drop a delivery the expansion wrote for it.
+                let refreshed = self.subscribers(&claim.topic, true).await?;
+                subscribers.insert(claim.topic.clone(), refreshed);
             }
             if let std::collections::hash_map::Entry::Vacant(slot) = events.entry(claim.event_id)
                 && let Some(event) = self.event(claim.event_id).await?
@@ -250,7 +263,7 @@ impl Dispatcher {
         for claim in claimed {
             let subscription = subscribers
                 .get(&claim.topic)
-                .and_then(|by_callback| by_callback.get(&claim.subscriber))
+                .and_then(|(known, _)| known.by_callback.get(&claim.subscriber))
                 .cloned();
             let event = events.get(&claim.event_id).cloned();
             let (subscription, event) = match (subscription, event) {
@@ -268,7 +281,7 @@ impl Dispatcher {
                     continue;
                 }
             };
-            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            let Ok(permit) = pending.clone().acquire_owned().await else {
                 return Ok(());
             };
             let dispatcher = self.clone();
@@ -285,6 +298,24 @@ impl Dispatcher {
             );
         }
         Ok(())
+    }
+
+    /// The subscribers of `topic`, from a short-lived cache unless
+    /// `refresh`. Each claimed batch needs them, and reading 100 000
+    /// subscriptions per batch of a few hundred deliveries would make a
+    /// fan-out quadratic. The cache lives [`SUBSCRIBERS_TTL`]: a renewal's
+    /// new secret or an unsubscribe takes effect within that.
+    /// Returns the list and whether it was read just now.
+    async fn subscribers(
+        &self,
+        topic: &str,
+        refresh: bool,
+    ) -> Result<(Arc<Subscribers>, bool), DispatchError> {
+        if !refresh && let Some(cached) = self.inner.subscribers.get(topic) {
+            return Ok((cached, false));
+        }
+        let listed = self.inner.store.list_by_topic(topic).await?;
+        Ok((self.inner.subscribers.put(topic, listed), true))
     }
 
     async fn event(&self, id: Uuid) -> Result<Option<Arc<Event>>, DispatchError> {
@@ -325,8 +356,11 @@ impl Dispatcher {
         event: Arc<Event>,
     ) -> Completion {
         let host = self.host_limit(&claim.subscriber);
-        let answer = match host.acquire().await {
-            Ok(_host_slot) => {
+        // The host's slot first: waiting for a saturated host must not hold
+        // one of the slots other hosts' deliveries need.
+        let slots = (host.acquire().await, self.inner.http_slots.acquire().await);
+        let answer = match slots {
+            (Ok(_host_slot), Ok(_http_slot)) => {
                 post(
                     &self.inner.client,
                     &self.inner.hub_url,
@@ -336,7 +370,7 @@ impl Dispatcher {
                 )
                 .await
             }
-            Err(_) => Answer::Failed("the dispatcher is shutting down".to_owned()),
+            _ => Answer::Failed("the dispatcher is shutting down".to_owned()),
         };
         let now = self.inner.clock.now();
         let outcome = match answer {
@@ -378,6 +412,17 @@ impl Dispatcher {
         let limit = self.inner.policy.batch_size.max(1);
         let mut batch = Vec::with_capacity(limit);
         while completions.recv_many(&mut batch, limit).await > 0 {
+            // Gather what arrives in the next moment too: one write of a
+            // hundred outcomes costs about what one write of one does.
+            let gather = async {
+                loop {
+                    let room = limit.saturating_sub(batch.len());
+                    if room == 0 || completions.recv_many(&mut batch, room).await == 0 {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(OUTCOME_GATHERING, gather).await;
             let mut delay = Duration::from_millis(50);
             loop {
                 match self
@@ -540,6 +585,52 @@ impl EventCache {
                 cached.by_id.remove(&oldest);
             }
         }
+    }
+}
+
+/// How long outcomes are gathered into one write after the first arrives.
+const OUTCOME_GATHERING: Duration = Duration::from_millis(2);
+
+/// How long a topic's subscriber list is reused between claimed batches.
+pub const SUBSCRIBERS_TTL: Duration = Duration::from_secs(1);
+
+/// A topic's subscriptions by callback, as read at one moment.
+#[derive(Debug)]
+struct Subscribers {
+    by_callback: HashMap<String, Subscription>,
+    read_at: std::time::Instant,
+}
+
+#[derive(Debug, Default)]
+struct SubscriberCache {
+    topics: Mutex<HashMap<String, Arc<Subscribers>>>,
+}
+
+impl SubscriberCache {
+    fn get(&self, topic: &str) -> Option<Arc<Subscribers>> {
+        let topics = self
+            .topics
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let cached = topics.get(topic)?;
+        (cached.read_at.elapsed() < SUBSCRIBERS_TTL).then(|| cached.clone())
+    }
+
+    fn put(&self, topic: &str, listed: Vec<Subscription>) -> Arc<Subscribers> {
+        let subscribers = Arc::new(Subscribers {
+            by_callback: listed
+                .into_iter()
+                .map(|subscription| (subscription.callback.clone(), subscription))
+                .collect(),
+            read_at: std::time::Instant::now(),
+        });
+        let mut topics = self
+            .topics
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        topics.retain(|_, cached| cached.read_at.elapsed() < SUBSCRIBERS_TTL);
+        topics.insert(topic.to_owned(), subscribers.clone());
+        subscribers
     }
 }
 

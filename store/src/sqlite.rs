@@ -32,7 +32,7 @@ use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow,
+    SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Executor, Row, Sqlite};
 
@@ -92,6 +92,10 @@ impl SqliteStore {
         }
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
+        // In WAL mode NORMAL survives a crash of the process (what the
+        // embedded default must survive) and skips an fsync per commit;
+        // only a power loss can take back the last commits.
+        .synchronous(SqliteSynchronous::Normal)
         .busy_timeout(BUSY_TIMEOUT)
         .foreign_keys(true);
         let store = Self::from_pool(open_pool(options).await?);

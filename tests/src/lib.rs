@@ -92,6 +92,7 @@ impl Delivery {
 struct SubscriberState {
     verify_answers: Mutex<HashMap<String, VerifyAnswer>>,
     delivery_answers: Mutex<HashMap<String, DeliveryAnswer>>,
+    default_delivery_answer: Mutex<Option<DeliveryAnswer>>,
     attempts: Mutex<HashMap<String, usize>>,
     verifications: Mutex<Vec<Verification>>,
     deliveries: Mutex<Vec<Delivery>>,
@@ -141,6 +142,11 @@ impl TestSubscriber {
     /// Scripts the delivery answer of one callback.
     pub fn answer_delivery(&self, name: &str, answer: DeliveryAnswer) {
         lock(&self.state.delivery_answers).insert(format!("/cb/{name}"), answer);
+    }
+
+    /// Scripts the delivery answer of every callback without its own.
+    pub fn answer_every_delivery(&self, answer: DeliveryAnswer) {
+        *lock(&self.state.default_delivery_answer) = Some(answer);
     }
 
     /// Every verification received so far.
@@ -265,6 +271,7 @@ async fn deliver_callback(
     let answer = lock(&state.delivery_answers)
         .get(&path)
         .cloned()
+        .or_else(|| lock(&state.default_delivery_answer).clone())
         .unwrap_or(DeliveryAnswer::Status(204));
     let status = match answer {
         DeliveryAnswer::Status(status) => status,

@@ -68,6 +68,14 @@ struct Args {
     /// The header carrying the internal key [default: X-Internal-API-Key].
     #[arg(long, env = "WEBSUB_INTERNAL_API_KEY_HEADER")]
     internal_api_key_header: Option<String>,
+    /// After this long, a delivery claimed by a process that died is claimed
+    /// again [default: 60s; must exceed the delivery timeout].
+    #[arg(long, env = "WEBSUB_VISIBILITY_TIMEOUT")]
+    visibility_timeout: Option<String>,
+    /// How often to look for due deliveries when nothing signals them
+    /// [default: 1s].
+    #[arg(long, env = "WEBSUB_POLL_INTERVAL")]
+    poll_interval: Option<String>,
     /// Delete events older than this, hourly (e.g. 7d).
     #[arg(long, env = "WEBSUB_RETENTION")]
     retention: Option<String>,
@@ -110,6 +118,16 @@ impl Args {
                 "delivery-max-backoff",
                 self.delivery_max_backoff,
             ),
+            (
+                &mut config.delivery.visibility_timeout,
+                "visibility-timeout",
+                self.visibility_timeout,
+            ),
+            (
+                &mut config.poll_interval,
+                "poll-interval",
+                self.poll_interval,
+            ),
         ];
         for (field, setting, value) in durations {
             if let Some(value) = value {
@@ -143,6 +161,8 @@ impl Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )

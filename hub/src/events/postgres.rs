@@ -16,8 +16,15 @@
 //! - **Every call is a fixed number of round trips**, whatever the batch:
 //!   subscribers and completions travel as array parameters (`unnest`), so no
 //!   statement comes near PostgreSQL's limit of 65 535 bind parameters.
-
-use std::collections::HashSet;
+//! - **Plans that do not depend on statistics.** Claims and completions run
+//!   through two SQL functions the migration defines, which rule out the
+//!   plans a planner with stale statistics would pick right after a large
+//!   expansion (sorting or hashing the whole backlog on every call).
+//! - **A statement-level foreign key.** Delivery records reference their
+//!   event with `ON DELETE CASCADE` semantics, enforced by triggers that check
+//!   once per statement rather than once per row; see the migration for why
+//!   and for the one condition (delete events at READ COMMITTED, as
+//!   [`EventLog::purge_before`] does).
 
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
@@ -33,6 +40,11 @@ use bytes::Bytes;
 
 /// The table the hub's migrations are recorded in; see the module doc.
 const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
+
+/// Stated rather than inherited from the server's
+/// `default_transaction_isolation`: expansion and purging rely on each
+/// statement seeing what committed before it (see the migration).
+const READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 /// Subscribers per `INSERT` in [`EventLog::expand`]. The array is one
 /// parameter, so this bounds statement memory, not parameter count.
@@ -71,37 +83,13 @@ const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at FROM 
 const EVENT: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
      WHERE id = $1";
 
-// The subquery picks and locks the rows; the outer UPDATE finds them again by
-// ctid, a direct heap access rather than a primary-key probe per row. The
-// ctid is stable between the two because the row is locked by this statement.
-// `$2` is NULL when the visibility timeout reaches past any time the database
-// can hold: then no claim is ever stale.
-const CLAIM: &str = "UPDATE websub_deliveries AS d SET processing_since = $1 \
-     FROM websub_events AS e \
-     WHERE d.ctid = ANY(ARRAY( \
-         SELECT ctid FROM websub_deliveries \
-         WHERE processed_at IS NULL AND next_attempt_at <= $1 \
-           AND (processing_since IS NULL OR processing_since < $2) \
-         ORDER BY next_attempt_at \
-         LIMIT $3 \
-         FOR UPDATE SKIP LOCKED)) \
-       AND e.id = d.event_id \
-     RETURNING d.event_id, e.topic, d.subscriber, d.retry_count";
+// Both are functions in the migration, so that their plans cannot depend on
+// stale statistics (see `0001_events.sql`). `$2` is NULL when the visibility
+// timeout reaches before the Unix epoch: then no claim is ever stale.
+const CLAIM: &str =
+    "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_deliveries($1, $2, $3)";
 
-// `processed_at IS NULL` keeps a late completion (from a dispatcher whose
-// claim went stale and was taken over) from reopening or re-counting a record
-// that is already closed. A `Delivered` outcome carries no error, so the last
-// failure stays in `last_error` for inspection.
-const COMPLETE: &str = "UPDATE websub_deliveries AS d SET \
-     processed_at = CASE WHEN c.kind IN ('delivered', 'dropped') THEN $6 ELSE NULL END, \
-     retry_count = d.retry_count + CASE WHEN c.kind IN ('retry', 'exhausted') THEN 1 ELSE 0 END, \
-     last_error = COALESCE(c.error, d.last_error), \
-     processing_since = NULL, \
-     next_attempt_at = c.next_attempt_at \
-     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::timestamptz[]) \
-         AS c(event_id, subscriber, kind, error, next_attempt_at) \
-     WHERE d.event_id = c.event_id AND d.subscriber = c.subscriber \
-       AND d.processed_at IS NULL";
+const COMPLETE: &str = "SELECT websub_complete_deliveries($1, $2, $3, $4, $5, $6)";
 
 const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
      processing_since, next_attempt_at FROM websub_deliveries \
@@ -277,14 +265,13 @@ async fn expand_in(
         }
         EXPAND_AGAIN
     };
-    // Without ON CONFLICT a subscriber listed twice would violate the
-    // primary key, so duplicates go here.
-    let mut seen = HashSet::with_capacity(subscribers.len());
-    let subscribers: Vec<&str> = subscribers
-        .iter()
-        .map(String::as_str)
-        .filter(|subscriber| seen.insert(*subscriber))
-        .collect();
+    // Sorted, the rows go into the primary key's b-tree in key order (byte
+    // order, the column's collation), mostly appending to one leaf rather
+    // than splitting pages all over the index. Deduplicated, because without
+    // ON CONFLICT a subscriber listed twice would violate the primary key.
+    let mut subscribers: Vec<&str> = subscribers.iter().map(String::as_str).collect();
+    subscribers.sort_unstable();
+    subscribers.dedup();
     let mut created = 0;
     for chunk in subscribers.chunks(EXPAND_CHUNK) {
         created += sqlx::query(insert)
@@ -325,7 +312,7 @@ impl EventLog for PostgresEventLog {
         subscribers: &[String],
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin_with(READ_COMMITTED).await?;
         let created = expand_in(&mut tx, event_id, subscribers, now).await?;
         tx.commit().await?;
         Ok(created)
@@ -405,12 +392,17 @@ impl EventLog for PostgresEventLog {
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
         let mut deleted = 0;
         loop {
+            // The cascade to delivery records must see rows whose insert
+            // committed while this delete waited for the event row; see the
+            // migration.
+            let mut tx = self.pool.begin_with(READ_COMMITTED).await?;
             let chunk = sqlx::query(PURGE)
                 .bind(cutoff)
                 .bind(PURGE_CHUNK)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?
                 .rows_affected();
+            tx.commit().await?;
             deleted += chunk;
             if chunk == 0 {
                 return Ok(deleted);

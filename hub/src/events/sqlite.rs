@@ -414,14 +414,12 @@ impl EventLog for SqliteEventLog {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let rows = sqlx::query(CLAIM)
             .bind(now.timestamp_micros())
             .bind(stale_bound(now, visibility))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&mut *tx)
+            .fetch_all(&self.pool)
             .await?;
-        tx.commit().await?;
         rows.iter().map(claimed_from_row).collect()
     }
 

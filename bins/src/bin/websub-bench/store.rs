@@ -1,16 +1,11 @@
-//! websub-bench: measures websub-hub on this machine and prints a table.
-//!
-//! `websub-bench store` loads each subscription backend with N subscriptions
-//! over T topics and measures save throughput, `list_by_topic` and
-//! `list_expiring` latency, and the memory backend's resident memory.
-//! PostgreSQL and Redis are measured when their URLs are given; each run uses
-//! a throwaway database (PostgreSQL) or key prefix (Redis) and removes it.
+//! `websub-bench store`: loads each subscription backend with N
+//! subscriptions over T topics and measures save throughput, `list_by_topic`
+//! and `list_expiring` latency, and the memory backend's resident memory.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{Duration as Lease, Utc};
-use clap::{Parser, Subcommand};
 use rand::Rng;
 use websub_store::memory::MemoryStore;
 use websub_store::postgres::PostgresStore;
@@ -18,21 +13,10 @@ use websub_store::redis::RedisStore;
 use websub_store::sqlite::SqliteStore;
 use websub_store::{Subscription, SubscriptionStore};
 
-#[derive(Debug, Parser)]
-#[command(name = "websub-bench", about = "Benchmarks of websub-hub", version)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Subscription stores: save/s, list_by_topic and list_expiring latency.
-    Store(StoreArgs),
-}
+use crate::{Failure, ThrowawayDatabase, micros, percentile};
 
 #[derive(Debug, clap::Args)]
-struct StoreArgs {
+pub(crate) struct StoreArgs {
     /// Subscriptions loaded into every backend.
     #[arg(long, default_value_t = 100_000)]
     subscriptions: usize,
@@ -69,17 +53,7 @@ struct Row {
     rss_per_100k: Option<u64>,
 }
 
-type Failure = Box<dyn std::error::Error + Send + Sync>;
-
-#[tokio::main]
-async fn main() -> Result<(), Failure> {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Store(args) => store_bench(args).await,
-    }
-}
-
-async fn store_bench(args: StoreArgs) -> Result<(), Failure> {
+pub(crate) async fn run(args: StoreArgs) -> Result<(), Failure> {
     if args.topics == 0 || args.subscriptions < args.topics {
         return Err(format!(
             "--subscriptions ({}) must be at least --topics ({}), which must be positive",
@@ -252,12 +226,6 @@ fn subscription(index: usize, topics: usize, now: chrono::DateTime<Utc>) -> Subs
     .with_owner(format!("owner-{}", index % 5_000))
 }
 
-fn percentile(samples: &mut [Duration], at: f64) -> Duration {
-    samples.sort_unstable();
-    let rank = ((at / 100.0) * samples.len() as f64).ceil() as usize;
-    samples[rank.clamp(1, samples.len()) - 1]
-}
-
 /// This process's resident set size, from /proc.
 fn resident_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -285,51 +253,6 @@ fn print_table(rows: &[Row]) {
                 .map(|bytes| format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0)))
                 .unwrap_or_else(|| "–".to_owned()),
         );
-    }
-}
-
-fn micros(duration: Duration) -> String {
-    if duration >= Duration::from_millis(10) {
-        format!("{:.1} ms", duration.as_secs_f64() * 1e3)
-    } else {
-        format!("{} µs", duration.as_micros())
-    }
-}
-
-/// A database created for one run and dropped after it.
-struct ThrowawayDatabase {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl ThrowawayDatabase {
-    async fn create(admin_url: &str) -> Result<Self, Failure> {
-        use sqlx::Connection;
-        let name = format!("websub_bench_{}", rand::rng().random_range(0..u32::MAX));
-        let mut admin = sqlx::PgConnection::connect(admin_url).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await?;
-        admin.close().await?;
-        let url = websub_store::postgres::with_database(admin_url, &name);
-        Ok(Self {
-            admin_url: admin_url.to_owned(),
-            name,
-            url,
-        })
-    }
-
-    async fn drop_it(self) -> Result<(), Failure> {
-        use sqlx::Connection;
-        let mut admin = sqlx::PgConnection::connect(&self.admin_url).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&mut admin)
-        .await?;
-        Ok(())
     }
 }
 

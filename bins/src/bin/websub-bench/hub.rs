@@ -1,0 +1,492 @@
+//! `websub-bench hub`: the hub end to end, against a real `websubd` process.
+//!
+//! 1. The ceiling: keep-alive POSTs/s from the hub's own HTTP client to a
+//!    loopback server answering 204, at the concurrency the hub is given.
+//! 2. Fan-out: N subscribers on loopback receivers, one fat ping, time until
+//!    every subscriber has its delivery; SQLite, PostgreSQL, and a larger N
+//!    on PostgreSQL. websubd's peak resident memory is read from /proc.
+//! 3. Subscribe throughput: N subscribe requests, time until all are
+//!    verified and saved.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use tokio::sync::Notify;
+use websub_hub::net::{self, NetPolicy};
+use websub_store::{Subscription, SubscriptionStore};
+
+use crate::{Failure, ThrowawayDatabase};
+
+const INTERNAL_KEY: &str = "websub-bench-internal-key-0123456789abcdef";
+const TOPIC: &str = "http://127.0.0.1:9/bench/topic";
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct HubArgs {
+    /// Subscribers of the fan-out and subscribe runs.
+    #[arg(long, default_value_t = 10_000)]
+    subscribers: usize,
+    /// Subscribers of the large fan-out on PostgreSQL (0: skip it).
+    #[arg(long, default_value_t = 100_000)]
+    large: usize,
+    /// Deliveries in flight at once, for the hub and the ceiling alike.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Size of the published body.
+    #[arg(long, default_value_t = 1024)]
+    body_bytes: usize,
+    /// A PostgreSQL server; the bench creates and drops its own databases.
+    #[arg(long, env = "WEBSUB_BENCH_DATABASE_URL")]
+    postgres: Option<String>,
+    /// The websubd binary [default: next to this one].
+    #[arg(long)]
+    websubd: Option<PathBuf>,
+}
+
+/// One line of the table.
+struct Line {
+    measurement: String,
+    count: usize,
+    elapsed: Duration,
+    rate: f64,
+    peak_rss: Option<u64>,
+}
+
+pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
+    net::install_crypto_provider();
+    let websubd = match &args.websubd {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?.with_file_name("websubd"),
+    };
+    if !websubd.exists() {
+        return Err(format!(
+            "{} not found: build it first (cargo build --release --bins)",
+            websubd.display()
+        )
+        .into());
+    }
+    let receiver = Receiver::start().await?;
+    let mut lines = Vec::new();
+
+    let ceiling = ceiling(&receiver, args.concurrency, args.body_bytes).await?;
+    eprintln!("ceiling: {ceiling:.0} POSTs/s");
+    lines.push(Line {
+        measurement: format!("ceiling: POSTs/s, {} in flight", args.concurrency),
+        count: 50_000,
+        elapsed: Duration::from_secs_f64(50_000.0 / ceiling),
+        rate: ceiling,
+        peak_rss: None,
+    });
+
+    let scratch = std::env::temp_dir().join(format!("websub-bench-hub-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let sqlite = format!("sqlite:{}", scratch.join("fanout.db").display());
+    lines.push(
+        fan_out(
+            &websubd,
+            &receiver,
+            &sqlite,
+            "sqlite",
+            args.subscribers,
+            &args,
+        )
+        .await?,
+    );
+
+    if let Some(admin) = &args.postgres {
+        let mut sizes = vec![args.subscribers];
+        if args.large > 0 {
+            sizes.push(args.large);
+        }
+        for size in sizes {
+            let database = ThrowawayDatabase::create(admin).await?;
+            let line = fan_out(&websubd, &receiver, &database.url, "postgres", size, &args).await;
+            database.drop_it().await?;
+            lines.push(line?);
+        }
+    } else {
+        eprintln!("postgres: skipped (no --postgres URL)");
+    }
+
+    let subscribe_db = format!("sqlite:{}", scratch.join("subscribe.db").display());
+    lines.push(subscribe(&websubd, &receiver, &subscribe_db, args.subscribers, &args).await?);
+    std::fs::remove_dir_all(&scratch)?;
+
+    println!("| measurement | count | time | rate /s | % of ceiling | websubd peak RSS |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for line in &lines {
+        println!(
+            "| {} | {} | {:.2} s | {:.0} | {} | {} |",
+            line.measurement,
+            line.count,
+            line.elapsed.as_secs_f64(),
+            line.rate,
+            if line.measurement.starts_with("fan-out") {
+                format!("{:.0} %", 100.0 * line.rate / ceiling)
+            } else {
+                "–".to_owned()
+            },
+            line.peak_rss
+                .map(|bytes| format!("{:.0} MB", bytes as f64 / 1e6))
+                .unwrap_or_else(|| "–".to_owned()),
+        );
+    }
+    Ok(())
+}
+
+/// POSTs/s the hub's own client reaches against a 204 on loopback.
+async fn ceiling(
+    receiver: &Receiver,
+    concurrency: usize,
+    body_bytes: usize,
+) -> Result<f64, Failure> {
+    const REQUESTS: usize = 50_000;
+    let policy = NetPolicy {
+        allow_private_network: true,
+    };
+    let client = net::delivery_client(&policy, Duration::from_secs(10), concurrency)?;
+    let body = Bytes::from(vec![b'x'; body_bytes]);
+    let url = format!("{}/sink", receiver.base);
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (client, body, url, next) =
+                (client.clone(), body.clone(), url.clone(), next.clone());
+            tokio::spawn(async move {
+                while next.fetch_add(1, Ordering::Relaxed) < REQUESTS {
+                    let response = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                        .send()
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    if !response.status().is_success() {
+                        return Err(format!("the sink answered {}", response.status()));
+                    }
+                }
+                Ok::<(), String>(())
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await??;
+    }
+    Ok(REQUESTS as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn fan_out(
+    websubd: &PathBuf,
+    receiver: &Receiver,
+    database_url: &str,
+    backend: &str,
+    subscribers: usize,
+    args: &HubArgs,
+) -> Result<Line, Failure> {
+    eprintln!("{backend}: saving {subscribers} subscriptions");
+    let prefix = format!("fan{subscribers}{backend}");
+    save_subscriptions(database_url, receiver, &prefix, subscribers).await?;
+    let hub = Hub::spawn(websubd, database_url, args).await?;
+    receiver.reset();
+
+    eprintln!("{backend}: publishing to {subscribers}");
+    let started = Instant::now();
+    let response = net::delivery_client(
+        &NetPolicy {
+            allow_private_network: true,
+        },
+        Duration::from_secs(30),
+        1,
+    )?
+    .post(format!(
+        "{}?hub.mode=publish&hub.topic={}",
+        hub.url,
+        urlencode(TOPIC)
+    ))
+    .header("content-type", "application/json")
+    .header("X-Internal-API-Key", INTERNAL_KEY)
+    .body(vec![b'x'; args.body_bytes])
+    .send()
+    .await?;
+    if response.status() != StatusCode::ACCEPTED {
+        return Err(format!("the fat ping answered {}", response.status()).into());
+    }
+    if !receiver
+        .wait_for(subscribers, Duration::from_secs(600))
+        .await
+    {
+        return Err(format!(
+            "{backend}: only {} of {subscribers} delivered",
+            receiver.deliveries.load(Ordering::Relaxed)
+        )
+        .into());
+    }
+    let elapsed = started.elapsed();
+    let peak_rss = hub.peak_rss();
+    hub.stop();
+    Ok(Line {
+        measurement: format!("fan-out, {backend}: deliveries/s to the last delivery"),
+        count: subscribers,
+        elapsed,
+        rate: subscribers as f64 / elapsed.as_secs_f64(),
+        peak_rss,
+    })
+}
+
+async fn subscribe(
+    websubd: &PathBuf,
+    receiver: &Receiver,
+    database_url: &str,
+    subscribers: usize,
+    args: &HubArgs,
+) -> Result<Line, Failure> {
+    let hub = Hub::spawn(websubd, database_url, args).await?;
+    let store = websub_hub::server::open_store(database_url).await?;
+    let client = net::delivery_client(
+        &NetPolicy {
+            allow_private_network: true,
+        },
+        Duration::from_secs(30),
+        64,
+    )?;
+    eprintln!("subscribe: {subscribers} requests");
+    let started = Instant::now();
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..64)
+        .map(|_| {
+            let (client, next, hub_url, base) = (
+                client.clone(),
+                next.clone(),
+                hub.url.clone(),
+                receiver.base.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    if index >= subscribers {
+                        return Ok::<(), String>(());
+                    }
+                    let form = format!(
+                        "hub.mode=subscribe&hub.topic={}&hub.callback={}",
+                        urlencode(TOPIC),
+                        urlencode(&format!("{base}/cb/sub{index}"))
+                    );
+                    let response = client
+                        .post(&hub_url)
+                        .header("content-type", "application/x-www-form-urlencoded")
+                        .body(form)
+                        .send()
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    if response.status() != StatusCode::ACCEPTED {
+                        return Err(format!("subscribe answered {}", response.status()));
+                    }
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await??;
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while store.list_by_topic(TOPIC).await?.len() < subscribers {
+        if Instant::now() > deadline {
+            return Err("subscriptions were not all verified within 300 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    let peak_rss = hub.peak_rss();
+    hub.stop();
+    Ok(Line {
+        measurement: "subscribe, sqlite: verified subscriptions/s".to_owned(),
+        count: subscribers,
+        elapsed,
+        rate: subscribers as f64 / elapsed.as_secs_f64(),
+        peak_rss,
+    })
+}
+
+async fn save_subscriptions(
+    database_url: &str,
+    receiver: &Receiver,
+    prefix: &str,
+    count: usize,
+) -> Result<(), Failure> {
+    let store: Arc<dyn SubscriptionStore> = websub_hub::server::open_store(database_url).await?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let now = chrono::Utc::now();
+    let workers: Vec<_> = (0..16)
+        .map(|_| {
+            let (store, next, base, prefix) = (
+                store.clone(),
+                next.clone(),
+                receiver.base.clone(),
+                prefix.to_owned(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    if index >= count {
+                        return Ok::<(), websub_store::StoreError>(());
+                    }
+                    let subscription =
+                        Subscription::new(TOPIC, format!("{base}/cb/{prefix}-{index}"))
+                            .with_lease(chrono::Duration::days(1), now)
+                            .with_secret(format!("secret-{index}"));
+                    store.save(&subscription).await?;
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await??;
+    }
+    Ok(())
+}
+
+fn urlencode(value: &str) -> String {
+    url::form_urlencoded::byte_serialize(value.as_bytes()).collect()
+}
+
+/// A websubd process.
+struct Hub {
+    child: Child,
+    url: String,
+}
+
+impl Hub {
+    async fn spawn(websubd: &PathBuf, database_url: &str, args: &HubArgs) -> Result<Self, Failure> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let concurrency = args.concurrency.to_string();
+        let child = Command::new(websubd)
+            .env("RUST_LOG", "warn")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--database-url", database_url])
+            .args(["--internal-api-key", INTERNAL_KEY])
+            .args(["--delivery-concurrency", &concurrency])
+            .args(["--delivery-per-host", &concurrency])
+            .arg("--allow-private-network")
+            .stdout(Stdio::null())
+            .spawn()?;
+        let hub = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}/"),
+        };
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(response) = client.get(format!("{}healthz", hub.url)).send().await
+                && response.status().is_success()
+            {
+                return Ok(hub);
+            }
+            if Instant::now() > deadline {
+                return Err("websubd did not become ready within 60 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Peak resident memory since start (VmHWM).
+    fn peak_rss(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Loopback subscribers: echo challenges, count deliveries.
+struct Receiver {
+    base: String,
+    deliveries: Arc<AtomicUsize>,
+    arrived: Arc<Notify>,
+}
+
+#[derive(Clone)]
+struct ReceiverState {
+    deliveries: Arc<AtomicUsize>,
+    arrived: Arc<Notify>,
+}
+
+impl Receiver {
+    async fn start() -> Result<Self, Failure> {
+        let state = ReceiverState {
+            deliveries: Arc::new(AtomicUsize::new(0)),
+            arrived: Arc::new(Notify::new()),
+        };
+        let app = Router::new()
+            .route("/sink", post(|| async { StatusCode::NO_CONTENT }))
+            .route("/cb/{name}", get(echo_challenge).post(count_delivery))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self {
+            base,
+            deliveries: state.deliveries,
+            arrived: state.arrived,
+        })
+    }
+
+    fn reset(&self) {
+        self.deliveries.store(0, Ordering::Relaxed);
+    }
+
+    async fn wait_for(&self, count: usize, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let arrived = self.arrived.notified();
+            if self.deliveries.load(Ordering::Relaxed) >= count {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return false;
+            }
+        }
+    }
+}
+
+async fn echo_challenge(Path(_name): Path<String>, RawQuery(query): RawQuery) -> String {
+    url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .find(|(key, _)| key == "hub.challenge")
+        .map(|(_, value)| value.into_owned())
+        .unwrap_or_default()
+}
+
+async fn count_delivery(
+    State(state): State<ReceiverState>,
+    Path(_name): Path<String>,
+    _body: Bytes,
+) -> StatusCode {
+    state.deliveries.fetch_add(1, Ordering::Relaxed);
+    state.arrived.notify_waiters();
+    StatusCode::NO_CONTENT
+}

@@ -1,0 +1,96 @@
+//! websub-bench: measures websub-hub on this machine and prints tables.
+//!
+//! - `websub-bench store`: each subscription backend loaded with N
+//!   subscriptions: save/s, `list_by_topic` and `list_expiring` latency, the
+//!   memory backend's resident memory.
+//! - `websub-bench hub`: the HTTP ceiling of this machine, one publish fanned
+//!   out by a real `websubd` to 10 000 (and 100 000) loopback subscribers on
+//!   SQLite and PostgreSQL, subscribe throughput, and websubd's peak memory.
+//!
+//! PostgreSQL and Redis are measured when their URLs are given; each run uses
+//! a throwaway database (PostgreSQL) or key prefix (Redis) and removes it.
+
+mod hub;
+mod store;
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use rand::Rng;
+
+#[derive(Debug, Parser)]
+#[command(name = "websub-bench", about = "Benchmarks of websub-hub", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Subscription stores: save/s, list_by_topic and list_expiring latency.
+    Store(store::StoreArgs),
+    /// The hub end to end: HTTP ceiling, fan-out, subscribe throughput.
+    Hub(hub::HubArgs),
+}
+
+pub(crate) type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main]
+async fn main() -> Result<(), Failure> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Store(args) => store::run(args).await,
+        Command::Hub(args) => hub::run(args).await,
+    }
+}
+
+pub(crate) fn percentile(samples: &mut [Duration], at: f64) -> Duration {
+    samples.sort_unstable();
+    let rank = ((at / 100.0) * samples.len() as f64).ceil() as usize;
+    samples[rank.clamp(1, samples.len()) - 1]
+}
+
+pub(crate) fn micros(duration: Duration) -> String {
+    if duration >= Duration::from_millis(10) {
+        format!("{:.1} ms", duration.as_secs_f64() * 1e3)
+    } else {
+        format!("{} µs", duration.as_micros())
+    }
+}
+
+/// A database created for one run and dropped after it.
+pub(crate) struct ThrowawayDatabase {
+    admin_url: String,
+    name: String,
+    pub(crate) url: String,
+}
+
+impl ThrowawayDatabase {
+    pub(crate) async fn create(admin_url: &str) -> Result<Self, Failure> {
+        use sqlx::Connection;
+        let name = format!("websub_bench_{}", rand::rng().random_range(0..u32::MAX));
+        let mut admin = sqlx::PgConnection::connect(admin_url).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await?;
+        admin.close().await?;
+        let url = websub_store::postgres::with_database(admin_url, &name);
+        Ok(Self {
+            admin_url: admin_url.to_owned(),
+            name,
+            url,
+        })
+    }
+
+    pub(crate) async fn drop_it(self) -> Result<(), Failure> {
+        use sqlx::Connection;
+        let mut admin = sqlx::PgConnection::connect(&self.admin_url).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&mut admin)
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,245 @@
+//! The real `websubd` binary: start-up on the embedded default, errors that
+//! name bad values, a clean exit on SIGTERM, and no delivery lost when the
+//! process is killed with SIGKILL in the middle of a fan-out.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use websub_store::{Subscription, SubscriptionStore};
+use websub_tests::{DeliveryAnswer, TestSubscriber, http_client};
+
+const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .expect("a free loopback port")
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("websubd-{name}-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// A running websubd.
+struct Websubd {
+    child: Child,
+    url: String,
+}
+
+impl Websubd {
+    fn spawn(dir: &PathBuf, port: u16, extra: &[&str]) -> Self {
+        let child = Command::new(env!("CARGO_BIN_EXE_websubd"))
+            .current_dir(dir)
+            .env("RUST_LOG", "warn")
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start websubd");
+        Self {
+            child,
+            url: format!("http://127.0.0.1:{port}/"),
+        }
+    }
+
+    async fn ready(self) -> Self {
+        let client = http_client();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(response) = client.get(format!("{}healthz", self.url)).send().await
+                && response.status().is_success()
+            {
+                return self;
+            }
+            assert!(Instant::now() < deadline, "websubd did not become ready");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn kill_9(mut self) {
+        self.child.kill().expect("SIGKILL websubd");
+        let _ = self.child.wait();
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("send SIGTERM");
+        assert!(status.success());
+        self.child.wait().expect("wait for websubd")
+    }
+}
+
+impl Drop for Websubd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn bad_values_are_named_and_refused() {
+    for (args, named) in [
+        (vec!["--lease-min", "ten"], "lease-min"),
+        (vec!["--internal-api-key", "too-short"], "internal-api-key"),
+        (
+            vec!["--public-url", "http://hub.example/no-slash"],
+            "public-url",
+        ),
+        (vec!["--store", "mongodb://db"], "store"),
+        (vec!["--database-url", "mysql://db"], "database-url"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_websubd"))
+            .args(&args)
+            .output()
+            .expect("run websubd");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn embedded_default_serves_and_sigterm_exits_cleanly() {
+    let dir = scratch_dir("default");
+    let mut hub = Websubd::spawn(&dir, free_port(), &[]).ready().await;
+    assert!(
+        dir.join("websub.db").exists(),
+        "the embedded SQLite file is created"
+    );
+    let response = http_client()
+        .post(&hub.url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("hub.mode=subscribe&hub.topic=https%3A%2F%2Fexample.com%2Ff&hub.callback=http%3A%2F%2F127.0.0.1%3A1%2Fcb")
+        .send()
+        .await
+        .expect("subscribe");
+    assert_eq!(
+        response.status().as_u16(),
+        400,
+        "a loopback callback is refused without --allow-private-network"
+    );
+    let status = hub.terminate();
+    assert!(status.success(), "websubd exited with {status}");
+}
+
+async fn kill_9_during_fan_out_loses_nothing(database_url: String) {
+    const SUBSCRIBERS: usize = 10_000;
+    let dir = scratch_dir("crash");
+    let subscriber = TestSubscriber::start().await;
+    // Slow enough that the kill lands mid-fan-out.
+    subscriber.answer_every_delivery(DeliveryAnswer::Hang(Duration::from_millis(10)));
+    let topic = "http://127.0.0.1:9/topics/crash";
+
+    let store: Arc<dyn SubscriptionStore> = websub_hub::server::open_store(&database_url)
+        .await
+        .expect("open the store websubd will use");
+    let saves = (0..SUBSCRIBERS).map(|index| {
+        let store = store.clone();
+        let callback = subscriber.callback(&format!("c{index}"));
+        async move {
+            store
+                .save(
+                    &Subscription::new(topic, callback)
+                        .with_lease(chrono::Duration::days(1), chrono::Utc::now()),
+                )
+                .await
+        }
+    });
+    let started = Instant::now();
+    for result in futures::future::join_all(saves).await {
+        result.expect("save a subscription");
+    }
+    eprintln!(
+        "saved {SUBSCRIBERS} subscriptions in {:?}",
+        started.elapsed()
+    );
+
+    let args = [
+        "--database-url",
+        &database_url,
+        "--allow-private-network",
+        "--internal-api-key",
+        INTERNAL_KEY,
+        "--delivery-concurrency",
+        "32",
+        "--delivery-timeout",
+        "2s",
+        "--visibility-timeout",
+        "3s",
+        "--poll-interval",
+        "200ms",
+    ];
+    let first = Websubd::spawn(&dir, free_port(), &args).ready().await;
+    let response = http_client()
+        .post(format!(
+            "{}?hub.mode=publish&hub.topic={}",
+            first.url, "http%3A%2F%2F127.0.0.1%3A9%2Ftopics%2Fcrash"
+        ))
+        .header("content-type", "application/json")
+        .header("X-Internal-API-Key", INTERNAL_KEY)
+        .body("{\"crash\":true}")
+        .send()
+        .await
+        .expect("fat ping");
+    assert_eq!(response.status().as_u16(), 202);
+
+    assert!(
+        subscriber
+            .wait_until(Duration::from_secs(60), |s| s.deliveries().len() >= 1_000)
+            .await,
+        "the fan-out never got going"
+    );
+    eprintln!("killing after {:?}", started.elapsed());
+    first.kill_9();
+    let at_kill = distinct_callbacks(&subscriber);
+    assert!(
+        at_kill < SUBSCRIBERS,
+        "the fan-out finished before the kill ({at_kill}); the test proves nothing"
+    );
+
+    let second = Websubd::spawn(&dir, free_port(), &args).ready().await;
+    let all = subscriber
+        .wait_until(Duration::from_secs(120), |s| {
+            distinct_callbacks(s) >= SUBSCRIBERS
+        })
+        .await;
+    let delivered = distinct_callbacks(&subscriber);
+    eprintln!("all delivered after {:?}", started.elapsed());
+    drop(second);
+    assert!(
+        all,
+        "only {delivered} of {SUBSCRIBERS} subscribers were delivered to after the restart"
+    );
+}
+
+fn distinct_callbacks(subscriber: &TestSubscriber) -> usize {
+    subscriber
+        .deliveries()
+        .into_iter()
+        .map(|delivery| delivery.path)
+        .collect::<HashSet<_>>()
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_during_fan_out_loses_nothing_on_sqlite() {
+    let dir = scratch_dir("crash-sqlite");
+    kill_9_during_fan_out_loses_nothing(format!("sqlite:{}", dir.join("hub.db").display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_during_fan_out_loses_nothing_on_postgres() {
+    let Some(url) = websub_storetest::servers::fresh_postgres_url().await else {
+        return;
+    };
+    kill_9_during_fan_out_loses_nothing(url).await;
+}
