@@ -410,8 +410,16 @@ impl Dispatcher {
     /// write goes in one round trip, so the log keeps up with the network.
     async fn record_outcomes(self, mut completions: mpsc::UnboundedReceiver<Completion>) {
         let limit = self.inner.policy.batch_size.max(1);
-        let mut batch = Vec::with_capacity(limit);
-        while completions.recv_many(&mut batch, limit).await > 0 {
+        // A few writes in flight at once: on PostgreSQL one batched UPDATE
+        // takes tens of milliseconds, and the records of different batches
+        // never overlap, so writes need not queue behind each other.
+        let writers = Arc::new(Semaphore::new(OUTCOME_WRITERS));
+        let writes = TaskTracker::new();
+        loop {
+            let mut batch = Vec::with_capacity(limit);
+            if completions.recv_many(&mut batch, limit).await == 0 {
+                break;
+            }
             // Gather what arrives in the next moment too: one write of a
             // hundred outcomes costs about what one write of one does.
             let gather = async {
@@ -423,48 +431,60 @@ impl Dispatcher {
                 }
             };
             let _ = tokio::time::timeout(OUTCOME_GATHERING, gather).await;
-            let mut delay = Duration::from_millis(50);
-            loop {
-                match self
-                    .inner
-                    .events
-                    .complete(&batch, self.inner.clock.now())
-                    .await
-                {
-                    Ok(()) => break,
-                    Err(error) => {
-                        // The records stay claimed; keep trying so outcomes are
-                        // not lost, until the visibility timeout makes them
-                        // due again anyway.
-                        warn!(%error, records = batch.len(), "recording outcomes failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                        if delay >= Duration::from_secs(5) && completions.is_closed() {
-                            break;
-                        }
-                    }
+            let Ok(writer) = writers.clone().acquire_owned().await else {
+                break;
+            };
+            let dispatcher = self.clone();
+            writes.spawn(async move {
+                dispatcher.write_outcomes(batch).await;
+                drop(writer);
+            });
+        }
+        writes.close();
+        writes.wait().await;
+    }
+
+    async fn write_outcomes(&self, batch: Vec<Completion>) {
+        let mut delay = Duration::from_millis(50);
+        for attempt in 1..=OUTCOME_WRITE_ATTEMPTS {
+            match self
+                .inner
+                .events
+                .complete(&batch, self.inner.clock.now())
+                .await
+            {
+                Ok(()) => break,
+                Err(error) if attempt < OUTCOME_WRITE_ATTEMPTS => {
+                    warn!(%error, records = batch.len(), "recording outcomes failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(error) => {
+                    // The records stay claimed and are delivered again once
+                    // the visibility timeout passes: at least once still holds.
+                    warn!(%error, records = batch.len(), "recording outcomes failed; they will be redelivered");
+                    return;
                 }
             }
-            let next_retry = batch
-                .iter()
-                .filter_map(|completion| match completion.outcome {
-                    Outcome::Retry {
-                        next_attempt_at, ..
-                    } => Some(next_attempt_at),
-                    _ => None,
-                })
-                .min();
-            if let Some(due) = next_retry {
-                // Retries are due sooner than the next poll, the first at
-                // once: wake the claim loop when the earliest is due.
-                let wait = (due - self.inner.clock.now()).to_std().unwrap_or_default();
-                let dispatcher = self.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(wait).await;
-                    dispatcher.wake();
-                });
-            }
-            batch.clear();
+        }
+        let next_retry = batch
+            .iter()
+            .filter_map(|completion| match completion.outcome {
+                Outcome::Retry {
+                    next_attempt_at, ..
+                } => Some(next_attempt_at),
+                _ => None,
+            })
+            .min();
+        if let Some(due) = next_retry {
+            // Retries are due sooner than the next poll, the first at once:
+            // wake the claim loop when the earliest is due.
+            let wait = (due - self.inner.clock.now()).to_std().unwrap_or_default();
+            let dispatcher = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                dispatcher.wake();
+            });
         }
     }
 }
@@ -590,6 +610,13 @@ impl EventCache {
 
 /// How long outcomes are gathered into one write after the first arrives.
 const OUTCOME_GATHERING: Duration = Duration::from_millis(2);
+
+/// Outcome writes in flight at once.
+const OUTCOME_WRITERS: usize = 4;
+
+/// Tries of one outcome write (about 30 s with the backoff) before its
+/// records are left to the visibility timeout.
+const OUTCOME_WRITE_ATTEMPTS: u32 = 10;
 
 /// How long a topic's subscriber list is reused between claimed batches.
 pub const SUBSCRIBERS_TTL: Duration = Duration::from_secs(1);
