@@ -83,21 +83,7 @@ impl SqliteStore {
     /// [`BUSY_TIMEOUT`] for the write lock; the pool holds at most
     /// [`POOL_SIZE`] connections.
     pub async fn connect(url_or_path: &str) -> Result<Self, StoreError> {
-        // A plain path goes through `filename` so that characters a URL would
-        // read as syntax (`?`, `%`) stay part of the name.
-        let options = if url_or_path.starts_with("sqlite:") {
-            SqliteConnectOptions::from_str(url_or_path)?
-        } else {
-            SqliteConnectOptions::new().filename(url_or_path)
-        }
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        // In WAL mode NORMAL survives a crash of the process (what the
-        // embedded default must survive) and skips an fsync per commit;
-        // only a power loss can take back the last commits.
-        .synchronous(SqliteSynchronous::Normal)
-        .busy_timeout(BUSY_TIMEOUT)
-        .foreign_keys(true);
+        let options = connect_options(url_or_path)?;
         let store = Self::from_pool(open_pool(options).await?);
         store.migrate().await?;
         Ok(store)
@@ -119,25 +105,59 @@ impl SqliteStore {
     /// whole run is therefore one `BEGIN IMMEDIATE` transaction: the second
     /// process waits for the first, then finds nothing left to apply.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        // `run_direct` rather than `run`: `run` on a borrowed connection
-        // yields a future the compiler cannot prove `Send` for every lifetime
-        // ("implementation of `Acquire` is not general enough"), which would
-        // keep `connect` out of spawned tasks. `run_direct` is sqlx's own
-        // workaround for that, public but `#[doc(hidden)]`: re-check it when
-        // upgrading sqlx. An error drops `tx`, rolling the whole run back.
-        migrator()
-            .run_direct(None, &mut *tx, false)
+        migrate_locked(&self.pool, &migrator())
             .await
-            .map_err(StoreError::backend)?;
-        tx.commit().await?;
-        Ok(())
+            .map_err(StoreError::backend)
     }
 
     /// The pool the store runs on.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
+}
+
+/// How every websub-hub component opens a SQLite file: `url_or_path` is a
+/// `sqlite:` URL or a plain path (created if missing); WAL journal, NORMAL
+/// synchronisation, [`BUSY_TIMEOUT`], foreign keys on.
+pub fn connect_options(url_or_path: &str) -> Result<SqliteConnectOptions, sqlx::Error> {
+    // A plain path goes through `filename` so that characters a URL would
+    // read as syntax (`?`, `%`) stay part of the name.
+    let options = if url_or_path.starts_with("sqlite:") {
+        SqliteConnectOptions::from_str(url_or_path)?
+    } else {
+        SqliteConnectOptions::new().filename(url_or_path)
+    };
+    Ok(options
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        // In WAL mode NORMAL survives a crash of the process (what the
+        // embedded default must survive) and skips an fsync per commit;
+        // only a power loss can take back the last commits.
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(BUSY_TIMEOUT)
+        .foreign_keys(true))
+}
+
+/// Runs `migrator` as one `BEGIN IMMEDIATE` transaction.
+///
+/// sqlx's SQLite migrator takes no lock of its own, so two processes opening
+/// a new file at once would both try to create the tables; inside one
+/// immediate transaction the second waits for the first, then finds nothing
+/// left to apply.
+pub async fn migrate_locked(
+    pool: &SqlitePool,
+    migrator: &Migrator,
+) -> Result<(), sqlx::migrate::MigrateError> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    // `run_direct` rather than `run`: `run` on a borrowed connection yields a
+    // future the compiler cannot prove `Send` for every lifetime
+    // ("implementation of `Acquire` is not general enough"), which would keep
+    // `connect` out of spawned tasks. `run_direct` is sqlx's own workaround
+    // for that, public but `#[doc(hidden)]`: re-check it when upgrading sqlx.
+    // An error drops `tx`, rolling the whole run back.
+    migrator.run_direct(None, &mut *tx, false).await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Connects the pool, retrying while another connection holds the lock.
@@ -147,7 +167,10 @@ impl SqliteStore {
 /// one new file at once can see "database is locked" from the pragma. That
 /// happens once per file, for an instant; waiting it out, up to the busy
 /// timeout, is what the caller would otherwise have to do.
-async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error> {
+///
+/// Shared with the hub's event log, which keeps its tables in the same file
+/// by default: both open the file the same way.
+pub async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error> {
     let deadline = Instant::now() + BUSY_TIMEOUT;
     loop {
         match SqlitePoolOptions::new()

@@ -121,6 +121,10 @@ pub enum EventLogError {
     /// Migrations failed.
     #[error("event log migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// `expand` of an event that is not in the log (never recorded, or
+    /// purged).
+    #[error("no event {0} in the log")]
+    UnknownEvent(Uuid),
     /// A stored value could not be decoded.
     #[error("invalid stored event data: {0}")]
     Invalid(String),
@@ -140,7 +144,8 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// Writes one delivery record per subscriber (due at `now`) and marks the
     /// event expanded, in one transaction. Idempotent: records that exist are
     /// left as they are. Set-based, in chunks: 100 000 subscribers take a
-    /// handful of statements. Returns how many records were created.
+    /// handful of statements. Returns how many records were created; an
+    /// event not in the log is [`EventLogError::UnknownEvent`].
     async fn expand(
         &self,
         event_id: Uuid,
@@ -155,7 +160,8 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// Claims up to `limit` due records: unprocessed, `next_attempt_at <=
     /// now`, and not claimed since `now - visibility` (a claim older than
     /// that belongs to a dead process). Sets `processing_since = now`.
-    /// Concurrent claimers never receive the same record.
+    /// Concurrent claimers never receive the same record. The most overdue
+    /// records come first.
     async fn claim(
         &self,
         limit: usize,
@@ -169,8 +175,11 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// Records outcomes in one round trip: `Delivered` and `Dropped` set
     /// `processed_at = now`; `Retry` increments `retry_count` and sets
     /// `next_attempt_at`; `Exhausted` increments `retry_count` and clears
-    /// `next_attempt_at`. Every outcome keeps its error in `last_error` and
-    /// clears `processing_since`.
+    /// `next_attempt_at`. Every failure or drop keeps its reason in
+    /// `last_error` (a later `Delivered` leaves the previous failure there
+    /// for inspection), and every outcome clears `processing_since`. An
+    /// outcome for a record already processed is ignored, so a late answer
+    /// from a claim that was taken over cannot reopen it.
     async fn complete(
         &self,
         completions: &[Completion],

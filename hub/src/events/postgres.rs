@@ -198,7 +198,6 @@ fn delivery_from_row(row: &PgRow) -> Result<DeliveryRecord, EventLogError> {
 }
 
 /// The completions as the column arrays [`COMPLETE`] unnests.
-#[derive(Default)]
 struct CompletionColumns<'a> {
     event_ids: Vec<Uuid>,
     subscribers: Vec<&'a str>,
@@ -245,7 +244,9 @@ async fn expand_in(
 ) -> Result<u64, EventLogError> {
     // The UPDATE also locks the event row until commit: a concurrent expand
     // of the same event waits here, then takes the other path and creates
-    // nothing that exists, and a purge cannot delete the event midway.
+    // nothing that exists, and a purge skips the event or waits. On the other
+    // path the insert's foreign-key trigger takes the lock (and fails the
+    // statement if a purge got there first).
     let first = sqlx::query(MARK_EXPANDED)
         .bind(event_id)
         .bind(now)
@@ -261,7 +262,7 @@ async fn expand_in(
             .fetch_one(&mut **tx)
             .await?;
         if !exists {
-            return Err(EventLogError::Database(sqlx::Error::RowNotFound));
+            return Err(EventLogError::UnknownEvent(event_id));
         }
         EXPAND_AGAIN
     };

@@ -11,13 +11,15 @@
 //! The behaviour is the [`EventLog`] contract. What this backend adds:
 //!
 //! - **Durability.** The file is in WAL mode with `synchronous = NORMAL`: a
-//!   committed transaction is in the WAL before the commit returns, so it
-//!   survives the process being killed at any point. It is not flushed to the
-//!   disk at each commit, though, so a power loss or an operating-system crash
-//!   can lose the last transactions before the latest checkpoint (never
-//!   corrupt the file). That trade buys claim and completion throughput;
-//!   deployments that must not lose an accepted event to a power cut should
-//!   use PostgreSQL.
+//!   committed transaction is written to the WAL file (the operating
+//!   system's page cache) before the commit returns, so it survives the
+//!   process being killed at any point. The WAL is only flushed to the disk
+//!   at checkpoints, though, so a power loss or an operating-system crash can
+//!   roll back the transactions committed since the last one (it never
+//!   corrupts the file). That trade saves two disk flushes per claim and
+//!   completion batch; deployments that must not lose an accepted event to a
+//!   power cut should use PostgreSQL (or `synchronous = FULL` via
+//!   [`SqliteEventLog::from_pool`]).
 //! - **One writer.** Every write in every process queues for the file's write
 //!   lock, waiting up to [`BUSY_TIMEOUT`]. Claims therefore cannot overlap:
 //!   each one holds the lock from choosing its rows to marking them.
@@ -26,32 +28,23 @@
 //!   completions) travel as one JSON array parameter read with `json_each`:
 //!   one statement, prepared once, whatever the batch size.
 
-use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::migrate::Migrator;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
 use uuid::Uuid;
 
 use super::{
     Claimed, Completion, DeliveryRecord, Event, EventLog, EventLogError, NewEvent, Outcome,
 };
 
-/// The most connections [`SqliteEventLog::connect`] opens. Writes queue for
-/// the file's single write lock whatever the count; a few connections let
-/// reads (event bodies, inspection) run beside a write.
-pub const POOL_SIZE: u32 = 4;
-
-/// How long a write waits for another connection's write lock before failing.
-/// Generous, because under load the wait is queueing, not a fault.
-pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The file is opened the way the subscription store opens it (the two share
+/// it by default): these are the store's pool size and busy timeout.
+pub use websub_store::sqlite::{BUSY_TIMEOUT, POOL_SIZE};
 
 /// The table the hub's migrations are recorded in; see the module doc.
 const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
@@ -138,19 +131,8 @@ impl SqliteEventLog {
     /// module doc) and foreign keys on, and waits up to [`BUSY_TIMEOUT`] for
     /// the write lock; the pool holds at most [`POOL_SIZE`] connections.
     pub async fn connect(url_or_path: &str) -> Result<Self, EventLogError> {
-        // A plain path goes through `filename` so that characters a URL would
-        // read as syntax (`?`, `%`) stay part of the name.
-        let options = if url_or_path.starts_with("sqlite:") {
-            SqliteConnectOptions::from_str(url_or_path)?
-        } else {
-            SqliteConnectOptions::new().filename(url_or_path)
-        }
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
-        .busy_timeout(BUSY_TIMEOUT)
-        .foreign_keys(true);
-        let log = Self::from_pool(open_pool(options).await?);
+        let options = websub_store::sqlite::connect_options(url_or_path)?;
+        let log = Self::from_pool(websub_store::sqlite::open_pool(options).await?);
         log.migrate().await?;
         Ok(log)
     }
@@ -170,15 +152,7 @@ impl SqliteEventLog {
     /// whole run is therefore one `BEGIN IMMEDIATE` transaction: the second
     /// process waits for the first, then finds nothing left to apply.
     pub async fn migrate(&self) -> Result<(), EventLogError> {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        // `run_direct` rather than `run`: `run` on a borrowed connection
-        // yields a future the compiler cannot prove `Send` for every lifetime
-        // ("implementation of `Acquire` is not general enough"), which would
-        // keep `connect` out of spawned tasks. `run_direct` is sqlx's own
-        // workaround for that, public but `#[doc(hidden)]`: re-check it when
-        // upgrading sqlx. An error drops `tx`, rolling the whole run back.
-        migrator().run_direct(None, &mut *tx, false).await?;
-        tx.commit().await?;
+        websub_store::sqlite::migrate_locked(&self.pool, &migrator()).await?;
         Ok(())
     }
 
@@ -186,39 +160,6 @@ impl SqliteEventLog {
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
-}
-
-/// Connects the pool, retrying while another connection holds the lock.
-///
-/// Switching a new file to WAL needs an exclusive lock that SQLite does not
-/// wait for with the busy timeout, so several pools opening one new file at
-/// once (the subscription store's and this one, say) can see "database is
-/// locked" from the pragma. That happens once per file, for an instant.
-async fn open_pool(options: SqliteConnectOptions) -> Result<SqlitePool, sqlx::Error> {
-    let deadline = Instant::now() + BUSY_TIMEOUT;
-    loop {
-        match SqlitePoolOptions::new()
-            .max_connections(POOL_SIZE)
-            .connect_with(options.clone())
-            .await
-        {
-            Err(error) if is_busy(&error) && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            result => return result,
-        }
-    }
-}
-
-/// Whether SQLite refused for a lock another connection holds: SQLITE_BUSY,
-/// extended codes included.
-fn is_busy(error: &sqlx::Error) -> bool {
-    const SQLITE_BUSY: i32 = 5;
-    error
-        .as_database_error()
-        .and_then(|error| error.code())
-        .and_then(|code| code.parse::<i32>().ok())
-        .is_some_and(|code| code & 0xff == SQLITE_BUSY)
 }
 
 fn migrator() -> Migrator {
@@ -343,8 +284,14 @@ async fn expand_in(
         .await?
         .rows_affected();
     if marked == 0 {
-        return Err(EventLogError::Database(sqlx::Error::RowNotFound));
+        return Err(EventLogError::UnknownEvent(event_id));
     }
+    // Sorted, the rows go into the primary key's b-tree in key order (the
+    // column's BINARY collation is byte order, as `str`'s is), appending to
+    // one page after another rather than splitting pages all over the index.
+    let mut subscribers: Vec<&str> = subscribers.iter().map(String::as_str).collect();
+    subscribers.sort_unstable();
+    subscribers.dedup();
     let mut created = 0;
     for chunk in subscribers.chunks(EXPAND_CHUNK) {
         let chunk = serde_json::to_string(chunk)
@@ -414,12 +361,17 @@ impl EventLog for SqliteEventLog {
         if limit == 0 {
             return Ok(Vec::new());
         }
+        // Under the write lock from the start, so no other claim (from this
+        // process or another) can pick rows between this one's choice and
+        // its mark; see `expand` for why IMMEDIATE.
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let rows = sqlx::query(CLAIM)
             .bind(now.timestamp_micros())
             .bind(stale_bound(now, visibility))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
+        tx.commit().await?;
         rows.iter().map(claimed_from_row).collect()
     }
 
