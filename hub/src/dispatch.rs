@@ -129,6 +129,12 @@ impl Dispatcher {
         self.inner.wake.notify_one();
     }
 
+    /// Forgets the cached subscribers of `topic`: a subscription to it was
+    /// saved or deleted here, and the next delivery must see that.
+    pub fn forget_topic(&self, topic: &str) {
+        self.inner.subscribers.forget(topic);
+    }
+
     /// Expands every recorded but unexpanded event into delivery records for
     /// the current subscribers of its topic. Returns how many records were
     /// created.
@@ -303,8 +309,7 @@ impl Dispatcher {
     /// The subscribers of `topic`, from a short-lived cache unless
     /// `refresh`. Each claimed batch needs them, and reading 100 000
     /// subscriptions per batch of a few hundred deliveries would make a
-    /// fan-out quadratic. The cache lives [`SUBSCRIBERS_TTL`]: a renewal's
-    /// new secret or an unsubscribe takes effect within that.
+    /// fan-out quadratic. See [`SUBSCRIBERS_TTL`] for how fresh it is.
     /// Returns the list and whether it was read just now.
     async fn subscribers(
         &self,
@@ -389,6 +394,7 @@ impl Dispatcher {
                 {
                     warn!(%error, "removing a gone subscription failed");
                 }
+                self.forget_topic(&subscription.topic);
                 Outcome::Dropped {
                     reason: "410 Gone: subscription removed".to_owned(),
                 }
@@ -619,7 +625,10 @@ const OUTCOME_WRITERS: usize = 4;
 const OUTCOME_WRITE_ATTEMPTS: u32 = 10;
 
 /// How long a topic's subscriber list is reused between claimed batches.
-pub const SUBSCRIBERS_TTL: Duration = Duration::from_secs(1);
+/// Changes made through this hub reach the cache at once
+/// ([`Dispatcher::forget_topic`]); this bounds how long one made through
+/// another replica (a renewed secret, an unsubscribe) takes to be seen.
+pub const SUBSCRIBERS_TTL: Duration = Duration::from_secs(10);
 
 /// A topic's subscriptions by callback, as read at one moment.
 #[derive(Debug)]
@@ -641,6 +650,13 @@ impl SubscriberCache {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let cached = topics.get(topic)?;
         (cached.read_at.elapsed() < SUBSCRIBERS_TTL).then(|| cached.clone())
+    }
+
+    fn forget(&self, topic: &str) {
+        self.topics
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(topic);
     }
 
     fn put(&self, topic: &str, listed: Vec<Subscription>) -> Arc<Subscribers> {

@@ -132,6 +132,10 @@ impl Hub {
             config.verification,
             clock.clone(),
         );
+        let cache = dispatcher.clone();
+        subscriptions.on_change(crate::verify::ChangeListener::new(move |topic| {
+            cache.forget_topic(topic);
+        }));
         let intake = Intake::new(
             events.clone(),
             store.clone(),

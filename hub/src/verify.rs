@@ -308,6 +308,25 @@ struct Inner {
     /// requests beyond it wait in their task.
     verifications: Semaphore,
     tracker: TaskTracker,
+    on_change: std::sync::OnceLock<ChangeListener>,
+}
+
+/// Told the topic of every subscription the workflow saves or deletes, so
+/// whoever caches a topic's subscribers (the dispatcher) can forget them.
+#[derive(Clone)]
+pub struct ChangeListener(Arc<dyn Fn(&str) + Send + Sync>);
+
+impl ChangeListener {
+    /// A listener calling `notify` with the topic that changed.
+    pub fn new(notify: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(notify))
+    }
+}
+
+impl std::fmt::Debug for ChangeListener {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("ChangeListener")
+    }
 }
 
 /// Why [`Subscriptions::save`] did not save.
@@ -342,7 +361,20 @@ impl Subscriptions {
                 clock,
                 verifications: Semaphore::new(permits),
                 tracker: TaskTracker::new(),
+                on_change: std::sync::OnceLock::new(),
             }),
+        }
+    }
+
+    /// Sets who is told of saved and deleted subscriptions (once; later calls
+    /// are ignored).
+    pub fn on_change(&self, listener: ChangeListener) {
+        let _ = self.inner.on_change.set(listener);
+    }
+
+    fn changed(&self, topic: &str) {
+        if let Some(listener) = self.inner.on_change.get() {
+            (listener.0)(topic);
         }
     }
 
@@ -478,6 +510,7 @@ impl Subscriptions {
         };
         match self.save(&subscription).await {
             Ok(()) => {
+                self.changed(&subscription.topic);
                 tracing::info!(lease_seconds, "subscribed");
                 Ok(Processed::Subscribed { lease_seconds })
             }
@@ -507,6 +540,7 @@ impl Subscriptions {
             .delete(&request.topic, &request.callback)
             .await
             .map_err(ProcessError::Store)?;
+        self.changed(&request.topic);
         tracing::info!("unsubscribed");
         Ok(Processed::Unsubscribed)
     }

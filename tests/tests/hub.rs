@@ -503,3 +503,53 @@ async fn private_callbacks_are_refused_by_default() {
     assert_eq!(status, 400, "{reason}");
     hub.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn renewal_with_a_new_secret_signs_the_next_delivery_with_it() {
+    let Some(hub) = hub_on(Backend::Sqlite).await else {
+        return;
+    };
+    let subscriber = TestSubscriber::start().await;
+    let topic = "http://127.0.0.1:9/topics/rotated";
+    let callback = subscriber.callback("rotating");
+    hub.subscribe(topic, &callback, &[("hub.secret", "first")])
+        .await;
+    let (status, _) = fat_ping(&hub, topic, "text/plain", b"one".to_vec()).await;
+    assert_eq!(status, 202);
+    subscriber.wait_for_deliveries("rotating", 1, WAIT).await;
+
+    let (status, _) = hub
+        .post_form(&[
+            ("hub.mode", "subscribe"),
+            ("hub.topic", topic),
+            ("hub.callback", &callback),
+            ("hub.secret", "second"),
+        ])
+        .await;
+    assert_eq!(status, 202);
+    let deadline = std::time::Instant::now() + WAIT;
+    while hub
+        .store
+        .get(topic, &callback)
+        .await
+        .expect("held")
+        .secret
+        .as_deref()
+        != Some("second")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the renewal was not saved"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, _) = fat_ping(&hub, topic, "text/plain", b"two".to_vec()).await;
+    assert_eq!(status, 202);
+    let deliveries = subscriber.wait_for_deliveries("rotating", 2, WAIT).await;
+    assert_eq!(
+        deliveries[1].header(HUB_SIGNATURE_HEADER),
+        Some(sign(b"second", b"two").as_str()),
+        "the delivery after the renewal is signed with the new secret"
+    );
+    hub.stop().await;
+}
