@@ -89,6 +89,7 @@ struct Inner {
     http_slots: Semaphore,
     bodies: EventCache,
     subscribers: SubscriberCache,
+    counters: Counters,
     hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
@@ -118,6 +119,7 @@ impl Dispatcher {
                 http_slots: Semaphore::new(policy.concurrency),
                 bodies: EventCache::new(256),
                 subscribers: SubscriberCache::default(),
+                counters: Counters::register(),
                 hosts: Mutex::new(HashMap::new()),
             }),
         }
@@ -336,28 +338,24 @@ impl Dispatcher {
     }
 
     fn host_limit(&self, callback: &str) -> Arc<Semaphore> {
-        let host = url::Url::parse(callback)
-            .ok()
-            .and_then(|url| {
-                url.host_str()
-                    .map(|host| format!("{host}:{:?}", url.port_or_known_default()))
-            })
-            .unwrap_or_default();
+        let host = authority(callback);
         let mut hosts = self
             .inner
             .hosts
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        hosts
-            .entry(host)
-            .or_insert_with(|| Arc::new(Semaphore::new(self.inner.policy.per_host)))
-            .clone()
+        if let Some(limit) = hosts.get(host) {
+            return limit.clone();
+        }
+        let limit = Arc::new(Semaphore::new(self.inner.policy.per_host));
+        hosts.insert(host.to_owned(), limit.clone());
+        limit
     }
 
     async fn attempt(
         &self,
         claim: Claimed,
-        subscription: Subscription,
+        subscription: Arc<Subscription>,
         event: Arc<Event>,
     ) -> Completion {
         let host = self.host_limit(&claim.subscriber);
@@ -380,11 +378,11 @@ impl Dispatcher {
         let now = self.inner.clock.now();
         let outcome = match answer {
             Answer::Delivered => {
-                metrics::counter!("websub_deliveries_total", "outcome" => "delivered").increment(1);
+                self.inner.counters.delivered.increment(1);
                 Outcome::Delivered
             }
             Answer::Gone => {
-                metrics::counter!("websub_deliveries_total", "outcome" => "gone").increment(1);
+                self.inner.counters.gone.increment(1);
                 info!("callback answered 410 Gone: removing the subscription");
                 if let Err(error) = self
                     .inner
@@ -400,7 +398,7 @@ impl Dispatcher {
                 }
             }
             Answer::Failed(error) => {
-                metrics::counter!("websub_deliveries_total", "outcome" => "failed").increment(1);
+                self.inner.counters.failed.increment(1);
                 info!(%error, retry_count = claim.retry_count, "delivery failed");
                 after_failure(claim.retry_count, error, &self.inner.policy, now)
             }
@@ -503,6 +501,19 @@ fn dropped(claim: &Claimed, reason: &str) -> Completion {
             reason: reason.to_owned(),
         },
     }
+}
+
+/// The `host:port` part of an absolute URL, as written: the key of the
+/// per-host limit. Cheaper than parsing the URL on every delivery, and the
+/// callbacks were validated as absolute http(s) URLs when subscribed.
+fn authority(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    // Credentials are not part of the host.
+    authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host)
 }
 
 /// The `Link` header of a delivery: the hub and the topic, combined.
@@ -614,6 +625,24 @@ impl EventCache {
     }
 }
 
+/// Delivery counters, registered once rather than looked up per delivery.
+#[derive(Debug)]
+struct Counters {
+    delivered: metrics::Counter,
+    gone: metrics::Counter,
+    failed: metrics::Counter,
+}
+
+impl Counters {
+    fn register() -> Self {
+        Self {
+            delivered: metrics::counter!("websub_deliveries_total", "outcome" => "delivered"),
+            gone: metrics::counter!("websub_deliveries_total", "outcome" => "gone"),
+            failed: metrics::counter!("websub_deliveries_total", "outcome" => "failed"),
+        }
+    }
+}
+
 /// How long outcomes are gathered into one write after the first arrives.
 const OUTCOME_GATHERING: Duration = Duration::from_millis(2);
 
@@ -633,7 +662,7 @@ pub const SUBSCRIBERS_TTL: Duration = Duration::from_secs(10);
 /// A topic's subscriptions by callback, as read at one moment.
 #[derive(Debug)]
 struct Subscribers {
-    by_callback: HashMap<String, Subscription>,
+    by_callback: HashMap<String, Arc<Subscription>>,
     read_at: std::time::Instant,
 }
 
@@ -663,7 +692,7 @@ impl SubscriberCache {
         let subscribers = Arc::new(Subscribers {
             by_callback: listed
                 .into_iter()
-                .map(|subscription| (subscription.callback.clone(), subscription))
+                .map(|subscription| (subscription.callback.clone(), Arc::new(subscription)))
                 .collect(),
             read_at: std::time::Instant::now(),
         });
@@ -736,6 +765,14 @@ mod tests {
             after_failure(10, "HTTP 500".to_owned(), &policy, now),
             Outcome::Exhausted { .. }
         ));
+    }
+
+    #[test]
+    fn authority_is_host_and_port_as_written() {
+        assert_eq!(authority("http://127.0.0.1:9000/cb?x=1"), "127.0.0.1:9000");
+        assert_eq!(authority("https://user:pw@Sub.example/cb"), "Sub.example");
+        assert_eq!(authority("https://[::1]:8443?q"), "[::1]:8443");
+        assert_eq!(authority("https://sub.example"), "sub.example");
     }
 
     #[test]

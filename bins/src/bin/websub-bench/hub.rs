@@ -54,6 +54,8 @@ pub(crate) struct HubArgs {
 struct Line {
     measurement: String,
     count: usize,
+    /// From the request to the first delivery, for fan-outs.
+    first: Option<Duration>,
     elapsed: Duration,
     rate: f64,
     peak_rss: Option<u64>,
@@ -80,6 +82,7 @@ pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
     lines.push(Line {
         measurement: format!("ceiling: POSTs/s, {} in flight", args.concurrency),
         count: 50_000,
+        first: None,
         elapsed: Duration::from_secs_f64(50_000.0 / ceiling),
         rate: ceiling,
         peak_rss: None,
@@ -119,13 +122,18 @@ pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
     lines.push(subscribe(&websubd, &receiver, &subscribe_db, args.subscribers, &args).await?);
     std::fs::remove_dir_all(&scratch)?;
 
-    println!("| measurement | count | time | rate /s | % of ceiling | websubd peak RSS |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| measurement | count | first delivery | time | rate /s | % of ceiling | websubd peak RSS |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for line in &lines {
         println!(
-            "| {} | {} | {:.2} s | {:.0} | {} | {} |",
+            "| {} | {} | {} | {:.2} s | {:.0} | {} | {} |",
             line.measurement,
             line.count,
+            line.first
+                .map(|first| format!("{:.0} ms", first.as_secs_f64() * 1e3))
+                .unwrap_or_else(|| "–".to_owned()),
             line.elapsed.as_secs_f64(),
             line.rate,
             if line.measurement.starts_with("fan-out") {
@@ -230,11 +238,13 @@ async fn fan_out(
         .into());
     }
     let elapsed = started.elapsed();
+    let first = receiver.first_delivery().map(|at| at - started);
     let peak_rss = hub.peak_rss();
     hub.stop();
     Ok(Line {
         measurement: format!("fan-out, {backend}: deliveries/s to the last delivery"),
         count: subscribers,
+        first,
         elapsed,
         rate: subscribers as f64 / elapsed.as_secs_f64(),
         peak_rss,
@@ -309,6 +319,7 @@ async fn subscribe(
     Ok(Line {
         measurement: "subscribe, sqlite: verified subscriptions/s".to_owned(),
         count: subscribers,
+        first: None,
         elapsed,
         rate: subscribers as f64 / elapsed.as_secs_f64(),
         peak_rss,
@@ -426,12 +437,14 @@ struct Receiver {
     base: String,
     deliveries: Arc<AtomicUsize>,
     arrived: Arc<Notify>,
+    first_at: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 #[derive(Clone)]
 struct ReceiverState {
     deliveries: Arc<AtomicUsize>,
     arrived: Arc<Notify>,
+    first_at: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl Receiver {
@@ -439,6 +452,7 @@ impl Receiver {
         let state = ReceiverState {
             deliveries: Arc::new(AtomicUsize::new(0)),
             arrived: Arc::new(Notify::new()),
+            first_at: Arc::new(std::sync::Mutex::new(None)),
         };
         let app = Router::new()
             .route("/sink", post(|| async { StatusCode::NO_CONTENT }))
@@ -453,11 +467,23 @@ impl Receiver {
             base,
             deliveries: state.deliveries,
             arrived: state.arrived,
+            first_at: state.first_at,
         })
     }
 
     fn reset(&self) {
         self.deliveries.store(0, Ordering::Relaxed);
+        *self
+            .first_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+    }
+
+    fn first_delivery(&self) -> Option<Instant> {
+        *self
+            .first_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     async fn wait_for(&self, count: usize, limit: Duration) -> bool {
@@ -486,7 +512,12 @@ async fn count_delivery(
     Path(_name): Path<String>,
     _body: Bytes,
 ) -> StatusCode {
-    state.deliveries.fetch_add(1, Ordering::Relaxed);
+    if state.deliveries.fetch_add(1, Ordering::Relaxed) == 0 {
+        *state
+            .first_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+    }
     state.arrived.notify_waiters();
     StatusCode::NO_CONTENT
 }
