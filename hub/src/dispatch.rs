@@ -164,9 +164,9 @@ impl Dispatcher {
         let policy = self.inner.policy;
         // Records claimed and not yet completed: the attempts in flight plus
         // a queue waiting for a slot, so the network never waits for a claim.
-        // The queue is short enough (a few rounds of attempts) that nothing
+        // The queue is short enough (eight rounds of attempts) that nothing
         // waits in it anywhere near the visibility timeout.
-        let queue = policy.batch_size.min(policy.concurrency * 4);
+        let queue = policy.batch_size.min(policy.concurrency * 8);
         let pending = Arc::new(Semaphore::new(policy.concurrency + queue));
         let attempts = TaskTracker::new();
         let (completed, completions) = mpsc::unbounded_channel();
@@ -209,6 +209,7 @@ impl Dispatcher {
                 }
             };
             let more_due = claimed.len() == limit;
+            debug!(claimed = claimed.len(), limit, "claimed");
             if !claimed.is_empty()
                 && let Err(error) = self
                     .start_attempts(claimed, &pending, &attempts, &completed)

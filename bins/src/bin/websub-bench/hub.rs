@@ -381,7 +381,10 @@ impl Hub {
             .port();
         let concurrency = args.concurrency.to_string();
         let child = Command::new(websubd)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("WEBSUB_BENCH_HUB_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            )
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--database-url", database_url])
             .args(["--internal-api-key", INTERNAL_KEY])
@@ -389,6 +392,7 @@ impl Hub {
             .args(["--delivery-per-host", &concurrency])
             .arg("--allow-private-network")
             .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
             .spawn()?;
         let hub = Self {
             child,
