@@ -510,16 +510,28 @@ impl TestHub {
         (status, response.text().await.unwrap_or_default())
     }
 
-    /// Subscribes `callback` to `topic` and waits until the hub holds the
-    /// subscription (the subscriber must echo the challenge).
-    pub async fn subscribe(&self, topic: &str, callback: &str, extra: &[(&str, &str)]) {
+    /// POSTs a subscription request (`mode` is `subscribe` or
+    /// `unsubscribe`) with any `extra` parameters.
+    pub async fn request(
+        &self,
+        mode: &str,
+        topic: &str,
+        callback: &str,
+        extra: &[(&str, &str)],
+    ) -> (u16, String) {
         let mut form = vec![
-            ("hub.mode", "subscribe"),
+            ("hub.mode", mode),
             ("hub.topic", topic),
             ("hub.callback", callback),
         ];
         form.extend_from_slice(extra);
-        let (status, body) = self.post_form(&form).await;
+        self.post_form(&form).await
+    }
+
+    /// Subscribes `callback` to `topic` and waits until the hub holds the
+    /// subscription (the subscriber must echo the challenge).
+    pub async fn subscribe(&self, topic: &str, callback: &str, extra: &[(&str, &str)]) {
+        let (status, body) = self.request("subscribe", topic, callback, extra).await;
         assert_eq!(status, 202, "subscribe answered {status}: {body}");
         assert!(
             self.wait_for_subscription(topic, callback, true).await,

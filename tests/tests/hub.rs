@@ -143,13 +143,7 @@ async fn refused_verification_stores_nothing() {
     ] {
         subscriber.answer_verification(name, answer);
         let callback = subscriber.callback(name);
-        let (status, _) = hub
-            .post_form(&[
-                ("hub.mode", "subscribe"),
-                ("hub.topic", topic),
-                ("hub.callback", &callback),
-            ])
-            .await;
+        let (status, _) = hub.request("subscribe", topic, &callback, &[]).await;
         assert_eq!(status, 202, "the answer never depends on verification");
     }
     subscriber.wait_for_verifications(3, WAIT).await;
@@ -173,12 +167,12 @@ async fn failed_renewal_keeps_the_old_secret() {
 
     subscriber.answer_verification("renewing", VerifyAnswer::Status(404));
     let (status, _) = hub
-        .post_form(&[
-            ("hub.mode", "subscribe"),
-            ("hub.topic", topic),
-            ("hub.callback", &callback),
-            ("hub.secret", "new-secret"),
-        ])
+        .request(
+            "subscribe",
+            topic,
+            &callback,
+            &[("hub.secret", "new-secret")],
+        )
         .await;
     assert_eq!(status, 202);
     subscriber.wait_for_verifications(2, WAIT).await;
@@ -266,13 +260,7 @@ async fn many_subscribers_each_get_one(backend: Backend) {
     let topic = "http://127.0.0.1:9/topics/popular";
     for index in 0..200 {
         let callback = subscriber.callback(&format!("s{index}"));
-        let (status, _) = hub
-            .post_form(&[
-                ("hub.mode", "subscribe"),
-                ("hub.topic", topic),
-                ("hub.callback", &callback),
-            ])
-            .await;
+        let (status, _) = hub.request("subscribe", topic, &callback, &[]).await;
         assert_eq!(status, 202);
     }
     let verified = hub.store.list_by_topic(topic).await.expect("list").len();
@@ -393,13 +381,7 @@ async fn unsubscribe_stops_deliveries() {
     let topic = "http://127.0.0.1:9/topics/unsub";
     let callback = subscriber.callback("quitter");
     hub.subscribe(topic, &callback, &[]).await;
-    let (status, _) = hub
-        .post_form(&[
-            ("hub.mode", "unsubscribe"),
-            ("hub.topic", topic),
-            ("hub.callback", &callback),
-        ])
-        .await;
+    let (status, _) = hub.request("unsubscribe", topic, &callback, &[]).await;
     assert_eq!(status, 202);
     assert!(hub.wait_for_subscription(topic, &callback, false).await);
     let last = subscriber.verifications().pop().expect("a verification");
@@ -494,11 +476,12 @@ async fn private_callbacks_are_refused_by_default() {
     config.allow_private_network = false;
     let hub = TestHub::start(config).await;
     let (status, reason) = hub
-        .post_form(&[
-            ("hub.mode", "subscribe"),
-            ("hub.topic", "https://example.com/feed"),
-            ("hub.callback", "http://127.0.0.1:1/cb"),
-        ])
+        .request(
+            "subscribe",
+            "https://example.com/feed",
+            "http://127.0.0.1:1/cb",
+            &[],
+        )
         .await;
     assert_eq!(status, 400, "{reason}");
     hub.stop().await;
@@ -519,12 +502,7 @@ async fn renewal_with_a_new_secret_signs_the_next_delivery_with_it() {
     subscriber.wait_for_deliveries("rotating", 1, WAIT).await;
 
     let (status, _) = hub
-        .post_form(&[
-            ("hub.mode", "subscribe"),
-            ("hub.topic", topic),
-            ("hub.callback", &callback),
-            ("hub.secret", "second"),
-        ])
+        .request("subscribe", topic, &callback, &[("hub.secret", "second")])
         .await;
     assert_eq!(status, 202);
     let deadline = std::time::Instant::now() + WAIT;
