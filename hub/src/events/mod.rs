@@ -194,6 +194,20 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError>;
 }
 
+/// The oldest claim still alive at `now`, or `None` when the visibility
+/// timeout reaches before the Unix epoch (no claim is that old).
+fn stale_bound(now: DateTime<Utc>, visibility: std::time::Duration) -> Option<DateTime<Utc>> {
+    let visibility = chrono::TimeDelta::from_std(visibility).ok()?;
+    now.checked_sub_signed(visibility)
+        .filter(|bound| *bound >= DateTime::UNIX_EPOCH)
+}
+
+/// A column that does not decode is a stored value the backend cannot hold,
+/// not a failure of the database.
+fn invalid(error: sqlx::Error) -> EventLogError {
+    EventLogError::Invalid(error.to_string())
+}
+
 /// Opens the event log a database URL names (`sqlite:PATH` or
 /// `postgres://…`) and runs its migrations.
 pub async fn connect(url: &str) -> Result<std::sync::Arc<dyn EventLog>, EventLogError> {

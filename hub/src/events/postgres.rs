@@ -151,26 +151,6 @@ fn migrator() -> Migrator {
     migrator
 }
 
-/// `at` at the precision the database stores, so what [`EventLog::record`]
-/// returns equals what [`EventLog::event`] reads back.
-fn truncate_to_micros(at: DateTime<Utc>) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(at.timestamp_micros()).unwrap_or(at)
-}
-
-/// The oldest claim that is still alive at `now`, or `None` when the
-/// visibility timeout reaches before the Unix epoch (no claim is that old).
-fn stale_bound(now: DateTime<Utc>, visibility: std::time::Duration) -> Option<DateTime<Utc>> {
-    let visibility = chrono::TimeDelta::from_std(visibility).ok()?;
-    now.checked_sub_signed(visibility)
-        .filter(|bound| *bound >= DateTime::UNIX_EPOCH)
-}
-
-/// A column that does not decode is a stored value this backend cannot hold,
-/// not a failure of the database.
-fn invalid(error: sqlx::Error) -> EventLogError {
-    EventLogError::Invalid(error.to_string())
-}
-
 fn retry_count(value: i32) -> Result<u32, EventLogError> {
     u32::try_from(value)
         .map_err(|_| EventLogError::Invalid(format!("negative retry_count {value}")))
@@ -178,32 +158,32 @@ fn retry_count(value: i32) -> Result<u32, EventLogError> {
 
 fn event_from_row(row: &PgRow) -> Result<Event, EventLogError> {
     Ok(Event {
-        id: row.try_get("id").map_err(invalid)?,
-        topic: row.try_get("topic").map_err(invalid)?,
-        content_type: row.try_get("content_type").map_err(invalid)?,
-        body: Bytes::from(row.try_get::<Vec<u8>, _>("body").map_err(invalid)?),
-        created_at: row.try_get("created_at").map_err(invalid)?,
+        id: row.try_get("id").map_err(super::invalid)?,
+        topic: row.try_get("topic").map_err(super::invalid)?,
+        content_type: row.try_get("content_type").map_err(super::invalid)?,
+        body: Bytes::from(row.try_get::<Vec<u8>, _>("body").map_err(super::invalid)?),
+        created_at: row.try_get("created_at").map_err(super::invalid)?,
     })
 }
 
 fn claimed_from_row(row: &PgRow) -> Result<Claimed, EventLogError> {
     Ok(Claimed {
-        event_id: row.try_get("event_id").map_err(invalid)?,
-        topic: row.try_get("topic").map_err(invalid)?,
-        subscriber: row.try_get("subscriber").map_err(invalid)?,
-        retry_count: retry_count(row.try_get("retry_count").map_err(invalid)?)?,
+        event_id: row.try_get("event_id").map_err(super::invalid)?,
+        topic: row.try_get("topic").map_err(super::invalid)?,
+        subscriber: row.try_get("subscriber").map_err(super::invalid)?,
+        retry_count: retry_count(row.try_get("retry_count").map_err(super::invalid)?)?,
     })
 }
 
 fn delivery_from_row(row: &PgRow) -> Result<DeliveryRecord, EventLogError> {
     Ok(DeliveryRecord {
-        event_id: row.try_get("event_id").map_err(invalid)?,
-        subscriber: row.try_get("subscriber").map_err(invalid)?,
-        processed_at: row.try_get("processed_at").map_err(invalid)?,
-        retry_count: retry_count(row.try_get("retry_count").map_err(invalid)?)?,
-        last_error: row.try_get("last_error").map_err(invalid)?,
-        processing_since: row.try_get("processing_since").map_err(invalid)?,
-        next_attempt_at: row.try_get("next_attempt_at").map_err(invalid)?,
+        event_id: row.try_get("event_id").map_err(super::invalid)?,
+        subscriber: row.try_get("subscriber").map_err(super::invalid)?,
+        processed_at: row.try_get("processed_at").map_err(super::invalid)?,
+        retry_count: retry_count(row.try_get("retry_count").map_err(super::invalid)?)?,
+        last_error: row.try_get("last_error").map_err(super::invalid)?,
+        processing_since: row.try_get("processing_since").map_err(super::invalid)?,
+        next_attempt_at: row.try_get("next_attempt_at").map_err(super::invalid)?,
     })
 }
 
@@ -304,7 +284,7 @@ impl EventLog for PostgresEventLog {
             topic: event.topic,
             content_type: event.content_type,
             body: event.body,
-            created_at: truncate_to_micros(now),
+            created_at: websub_store::to_micros(now),
         };
         // Durable before the hub says "accepted", whatever the session's
         // synchronous_commit (see `connect`).
@@ -357,7 +337,7 @@ impl EventLog for PostgresEventLog {
         }
         sqlx::query(CLAIM)
             .bind(now)
-            .bind(stale_bound(now, visibility))
+            .bind(super::stale_bound(now, visibility))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await?

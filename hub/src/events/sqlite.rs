@@ -168,21 +168,6 @@ fn migrator() -> Migrator {
     migrator
 }
 
-/// `at` at the precision the database stores, so what [`EventLog::record`]
-/// returns equals what [`EventLog::event`] reads back.
-fn truncate_to_micros(at: DateTime<Utc>) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(at.timestamp_micros()).unwrap_or(at)
-}
-
-/// The oldest claim that is still alive at `now`, in µs, or `None` when the
-/// visibility timeout reaches before the Unix epoch (no claim is that old).
-fn stale_bound(now: DateTime<Utc>, visibility: Duration) -> Option<i64> {
-    let visibility = chrono::TimeDelta::from_std(visibility).ok()?;
-    now.checked_sub_signed(visibility)
-        .filter(|bound| *bound >= DateTime::UNIX_EPOCH)
-        .map(|bound| bound.timestamp_micros())
-}
-
 fn from_micros(micros: i64) -> Result<DateTime<Utc>, EventLogError> {
     DateTime::from_timestamp_micros(micros)
         .ok_or_else(|| EventLogError::Invalid(format!("timestamp {micros} µs out of range")))
@@ -190,49 +175,43 @@ fn from_micros(micros: i64) -> Result<DateTime<Utc>, EventLogError> {
 
 fn optional_time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, EventLogError> {
     row.try_get::<Option<i64>, _>(column)
-        .map_err(invalid)?
+        .map_err(super::invalid)?
         .map(from_micros)
         .transpose()
 }
 
-/// A column that does not decode is a stored value this backend cannot hold,
-/// not a failure of the database.
-fn invalid(error: sqlx::Error) -> EventLogError {
-    EventLogError::Invalid(error.to_string())
-}
-
 fn retry_count(row: &SqliteRow) -> Result<u32, EventLogError> {
-    let value: i64 = row.try_get("retry_count").map_err(invalid)?;
+    let value: i64 = row.try_get("retry_count").map_err(super::invalid)?;
     u32::try_from(value)
         .map_err(|_| EventLogError::Invalid(format!("retry_count {value} out of range")))
 }
 
 fn event_from_row(row: &SqliteRow) -> Result<Event, EventLogError> {
     Ok(Event {
-        id: row.try_get("id").map_err(invalid)?,
-        topic: row.try_get("topic").map_err(invalid)?,
-        content_type: row.try_get("content_type").map_err(invalid)?,
-        body: Bytes::from(row.try_get::<Vec<u8>, _>("body").map_err(invalid)?),
-        created_at: from_micros(row.try_get("created_at").map_err(invalid)?)?,
+        id: row.try_get("id").map_err(super::invalid)?,
+        topic: row.try_get("topic").map_err(super::invalid)?,
+        content_type: row.try_get("content_type").map_err(super::invalid)?,
+        body: Bytes::from(row.try_get::<Vec<u8>, _>("body").map_err(super::invalid)?),
+        created_at: from_micros(row.try_get("created_at").map_err(super::invalid)?)?,
     })
 }
 
 fn claimed_from_row(row: &SqliteRow) -> Result<Claimed, EventLogError> {
     Ok(Claimed {
-        event_id: row.try_get("event_id").map_err(invalid)?,
-        topic: row.try_get("topic").map_err(invalid)?,
-        subscriber: row.try_get("subscriber").map_err(invalid)?,
+        event_id: row.try_get("event_id").map_err(super::invalid)?,
+        topic: row.try_get("topic").map_err(super::invalid)?,
+        subscriber: row.try_get("subscriber").map_err(super::invalid)?,
         retry_count: retry_count(row)?,
     })
 }
 
 fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRecord, EventLogError> {
     Ok(DeliveryRecord {
-        event_id: row.try_get("event_id").map_err(invalid)?,
-        subscriber: row.try_get("subscriber").map_err(invalid)?,
+        event_id: row.try_get("event_id").map_err(super::invalid)?,
+        subscriber: row.try_get("subscriber").map_err(super::invalid)?,
         processed_at: optional_time(row, "processed_at")?,
         retry_count: retry_count(row)?,
-        last_error: row.try_get("last_error").map_err(invalid)?,
+        last_error: row.try_get("last_error").map_err(super::invalid)?,
         processing_since: optional_time(row, "processing_since")?,
         next_attempt_at: optional_time(row, "next_attempt_at")?,
     })
@@ -315,7 +294,7 @@ impl EventLog for SqliteEventLog {
             topic: event.topic,
             content_type: event.content_type,
             body: event.body,
-            created_at: truncate_to_micros(now),
+            created_at: websub_store::to_micros(now),
         };
         sqlx::query(INSERT_EVENT)
             .bind(event.id)
@@ -367,7 +346,7 @@ impl EventLog for SqliteEventLog {
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let rows = sqlx::query(CLAIM)
             .bind(now.timestamp_micros())
-            .bind(stale_bound(now, visibility))
+            .bind(super::stale_bound(now, visibility).map(|bound| bound.timestamp_micros()))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&mut *tx)
             .await?;
