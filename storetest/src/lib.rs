@@ -10,7 +10,7 @@
 //! [`suite!`], which expands to one `#[tokio::test]` per check on a
 //! multi-threaded runtime, so each check's name shows in the test output:
 //!
-//! ```ignore
+//! ```no_run
 //! use std::sync::Arc;
 //! use websub_store::{memory::MemoryStore, SubscriptionStore};
 //!
