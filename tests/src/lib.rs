@@ -108,9 +108,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A subscriber: one server, any number of callbacks (`/cb/<name>`).
 #[derive(Debug)]
 pub struct TestSubscriber {
-    address: SocketAddr,
+    server: LoopbackServer,
     state: Arc<SubscriberState>,
-    stop: CancellationToken,
 }
 
 impl TestSubscriber {
@@ -121,17 +120,15 @@ impl TestSubscriber {
         let app = Router::new()
             .route("/cb/{name}", get(verify_callback).post(deliver_callback))
             .with_state(state.clone());
-        let (address, stop) = serve_on_loopback(app).await;
         Self {
-            address,
+            server: serve_on_loopback(app).await,
             state,
-            stop,
         }
     }
 
     /// The callback URL named `name`.
     pub fn callback(&self, name: &str) -> String {
-        format!("http://{}/cb/{name}", self.address)
+        format!("http://{}/cb/{name}", self.server.address)
     }
 
     /// Scripts the verification answer of one callback.
@@ -212,12 +209,6 @@ impl TestSubscriber {
         })
         .await;
         self.verifications()
-    }
-}
-
-impl Drop for TestSubscriber {
-    fn drop(&mut self) {
-        self.stop.cancel();
     }
 }
 
@@ -320,9 +311,8 @@ struct PublisherState {
 /// A publisher serving topics at `/topics/<name>`.
 #[derive(Debug)]
 pub struct TestPublisher {
-    address: SocketAddr,
+    server: LoopbackServer,
     state: Arc<PublisherState>,
-    stop: CancellationToken,
 }
 
 impl TestPublisher {
@@ -332,17 +322,15 @@ impl TestPublisher {
         let app = Router::new()
             .route("/topics/{name}", get(serve_topic))
             .with_state(state.clone());
-        let (address, stop) = serve_on_loopback(app).await;
         Self {
-            address,
+            server: serve_on_loopback(app).await,
             state,
-            stop,
         }
     }
 
     /// The URL of topic `name`.
     pub fn topic_url(&self, name: &str) -> String {
-        format!("http://{}/topics/{name}", self.address)
+        format!("http://{}/topics/{name}", self.server.address)
     }
 
     /// Sets what topic `name` serves.
@@ -366,12 +354,6 @@ impl TestPublisher {
     /// How many times topic `name` was fetched.
     pub fn fetches(&self, name: &str) -> usize {
         lock(&self.state.fetches).get(name).copied().unwrap_or(0)
-    }
-}
-
-impl Drop for TestPublisher {
-    fn drop(&mut self) {
-        self.stop.cancel();
     }
 }
 
@@ -402,8 +384,22 @@ async fn serve_topic(
     response
 }
 
-/// Serves `app` on a free loopback port until the token is cancelled.
-pub async fn serve_on_loopback(app: Router) -> (SocketAddr, CancellationToken) {
+/// A server on a loopback port, stopped when dropped.
+#[derive(Debug)]
+pub struct LoopbackServer {
+    /// Where it listens.
+    pub address: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Drop for LoopbackServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Serves `app` on a free loopback port until the returned server is dropped.
+pub async fn serve_on_loopback(app: Router) -> LoopbackServer {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .unwrap_or_else(|error| panic!("bind a loopback port: {error}"));
@@ -417,7 +413,7 @@ pub async fn serve_on_loopback(app: Router) -> (SocketAddr, CancellationToken) {
             .with_graceful_shutdown(stopped.cancelled_owned())
             .await;
     });
-    (address, stop)
+    LoopbackServer { address, stop }
 }
 
 /// A hub running in this process on a free loopback port.
