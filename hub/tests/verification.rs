@@ -716,6 +716,9 @@ impl SubscriptionStore for FullStore {
     async fn count_by_owner(&self, owner: &str) -> Result<u64, StoreError> {
         self.0.count_by_owner(owner).await
     }
+    async fn list_by_owner(&self, owner: &str) -> Result<Vec<Subscription>, StoreError> {
+        self.0.list_by_owner(owner).await
+    }
     async fn save_within_limit(
         &self,
         subscription: &Subscription,

@@ -115,6 +115,10 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug {
     /// How many subscriptions name `owner` as their owner.
     async fn count_by_owner(&self, owner: &str) -> Result<u64, StoreError>;
 
+    /// Every subscription naming `owner` as its owner, in no particular
+    /// order.
+    async fn list_by_owner(&self, owner: &str) -> Result<Vec<Subscription>, StoreError>;
+
     /// Saves the subscription only if its owner holds fewer than
     /// `quota.limit` subscriptions besides this pair, atomically and
     /// serialised per (quota type, owner).
@@ -150,6 +154,9 @@ impl<S: SubscriptionStore + ?Sized> SubscriptionStore for std::sync::Arc<S> {
     }
     async fn count_by_owner(&self, owner: &str) -> Result<u64, StoreError> {
         (**self).count_by_owner(owner).await
+    }
+    async fn list_by_owner(&self, owner: &str) -> Result<Vec<Subscription>, StoreError> {
+        (**self).list_by_owner(owner).await
     }
     async fn save_within_limit(
         &self,

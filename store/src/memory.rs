@@ -148,6 +148,22 @@ impl SubscriptionStore for MemoryStore {
         Ok(self.read().owner_count(owner))
     }
 
+    async fn list_by_owner(&self, owner: &str) -> Result<Vec<Subscription>, StoreError> {
+        let state = self.read();
+        if state.owner_count(owner) == 0 {
+            return Ok(Vec::new());
+        }
+        // Owners are looked up by the subscriber API, not on a hot path: a
+        // scan keeps the map of record single.
+        Ok(state
+            .by_topic
+            .values()
+            .flat_map(HashMap::values)
+            .filter(|subscription| subscription.owner.as_deref() == Some(owner))
+            .cloned()
+            .collect())
+    }
+
     async fn save_within_limit(
         &self,
         subscription: &Subscription,

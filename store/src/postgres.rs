@@ -251,6 +251,20 @@ impl SubscriptionStore for PostgresStore {
         count(used)
     }
 
+    async fn list_by_owner(&self, owner: &str) -> Result<Vec<Subscription>, StoreError> {
+        sqlx::query(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM websub_subscriptions WHERE owner = $1"
+        ))
+        .bind(owner)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(subscription_from_row)
+        .collect()
+    }
+
     async fn save_within_limit(
         &self,
         subscription: &Subscription,

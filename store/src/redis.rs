@@ -369,7 +369,7 @@ end
 
 /// KEYS: the topic set. ARGV: subscription key prefix. One round trip for
 /// the publish hot path instead of one per subscriber.
-static LIST_BY_TOPIC: LazyLock<Script> = LazyLock::new(|| {
+static LIST_MEMBERS: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local result = {}
@@ -453,7 +453,7 @@ impl SubscriptionStore for RedisStore {
     }
 
     async fn list_by_topic(&self, topic: &str) -> Result<Vec<Subscription>, StoreError> {
-        let hashes: Vec<RawHash> = LIST_BY_TOPIC
+        let hashes: Vec<RawHash> = LIST_MEMBERS
             .key(self.keys.topic(topic))
             .arg(self.keys.subscription_prefix())
             .invoke_async(&mut self.connection.clone())
@@ -490,6 +490,15 @@ impl SubscriptionStore for RedisStore {
             .arg(self.keys.owner_by_id(&digest(owner)))
             .query_async(&mut self.connection.clone())
             .await?)
+    }
+
+    async fn list_by_owner(&self, owner: &str) -> Result<Vec<Subscription>, StoreError> {
+        let hashes: Vec<RawHash> = LIST_MEMBERS
+            .key(self.keys.owner_by_id(&digest(owner)))
+            .arg(self.keys.subscription_prefix())
+            .invoke_async(&mut self.connection.clone())
+            .await?;
+        hashes.into_iter().map(decode).collect()
     }
 
     async fn save_within_limit(

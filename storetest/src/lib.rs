@@ -73,6 +73,8 @@ macro_rules! __with_checks {
             concurrent_saves_and_deletes_of_distinct_pairs_lose_nothing,
             count_by_owner_counts_only_that_owner,
             count_by_owner_follows_owner_changes,
+            list_by_owner_returns_only_that_owner,
+            list_by_owner_follows_owner_changes_and_deletes,
             conditional_save_below_limit_saves,
             conditional_save_at_limit_is_refused_with_count,
             conditional_resave_at_limit_succeeds,
@@ -254,6 +256,15 @@ async fn count_of(store: &SharedStore, owner: &str) -> u64 {
         .count_by_owner(owner)
         .await
         .unwrap_or_else(|error| panic!("count_by_owner({owner}) failed: {error}"))
+}
+
+async fn owned_by(store: &SharedStore, owner: &str) -> Vec<Subscription> {
+    let mut owned = store
+        .list_by_owner(owner)
+        .await
+        .unwrap_or_else(|error| panic!("list_by_owner({owner}) failed: {error}"));
+    owned.sort_by(|a, b| (&a.topic, &a.callback).cmp(&(&b.topic, &b.callback)));
+    owned
 }
 
 // ---------------------------------------------------------------- checks
@@ -746,6 +757,48 @@ pub async fn count_by_owner_follows_owner_changes(store: SharedStore) {
     ownerless.owner = None;
     must_save(&store, &ownerless).await;
     assert_eq!(count_of(&store, &second).await, 0);
+}
+
+/// `list_by_owner` returns every field of the owner's subscriptions, across
+/// topics, and no one else's.
+pub async fn list_by_owner_returns_only_that_owner(store: SharedStore) {
+    let (owner, other) = (unique_owner(), unique_owner());
+    let shared_topic = unique_topic();
+    let mut mine = vec![
+        leased(&shared_topic, &unique_callback()).with_owner(&owner),
+        leased(&unique_topic(), &unique_callback()).with_owner(&owner),
+        Subscription::new(unique_topic(), unique_callback()).with_owner(&owner),
+    ];
+    for subscription in &mine {
+        must_save(&store, subscription).await;
+    }
+    must_save(
+        &store,
+        &leased(&shared_topic, &unique_callback()).with_owner(&other),
+    )
+    .await;
+    must_save(&store, &leased(&shared_topic, &unique_callback())).await;
+    mine.sort_by(|a, b| (&a.topic, &a.callback).cmp(&(&b.topic, &b.callback)));
+    assert_eq!(owned_by(&store, &owner).await, mine);
+    assert_eq!(owned_by(&store, &other).await.len(), 1);
+    assert!(owned_by(&store, &unique_owner()).await.is_empty());
+}
+
+/// A re-save under another owner moves the subscription between lists; a
+/// delete removes it.
+pub async fn list_by_owner_follows_owner_changes_and_deletes(store: SharedStore) {
+    let (first, second) = (unique_owner(), unique_owner());
+    let subscription = leased(&unique_topic(), &unique_callback()).with_owner(&first);
+    must_save(&store, &subscription).await;
+    let moved = subscription.clone().with_owner(&second);
+    must_save(&store, &moved).await;
+    assert!(owned_by(&store, &first).await.is_empty());
+    assert_eq!(owned_by(&store, &second).await, vec![moved]);
+    store
+        .delete(&subscription.topic, &subscription.callback)
+        .await
+        .expect("delete");
+    assert!(owned_by(&store, &second).await.is_empty());
 }
 
 /// Below the limit, a conditional save saves.
