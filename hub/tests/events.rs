@@ -27,7 +27,8 @@ use uuid::Uuid;
 use websub_hub::events::postgres::PostgresEventLog;
 use websub_hub::events::sqlite::SqliteEventLog;
 use websub_hub::events::{
-    Claimed, Completion, DeliveryRecord, Event, EventLog, EventLogError, NewEvent, Outcome,
+    Claimed, Completion, DeliveryHealth, DeliveryRecord, Event, EventLog, EventLogError,
+    FailedFilter, NewEvent, Outcome,
 };
 
 /// Long enough that no claim in a check goes stale unless the check says so.
@@ -1056,3 +1057,144 @@ async fn postgres_connect_migrates_the_default_schema() {
         .await
         .expect("clean up");
 }
+
+async fn health_failed_and_retry_failed(log: &dyn EventLog) {
+    let t0 = base_time();
+    let watched = topic();
+    let subs = subscribers("health", 2);
+    let (a, b) = (subs[0].as_str(), subs[1].as_str());
+    let mut events = Vec::new();
+    for offset in 0..3 {
+        let event = record(log, &watched, t0 + secs(offset)).await;
+        log.expand(event.id, &subs, t0).await.expect("expand");
+        events.push(event);
+    }
+    let elsewhere = record(log, &topic(), t0).await;
+    log.expand(elsewhere.id, &subs[..1], t0)
+        .await
+        .expect("expand");
+    let claimed = log
+        .claim(100, t0 + secs(3), VISIBILITY)
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 7);
+
+    let done = t0 + secs(4);
+    let exhausted = |error: &str| Outcome::Exhausted {
+        error: error.to_owned(),
+    };
+    log.complete(
+        &[
+            completion(events[0].id, a, Outcome::Delivered),
+            completion(events[0].id, b, exhausted("HTTP 500 Internal Server Error")),
+            completion(
+                events[1].id,
+                a,
+                Outcome::Retry {
+                    error: "HTTP 503 Service Unavailable".to_owned(),
+                    next_attempt_at: done + secs(100),
+                },
+            ),
+            completion(events[1].id, b, Outcome::Delivered),
+            completion(events[2].id, a, exhausted("timed out")),
+            completion(elsewhere.id, a, exhausted("connection refused")),
+        ],
+        done,
+    )
+    .await
+    .expect("complete");
+
+    assert_eq!(
+        log.health(&watched, a, 10).await.expect("health"),
+        DeliveryHealth {
+            last_success: Some(done),
+            last_error: Some("timed out".to_owned()),
+            pending: 1,
+            failed: 1,
+        }
+    );
+    // events[2] to b is still in flight: pending.
+    assert_eq!(
+        log.health(&watched, b, 10).await.expect("health"),
+        DeliveryHealth {
+            last_success: Some(done),
+            last_error: Some("HTTP 500 Internal Server Error".to_owned()),
+            pending: 1,
+            failed: 1,
+        }
+    );
+    // A window of one sees the newest event alone.
+    assert_eq!(
+        log.health(&watched, a, 1).await.expect("health"),
+        DeliveryHealth {
+            last_success: None,
+            last_error: Some("timed out".to_owned()),
+            pending: 0,
+            failed: 1,
+        }
+    );
+    assert_eq!(
+        log.health(&topic(), a, 10).await.expect("health"),
+        DeliveryHealth::default()
+    );
+
+    let of_topic = FailedFilter {
+        topic: Some(&watched),
+        subscriber: None,
+    };
+    let failed = log.failed(of_topic, 10).await.expect("failed");
+    let listed: Vec<_> = failed
+        .iter()
+        .map(|f| (f.event_id, f.subscriber.as_str(), f.last_error.as_deref()))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            (events[2].id, a, Some("timed out")),
+            (events[0].id, b, Some("HTTP 500 Internal Server Error")),
+        ]
+    );
+    assert_eq!(failed[0].topic, watched);
+    assert_eq!(failed[0].created_at, events[2].created_at);
+    assert_eq!(failed[0].retry_count, 1);
+    assert_eq!(log.failed(of_topic, 1).await.expect("failed").len(), 1);
+    let everywhere_for_a = FailedFilter {
+        topic: None,
+        subscriber: Some(a),
+    };
+    assert_eq!(
+        log.failed(everywhere_for_a, 10)
+            .await
+            .expect("failed")
+            .len(),
+        2
+    );
+
+    let again = done + secs(10);
+    let one = FailedFilter {
+        topic: Some(&watched),
+        subscriber: Some(a),
+    };
+    assert_eq!(log.retry_failed(one, again).await.expect("retry"), 1);
+    let records = log.deliveries(events[2].id).await.expect("deliveries");
+    let reopened = record_of(&records, a);
+    assert_eq!(reopened.next_attempt_at, Some(again));
+    assert_eq!(reopened.retry_count, 0);
+    assert_eq!(reopened.last_error.as_deref(), Some("timed out"));
+    assert_eq!(log.failed(of_topic, 10).await.expect("failed").len(), 1);
+    let due = claim_own(log, events[2].id, again).await;
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].subscriber, a);
+
+    assert_eq!(log.retry_failed(of_topic, again).await.expect("retry"), 1);
+    assert!(log.failed(of_topic, 10).await.expect("failed").is_empty());
+    // The other topic's exhausted record is untouched.
+    assert_eq!(
+        log.failed(everywhere_for_a, 10)
+            .await
+            .expect("failed")
+            .len(),
+        1
+    );
+}
+both!(health_failed_and_retry_failed);

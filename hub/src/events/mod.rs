@@ -111,6 +111,48 @@ pub struct DeliveryRecord {
     pub next_attempt_at: Option<DateTime<Utc>>,
 }
 
+/// How deliveries to one subscriber of a topic are going, over the topic's
+/// most recent events.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveryHealth {
+    /// When a record was last closed: delivered, or dropped because the
+    /// subscription was gone.
+    pub last_success: Option<DateTime<Utc>>,
+    /// The most recent event's failure, if any of them failed.
+    pub last_error: Option<String>,
+    /// Records still to be delivered (due, retrying or in flight).
+    pub pending: u64,
+    /// Records that exhausted their retries.
+    pub failed: u64,
+}
+
+/// A delivery record that exhausted its retries, for operators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedDelivery {
+    /// The event.
+    pub event_id: Uuid,
+    /// The event's topic.
+    pub topic: String,
+    /// The subscriber (callback URL).
+    pub subscriber: String,
+    /// When the event was recorded.
+    pub created_at: DateTime<Utc>,
+    /// Attempts made.
+    pub retry_count: u32,
+    /// Why the last attempt failed.
+    pub last_error: Option<String>,
+}
+
+/// Which exhausted records [`EventLog::failed`] and
+/// [`EventLog::retry_failed`] look at; `None` matches everything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailedFilter<'a> {
+    /// Only records of events of this topic.
+    pub topic: Option<&'a str>,
+    /// Only records of this subscriber.
+    pub subscriber: Option<&'a str>,
+}
+
 /// Failures of the event log.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -189,6 +231,32 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// Every delivery record of an event.
     async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError>;
 
+    /// Delivery health of `subscriber` over the topic's `window` most recent
+    /// events: bounded work however long the log grows.
+    async fn health(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        window: usize,
+    ) -> Result<DeliveryHealth, EventLogError>;
+
+    /// Exhausted records matching `filter`, newest event first, at most
+    /// `limit`.
+    async fn failed(
+        &self,
+        filter: FailedFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<FailedDelivery>, EventLogError>;
+
+    /// Makes the exhausted records matching `filter` due again at `now` with
+    /// a fresh retry budget; their last error stays until an attempt
+    /// replaces it. Returns how many were re-opened.
+    async fn retry_failed(
+        &self,
+        filter: FailedFilter<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
     /// Deletes events created before `cutoff` with their delivery records.
     /// Returns how many events were deleted.
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError>;
@@ -206,6 +274,11 @@ fn stale_bound(now: DateTime<Utc>, visibility: std::time::Duration) -> Option<Da
 /// not a failure of the database.
 fn invalid(error: sqlx::Error) -> EventLogError {
     EventLogError::Invalid(error.to_string())
+}
+
+/// A database count as the unsigned number it is.
+fn count(value: i64) -> Result<u64, EventLogError> {
+    u64::try_from(value).map_err(|_| EventLogError::Invalid(format!("negative count {value}")))
 }
 
 /// Opens the event log a database URL names (`sqlite:PATH` or

@@ -39,7 +39,8 @@ use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
 use uuid::Uuid;
 
 use super::{
-    Claimed, Completion, DeliveryRecord, Event, EventLog, EventLogError, NewEvent, Outcome,
+    Claimed, Completion, DeliveryHealth, DeliveryRecord, Event, EventLog, EventLogError,
+    FailedDelivery, FailedFilter, NewEvent, Outcome,
 };
 
 /// The file is opened the way the subscription store opens it (the two share
@@ -109,6 +110,38 @@ const COMPLETE: &str = "UPDATE websub_deliveries AS d SET \
 const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
      processing_since, next_attempt_at FROM websub_deliveries \
      WHERE event_id = ?1 ORDER BY subscriber";
+
+// The window walks the (topic, created_at) index backwards; each of its
+// events is one primary-key probe for the subscriber's record.
+const HEALTH: &str = "WITH recent AS ( \
+         SELECT id, created_at FROM websub_events WHERE topic = ?1 \
+         ORDER BY created_at DESC LIMIT ?3), \
+     records AS ( \
+         SELECT r.created_at, d.processed_at, d.last_error, d.next_attempt_at \
+         FROM recent AS r \
+         JOIN websub_deliveries AS d ON d.event_id = r.id AND d.subscriber = ?2) \
+     SELECT (SELECT max(processed_at) FROM records) AS last_success, \
+            (SELECT last_error FROM records WHERE last_error IS NOT NULL \
+             ORDER BY created_at DESC LIMIT 1) AS last_error, \
+            (SELECT count(*) FROM records \
+             WHERE processed_at IS NULL AND next_attempt_at IS NOT NULL) AS pending, \
+            (SELECT count(*) FROM records \
+             WHERE processed_at IS NULL AND next_attempt_at IS NULL) AS failed";
+
+// Exhausted records are the pending index's NULL `next_attempt_at` entries.
+const FAILED: &str = "SELECT d.event_id, e.topic, d.subscriber, e.created_at, \
+            d.retry_count, d.last_error \
+     FROM websub_deliveries AS d JOIN websub_events AS e ON e.id = d.event_id \
+     WHERE d.processed_at IS NULL AND d.next_attempt_at IS NULL \
+       AND (?1 IS NULL OR e.topic = ?1) \
+       AND (?2 IS NULL OR d.subscriber = ?2) \
+     ORDER BY e.created_at DESC LIMIT ?3";
+
+const RETRY_FAILED: &str = "UPDATE websub_deliveries \
+     SET next_attempt_at = ?3, retry_count = 0, processing_since = NULL \
+     WHERE processed_at IS NULL AND next_attempt_at IS NULL \
+       AND (?2 IS NULL OR subscriber = ?2) \
+       AND (?1 IS NULL OR event_id IN (SELECT id FROM websub_events WHERE topic = ?1))";
 
 const PURGE: &str = "DELETE FROM websub_events WHERE rowid IN ( \
      SELECT rowid FROM websub_events WHERE created_at < ?1 \
@@ -388,6 +421,65 @@ impl EventLog for SqliteEventLog {
             .iter()
             .map(delivery_from_row)
             .collect()
+    }
+
+    async fn health(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        window: usize,
+    ) -> Result<DeliveryHealth, EventLogError> {
+        let row = sqlx::query(HEALTH)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(i64::try_from(window).unwrap_or(i64::MAX))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(DeliveryHealth {
+            last_success: optional_time(&row, "last_success")?,
+            last_error: row.try_get("last_error").map_err(super::invalid)?,
+            pending: super::count(row.try_get("pending").map_err(super::invalid)?)?,
+            failed: super::count(row.try_get("failed").map_err(super::invalid)?)?,
+        })
+    }
+
+    async fn failed(
+        &self,
+        filter: FailedFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<FailedDelivery>, EventLogError> {
+        sqlx::query(FAILED)
+            .bind(filter.topic)
+            .bind(filter.subscriber)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(FailedDelivery {
+                    event_id: row.try_get("event_id").map_err(super::invalid)?,
+                    topic: row.try_get("topic").map_err(super::invalid)?,
+                    subscriber: row.try_get("subscriber").map_err(super::invalid)?,
+                    created_at: from_micros(row.try_get("created_at").map_err(super::invalid)?)?,
+                    retry_count: retry_count(row)?,
+                    last_error: row.try_get("last_error").map_err(super::invalid)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn retry_failed(
+        &self,
+        filter: FailedFilter<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        Ok(sqlx::query(RETRY_FAILED)
+            .bind(filter.topic)
+            .bind(filter.subscriber)
+            .bind(now.timestamp_micros())
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
     }
 
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
