@@ -39,6 +39,7 @@ pub struct Hub {
     intake: Intake,
     dispatcher: Dispatcher,
     reaper: Reaper,
+    clock: Arc<dyn Clock>,
     metrics: Option<PrometheusHandle>,
 }
 
@@ -145,7 +146,7 @@ impl Hub {
             clock.clone(),
             config.max_content_bytes,
         );
-        let reaper = Reaper::new(store.clone(), clock, config.reaper_interval);
+        let reaper = Reaper::new(store.clone(), clock.clone(), config.reaper_interval);
         Ok(Self {
             config,
             store,
@@ -154,6 +155,7 @@ impl Hub {
             intake,
             dispatcher,
             reaper,
+            clock,
             metrics: None,
         })
     }
@@ -195,6 +197,11 @@ impl Hub {
         api::router(ApiState {
             subscriptions: self.subscriptions.clone(),
             intake: self.intake.clone(),
+            store: self.store.clone(),
+            events: self.events.clone(),
+            dispatcher: self.dispatcher.clone(),
+            clock: self.clock.clone(),
+            public_url: Arc::from(self.config.public_url.as_str()),
             internal_api_key: self.config.internal_api_key.as_deref().map(Arc::from),
             internal_api_key_header: Arc::from(self.config.internal_api_key_header.as_str()),
             max_form_bytes: self.config.max_form_bytes,

@@ -231,6 +231,9 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// Every delivery record of an event.
     async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError>;
 
+    /// The topic's most recently recorded event, if any.
+    async fn latest(&self, topic: &str) -> Result<Option<Event>, EventLogError>;
+
     /// Delivery health of `subscriber` over the topic's `window` most recent
     /// events: bounded work however long the log grows.
     async fn health(

@@ -111,6 +111,9 @@ const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count
      processing_since, next_attempt_at FROM websub_deliveries \
      WHERE event_id = ?1 ORDER BY subscriber";
 
+const LATEST: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
+     WHERE topic = ?1 ORDER BY created_at DESC, id DESC LIMIT 1";
+
 // The window walks the (topic, created_at) index backwards; each of its
 // events is one primary-key probe for the subscriber's record.
 const HEALTH: &str = "WITH recent AS ( \
@@ -421,6 +424,16 @@ impl EventLog for SqliteEventLog {
             .iter()
             .map(delivery_from_row)
             .collect()
+    }
+
+    async fn latest(&self, topic: &str) -> Result<Option<Event>, EventLogError> {
+        sqlx::query(LATEST)
+            .bind(topic)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(event_from_row)
+            .transpose()
     }
 
     async fn health(

@@ -1,6 +1,15 @@
 //! The HTTP adapter: routes, request parsing and error mapping. Handlers
-//! parse, call the domain (subscriptions, intake), and map its errors to
-//! plain-text 4xx/5xx answers; they hold no logic of their own.
+//! parse, call the domain (subscriptions, intake, the event log), and map
+//! its errors to 4xx/5xx answers with a reason; they hold no logic of their
+//! own.
+//!
+//! - `/`: the WebSub hub endpoint (subscribe, unsubscribe, publish);
+//! - `/topics/…`: topics the hub itself publishes (outbox feeds), answering
+//!   discovery;
+//! - `/api/v1/operator/…`: the operator API ([`operator`]);
+//! - `/healthz`, `/metrics`.
+
+mod operator;
 
 use std::sync::Arc;
 
@@ -13,9 +22,13 @@ use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tracing::{debug, error};
 
+use crate::clock::Clock;
+use crate::dispatch::{Dispatcher, link_header};
+use crate::events::EventLog;
 use crate::intake::{DEFAULT_CONTENT_TYPE, Intake, IntakeError};
 use crate::protocol::{self, HubRequest};
 use crate::verify::Subscriptions;
+use websub_store::SubscriptionStore;
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
@@ -24,6 +37,16 @@ pub struct ApiState {
     pub subscriptions: Subscriptions,
     /// Content intake.
     pub intake: Intake,
+    /// The subscription store, read by the APIs.
+    pub store: Arc<dyn SubscriptionStore>,
+    /// The event log, read by the APIs.
+    pub events: Arc<dyn EventLog>,
+    /// The dispatcher, woken when the APIs make records due.
+    pub dispatcher: Dispatcher,
+    /// The hub's clock.
+    pub clock: Arc<dyn Clock>,
+    /// The hub URL announced in `rel="hub"`.
+    pub public_url: Arc<str>,
     /// The internal API key, when configured.
     pub internal_api_key: Option<Arc<str>>,
     /// The header the internal key travels in.
@@ -36,11 +59,13 @@ pub struct ApiState {
     pub metrics: Option<PrometheusHandle>,
 }
 
-/// The hub's routes: the hub endpoint at `/`, `/healthz`, and `/metrics`.
+/// The hub's routes (see the module docs).
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.max_content_bytes.max(state.max_form_bytes);
     Router::new()
         .route("/", post(hub_endpoint).get(about))
+        .route("/topics/{*name}", get(topic))
+        .nest("/api/v1/operator", operator::routes())
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(body_limit))
@@ -84,6 +109,31 @@ impl IntoResponse for ApiError {
 
 async fn about() -> &'static str {
     "This is a WebSub hub. POST hub.mode=subscribe|unsubscribe|publish here.\n"
+}
+
+/// A topic the hub publishes itself (an outbox feed's): the discovery
+/// headers, with the latest content when there is any.
+async fn topic(State(state): State<ApiState>, uri: axum::http::Uri) -> Result<Response, ApiError> {
+    let path = uri.path().trim_start_matches('/');
+    let topic = format!("{}{path}", state.public_url);
+    let link = link_header(&state.public_url, &topic);
+    let latest = state.events.latest(&topic).await.map_err(|error| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the event log failed: {error}"),
+        )
+    })?;
+    Ok(match latest {
+        Some(event) => (
+            [
+                (header::LINK, link),
+                (header::CONTENT_TYPE, event.content_type),
+            ],
+            event.body,
+        )
+            .into_response(),
+        None => (StatusCode::NO_CONTENT, [(header::LINK, link)]).into_response(),
+    })
 }
 
 async fn metrics(State(state): State<ApiState>) -> Response {
