@@ -16,7 +16,7 @@ use futures::StreamExt;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, debug_span, info, warn};
 use uuid::Uuid;
 use websub_store::{Subscription, SubscriptionStore};
 
@@ -83,6 +83,8 @@ struct Inner {
     poll_interval: Duration,
     clock: Arc<dyn Clock>,
     wake: Notify,
+    /// Asks the expander to look for unexpanded events.
+    expand: Notify,
     /// Signalled whenever an attempt finishes and frees a slot.
     room: Notify,
     /// Deliveries on the network at once.
@@ -115,6 +117,7 @@ impl Dispatcher {
                 poll_interval,
                 clock,
                 wake: Notify::new(),
+                expand: Notify::new(),
                 room: Notify::new(),
                 http_slots: Semaphore::new(policy.concurrency),
                 bodies: EventCache::new(256),
@@ -140,6 +143,10 @@ impl Dispatcher {
     /// Expands every recorded but unexpanded event into delivery records for
     /// the current subscribers of its topic. Returns how many records were
     /// created.
+    ///
+    /// A large fan-out is written in parts of growing size, each its own
+    /// commit, and the claim loop is woken after each: the first deliveries
+    /// leave after the first part instead of after the whole expansion.
     pub async fn expand_pending(&self) -> Result<u64, DispatchError> {
         let mut created = 0;
         loop {
@@ -149,13 +156,45 @@ impl Dispatcher {
             }
             for event in pending {
                 let (known, _) = self.subscribers(&event.topic, true).await?;
-                let callbacks: Vec<String> = known.by_callback.keys().cloned().collect();
+                let mut callbacks: Vec<String> = known.by_callback.keys().cloned().collect();
+                // Parts in key order: each part's rows append to the index.
+                callbacks.sort_unstable();
+                self.inner.bodies.insert(Arc::new(event.clone()));
+                let mut rest = callbacks.as_slice();
+                let mut part = self.inner.policy.batch_size.max(1);
+                while rest.len() > part * 2 {
+                    let (head, tail) = rest.split_at(part);
+                    let now = self.inner.clock.now();
+                    created += self.inner.events.expand_part(event.id, head, now).await?;
+                    self.wake();
+                    rest = tail;
+                    part *= 4;
+                }
                 let now = self.inner.clock.now();
-                created += self.inner.events.expand(event.id, &callbacks, now).await?;
+                created += self.inner.events.expand(event.id, rest, now).await?;
+                self.wake();
                 debug!(event = %event.id, topic = %event.topic, subscribers = callbacks.len(), "expanded");
-                self.inner.bodies.insert(Arc::new(event));
             }
         }
+    }
+
+    /// Expands whenever [`expand_soon`](Self::expand_soon) asks, apart from
+    /// the claim loop, so that claims and deliveries go on while a large
+    /// fan-out is being written.
+    async fn run_expander(self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = self.inner.expand.notified() => {}
+            }
+            if let Err(error) = self.expand_pending().await {
+                warn!(%error, "expanding events failed; retrying at the next poll");
+            }
+        }
+    }
+
+    fn expand_soon(&self) {
+        self.inner.expand.notify_one();
     }
 
     /// Runs until `shutdown` is cancelled, then waits for the attempts in
@@ -175,14 +214,9 @@ impl Dispatcher {
         // Claim in batches, not one row per finished attempt: a claim costs
         // a round trip whatever its size, so claim once half the queue is free.
         let claim_threshold = (queue / 2).max(1);
-        let mut expand_due = true;
+        let expander = tokio::spawn(self.clone().run_expander(shutdown.clone()));
+        self.expand_soon();
         while !shutdown.is_cancelled() {
-            if expand_due {
-                if let Err(error) = self.expand_pending().await {
-                    warn!(%error, "expanding events failed; retrying at the next poll");
-                }
-                expand_due = false;
-            }
             let room = pending.available_permits();
             if room < claim_threshold {
                 tokio::select! {
@@ -222,10 +256,13 @@ impl Dispatcher {
                 // news instead of asking the log again at once.
                 tokio::select! {
                     () = shutdown.cancelled() => break,
-                    () = self.inner.wake.notified() => expand_due = true,
-                    () = tokio::time::sleep(self.inner.poll_interval) => expand_due = true,
+                    () = self.inner.wake.notified() => self.expand_soon(),
+                    () = tokio::time::sleep(self.inner.poll_interval) => self.expand_soon(),
                 }
             }
+        }
+        if let Err(error) = expander.await {
+            warn!(%error, "the expander stopped abnormally");
         }
         attempts.close();
         attempts.wait().await;
@@ -295,7 +332,9 @@ impl Dispatcher {
             };
             let dispatcher = self.clone();
             let completed = completed.clone();
-            let span = info_span!("deliver", topic = %claim.topic, callback = %claim.subscriber, event = %claim.event_id);
+            // Debug level: an enabled span per delivery costs measurable
+            // CPU at tens of thousands of deliveries a second.
+            let span = debug_span!("deliver", topic = %claim.topic, callback = %claim.subscriber, event = %claim.event_id);
             attempts.spawn(
                 async move {
                     let completion = dispatcher.attempt(claim, subscription, event).await;

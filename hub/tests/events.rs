@@ -1198,3 +1198,56 @@ async fn health_failed_and_retry_failed(log: &dyn EventLog) {
     );
 }
 both!(health_failed_and_retry_failed);
+
+async fn expansion_in_parts_survives_a_crash_between_parts(log: &dyn EventLog) {
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    let subs = subscribers("parts", 30);
+    assert_eq!(
+        log.expand_part(event.id, &subs[..10], t0)
+            .await
+            .expect("part"),
+        10
+    );
+    // Parts leave the event unexpanded, and their records are due at once.
+    assert!(
+        log.unexpanded(1000)
+            .await
+            .expect("unexpanded")
+            .iter()
+            .any(|unexpanded| unexpanded.id == event.id)
+    );
+    assert_eq!(claim_own(log, event.id, t0).await.len(), 10);
+    // A part repeated, overlapping the next: existing records stay as they are.
+    assert_eq!(
+        log.expand_part(event.id, &subs[5..20], t0)
+            .await
+            .expect("part"),
+        10
+    );
+    // The process "crashed"; the event is expanded again in full, which
+    // creates only what is missing and marks it.
+    assert_eq!(log.expand(event.id, &subs, t0).await.expect("expand"), 10);
+    assert!(
+        !log.unexpanded(1000)
+            .await
+            .expect("unexpanded")
+            .iter()
+            .any(|unexpanded| unexpanded.id == event.id)
+    );
+    let records = log.deliveries(event.id).await.expect("deliveries");
+    assert_eq!(records.len(), 30);
+    assert_eq!(
+        records
+            .iter()
+            .filter(|record| record.processing_since.is_some())
+            .count(),
+        10,
+        "the claimed records were not reset"
+    );
+    match log.expand_part(Uuid::now_v7(), &subs, t0).await {
+        Err(EventLogError::UnknownEvent(_)) => {}
+        other => panic!("expand_part of a missing event: {other:?}"),
+    }
+}
+both!(expansion_in_parts_survives_a_crash_between_parts);

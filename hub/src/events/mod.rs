@@ -195,6 +195,20 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError>;
 
+    /// Writes delivery records for some of an event's subscribers, due at
+    /// `now`, without marking the event expanded: a large fan-out is written
+    /// in several commits so that delivery starts after the first, and
+    /// [`EventLog::expand`] marks it once every part is in. Records that
+    /// exist are left as they are; after a crash the event is still
+    /// unexpanded and is expanded again in full. Returns how many records
+    /// were created.
+    async fn expand_part(
+        &self,
+        event_id: Uuid,
+        subscribers: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
     /// Events recorded but not yet expanded (a crash between the two), oldest
     /// first, at most `limit`.
     async fn unexpanded(&self, limit: usize) -> Result<Vec<Event>, EventLogError>;

@@ -69,7 +69,8 @@ const MARK_EXPANDED: &str =
 
 const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = $1)";
 
-// The first expansion of an event: nothing can conflict, and leaving out
+// The first expansion of an event: nothing can conflict unless parts were
+// written before a crash (then it fails and is retried as EXPAND_AGAIN), and leaving out
 // ON CONFLICT saves its speculative-insertion work on every row (a quarter
 // of the statement's time at 100 000 rows).
 const EXPAND_FIRST: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
@@ -262,11 +263,39 @@ impl<'a> CompletionColumns<'a> {
 }
 
 /// The body of [`EventLog::expand`], on its transaction.
+/// How [`expand_in`] inserts records on the path where it marks the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Insert {
+    /// Without ON CONFLICT: no record can exist unless parts were written.
+    Unchecked,
+    /// With ON CONFLICT DO NOTHING.
+    SkipExisting,
+}
+
+fn is_unique_violation(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|error| error.is_unique_violation())
+}
+
+/// A foreign-key failure of an insert means the event is not in the log.
+fn missing_event(error: sqlx::Error, event_id: Uuid) -> EventLogError {
+    if error
+        .as_database_error()
+        .is_some_and(|error| error.is_foreign_key_violation())
+    {
+        EventLogError::UnknownEvent(event_id)
+    } else {
+        EventLogError::Database(error)
+    }
+}
+
 async fn expand_in(
     tx: &mut Transaction<'_, Postgres>,
     event_id: Uuid,
     subscribers: &[String],
     now: DateTime<Utc>,
+    mode: Insert,
 ) -> Result<u64, EventLogError> {
     // The UPDATE also locks the event row until commit: a concurrent expand
     // of the same event waits here, then takes the other path and creates
@@ -280,8 +309,10 @@ async fn expand_in(
         .await?
         .rows_affected()
         == 1;
-    let insert = if first {
+    let insert = if first && mode == Insert::Unchecked {
         EXPAND_FIRST
+    } else if first {
+        EXPAND_AGAIN
     } else {
         let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
             .bind(event_id)
@@ -347,8 +378,46 @@ impl EventLog for PostgresEventLog {
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
         let mut tx = self.pool.begin_with(READ_COMMITTED).await?;
-        let created = expand_in(&mut tx, event_id, subscribers, now).await?;
-        tx.commit().await?;
+        match expand_in(&mut tx, event_id, subscribers, now, Insert::Unchecked).await {
+            Ok(created) => {
+                tx.commit().await?;
+                Ok(created)
+            }
+            // Parts written before a crash: the event is unmarked, yet some
+            // of its records exist. Rare; expand again, skipping those.
+            Err(EventLogError::Database(error)) if is_unique_violation(&error) => {
+                drop(tx);
+                let mut tx = self.pool.begin_with(READ_COMMITTED).await?;
+                let created =
+                    expand_in(&mut tx, event_id, subscribers, now, Insert::SkipExisting).await?;
+                tx.commit().await?;
+                Ok(created)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn expand_part(
+        &self,
+        event_id: Uuid,
+        subscribers: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let mut subscribers: Vec<&str> = subscribers.iter().map(String::as_str).collect();
+        subscribers.sort_unstable();
+        subscribers.dedup();
+        let mut created = 0;
+        for chunk in subscribers.chunks(EXPAND_CHUNK) {
+            // The insert's statement trigger fails it when the event is gone.
+            created += sqlx::query(EXPAND_AGAIN)
+                .bind(event_id)
+                .bind(now)
+                .bind(chunk)
+                .execute(&self.pool)
+                .await
+                .map_err(|error| missing_event(error, event_id))?
+                .rows_affected();
+        }
         Ok(created)
     }
 

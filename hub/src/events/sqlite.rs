@@ -70,6 +70,8 @@ const EXPAND: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_
      SELECT ?1, value, ?2 FROM json_each(?3) WHERE true \
      ON CONFLICT DO NOTHING";
 
+const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = ?1)";
+
 const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
      WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT ?1";
 
@@ -341,6 +343,39 @@ impl EventLog for SqliteEventLog {
             .execute(&self.pool)
             .await?;
         Ok(event)
+    }
+
+    async fn expand_part(
+        &self,
+        event_id: Uuid,
+        subscribers: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let mut subscribers: Vec<&str> = subscribers.iter().map(String::as_str).collect();
+        subscribers.sort_unstable();
+        subscribers.dedup();
+        let mut created = 0;
+        for chunk in subscribers.chunks(EXPAND_CHUNK) {
+            let chunk = serde_json::to_string(chunk)
+                .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
+                .bind(event_id)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !exists {
+                return Err(EventLogError::UnknownEvent(event_id));
+            }
+            created += sqlx::query(EXPAND)
+                .bind(event_id)
+                .bind(now.timestamp_micros())
+                .bind(chunk)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+        }
+        Ok(created)
     }
 
     async fn expand(
