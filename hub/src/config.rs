@@ -49,6 +49,19 @@ pub struct HubConfig {
     pub poll_interval: Duration,
     /// Delete events (and their delivery records) older than this, hourly.
     pub retention: Option<Duration>,
+    /// The HS256 key of user tokens. Subscribers authenticate with one when
+    /// the quota is on, and for the subscriber API.
+    pub user_token_key: Option<String>,
+    /// The header carrying the user token (`Authorization: Bearer …` by
+    /// default).
+    pub user_token_header: String,
+    /// The subscriptions service that sets each subscriber's limit; the
+    /// quota is enforced when this is set.
+    pub quota_url: Option<Url>,
+    /// Time allowed for the subscriptions service to answer.
+    pub quota_timeout: Duration,
+    /// The quota type that caps a subscriber's subscriptions.
+    pub quota_type: String,
 }
 
 /// Lease bounds. Requests outside `[min, max]` are clamped; WebSub
@@ -111,6 +124,11 @@ impl Default for HubConfig {
             reaper_interval: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
             retention: None,
+            user_token_key: None,
+            user_token_header: "Authorization".to_owned(),
+            quota_url: None,
+            quota_timeout: Duration::from_secs(5),
+            quota_type: "websub_subscriptions".to_owned(),
         }
     }
 }
@@ -322,6 +340,51 @@ impl HubConfig {
                 "is not a valid HTTP header name",
             ));
         }
+        if self
+            .user_token_key
+            .as_ref()
+            .is_some_and(|key| key.is_empty())
+        {
+            return Err(invalid("user-token-key", "\"\"", "must not be empty"));
+        }
+        if self.user_token_header.is_empty()
+            || http::HeaderName::from_bytes(self.user_token_header.as_bytes()).is_err()
+        {
+            return Err(invalid(
+                "user-token-header",
+                &self.user_token_header,
+                "is not a valid HTTP header name",
+            ));
+        }
+        if let Some(url) = &self.quota_url {
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(invalid("quota-url", url, "must be an http(s) URL"));
+            }
+            if self.internal_api_key.is_none() {
+                return Err(invalid(
+                    "quota-url",
+                    url,
+                    "needs internal-api-key: the subscriptions service is called with it",
+                ));
+            }
+            if self.user_token_key.is_none() {
+                return Err(invalid(
+                    "quota-url",
+                    url,
+                    "needs user-token-key: subscribers are identified by their user token",
+                ));
+            }
+        }
+        if self.quota_timeout.is_zero() {
+            return Err(invalid(
+                "quota-timeout",
+                secs(self.quota_timeout),
+                "must be positive",
+            ));
+        }
+        if self.quota_type.is_empty() {
+            return Err(invalid("quota-type", "\"\"", "must not be empty"));
+        }
         if self.poll_interval.is_zero() {
             return Err(invalid(
                 "poll-interval",
@@ -386,6 +449,16 @@ pub struct FileConfig {
     pub internal_api_key_header: Option<String>,
     /// See [`HubConfig::retention`].
     pub retention: Option<String>,
+    /// See [`HubConfig::user_token_key`].
+    pub user_token_key: Option<String>,
+    /// See [`HubConfig::user_token_header`].
+    pub user_token_header: Option<String>,
+    /// See [`HubConfig::quota_url`].
+    pub quota_url: Option<String>,
+    /// See [`HubConfig::quota_timeout`].
+    pub quota_timeout: Option<String>,
+    /// See [`HubConfig::quota_type`].
+    pub quota_type: Option<String>,
 }
 
 impl FileConfig {
@@ -458,8 +531,26 @@ impl FileConfig {
         if let Some(retention) = self.retention {
             config.retention = Some(parse_duration("retention", &retention)?);
         }
+        if self.user_token_key.is_some() {
+            config.user_token_key = self.user_token_key;
+        }
+        set(&mut config.user_token_header, self.user_token_header);
+        if let Some(url) = self.quota_url {
+            config.quota_url = Some(parse_quota_url(&url)?);
+        }
+        set_duration(
+            &mut config.quota_timeout,
+            "quota-timeout",
+            self.quota_timeout,
+        )?;
+        set(&mut config.quota_type, self.quota_type);
         Ok(())
     }
+}
+
+/// Parses the subscriptions service's base URL, naming it when it is bad.
+pub fn parse_quota_url(value: &str) -> Result<Url, ConfigError> {
+    Url::parse(value).map_err(|error| invalid("quota-url", value, error.to_string()))
 }
 
 fn set<T>(field: &mut T, value: Option<T>) {

@@ -10,7 +10,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use websub_hub::HubConfig;
 use websub_hub::config::{
-    ConfigError, FileConfig, parse_duration, parse_public_url, public_url_for,
+    ConfigError, FileConfig, parse_duration, parse_public_url, parse_quota_url, public_url_for,
 };
 
 /// A WebSub hub that is also the delivery end of a transactional outbox.
@@ -79,6 +79,24 @@ struct Args {
     /// Delete events older than this, hourly (e.g. 7d).
     #[arg(long, env = "WEBSUB_RETENTION")]
     retention: Option<String>,
+    /// The HS256 key that signs user tokens (subscriber API, quota).
+    #[arg(long, env = "WEBSUB_USER_TOKEN_KEY", hide_env_values = true)]
+    user_token_key: Option<String>,
+    /// The header carrying the user token [default: Authorization, as
+    /// "Bearer <token>"].
+    #[arg(long, env = "WEBSUB_USER_TOKEN_HEADER")]
+    user_token_header: Option<String>,
+    /// The subscriptions service's base URL; the subscription quota is
+    /// enforced when set (needs the internal key and the user token key).
+    #[arg(long, env = "WEBSUB_QUOTA_URL")]
+    quota_url: Option<String>,
+    /// Time allowed for the subscriptions service to answer [default: 5s].
+    #[arg(long, env = "WEBSUB_QUOTA_TIMEOUT")]
+    quota_timeout: Option<String>,
+    /// The quota type that caps subscriptions [default:
+    /// websub_subscriptions].
+    #[arg(long, env = "WEBSUB_QUOTA_TYPE")]
+    quota_type: Option<String>,
 }
 
 impl Args {
@@ -128,6 +146,11 @@ impl Args {
                 "poll-interval",
                 self.poll_interval,
             ),
+            (
+                &mut config.quota_timeout,
+                "quota-timeout",
+                self.quota_timeout,
+            ),
         ];
         for (field, setting, value) in durations {
             if let Some(value) = value {
@@ -152,6 +175,18 @@ impl Args {
         }
         if let Some(retention) = self.retention {
             config.retention = Some(parse_duration("retention", &retention)?);
+        }
+        if self.user_token_key.is_some() {
+            config.user_token_key = self.user_token_key;
+        }
+        if let Some(header) = self.user_token_header {
+            config.user_token_header = header;
+        }
+        if let Some(url) = &self.quota_url {
+            config.quota_url = Some(parse_quota_url(url)?);
+        }
+        if let Some(quota_type) = self.quota_type {
+            config.quota_type = quota_type;
         }
         config.validate()?;
         Ok(config)
