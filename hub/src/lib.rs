@@ -16,6 +16,7 @@
 //! - [`dispatch`]: expand, claim, deliver, record;
 //! - [`signature`]: `X-Hub-Signature` and webhook signatures;
 //! - [`api`]: the HTTP adapter;
+//! - [`subscriber`]: the receiving side for services that subscribe;
 //! - [`config`]: settings, defaults and validation.
 
 pub mod api;
@@ -29,6 +30,7 @@ pub mod net;
 pub mod protocol;
 pub mod server;
 pub mod signature;
+pub mod subscriber;
 pub mod verify;
 
 pub use config::HubConfig;
