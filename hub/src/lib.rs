@@ -15,6 +15,7 @@
 //! - [`events`]: the durable event log and per-subscriber delivery records;
 //! - [`dispatch`]: expand, claim, deliver, record;
 //! - [`signature`]: `X-Hub-Signature` and webhook signatures;
+//! - [`quota`]: total-quota enforcement against the subscriptions service;
 //! - [`api`]: the HTTP adapter;
 //! - [`config`]: settings, defaults and validation.
 
@@ -27,6 +28,7 @@ pub mod intake;
 pub mod lease;
 pub mod net;
 pub mod protocol;
+pub mod quota;
 pub mod server;
 pub mod signature;
 pub mod verify;
