@@ -16,10 +16,12 @@
 //! - [`dispatch`]: expand, claim, deliver, record;
 //! - [`signature`]: `X-Hub-Signature` and webhook signatures;
 //! - [`quota`]: total-quota enforcement against the subscriptions service;
+//! - [`auth`]: user tokens and the internal API key;
 //! - [`api`]: the HTTP adapter;
 //! - [`config`]: settings, defaults and validation.
 
 pub mod api;
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod dispatch;
