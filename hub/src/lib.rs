@@ -15,11 +15,14 @@
 //! - [`events`]: the durable event log and per-subscriber delivery records;
 //! - [`dispatch`]: expand, claim, deliver, record;
 //! - [`signature`]: `X-Hub-Signature` and webhook signatures;
+//! - [`quota`]: total-quota enforcement against the subscriptions service;
+//! - [`auth`]: user tokens and the internal API key;
 //! - [`api`]: the HTTP adapter;
 //! - [`subscriber`]: the receiving side for services that subscribe;
 //! - [`config`]: settings, defaults and validation.
 
 pub mod api;
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod dispatch;
@@ -28,6 +31,7 @@ pub mod intake;
 pub mod lease;
 pub mod net;
 pub mod protocol;
+pub mod quota;
 pub mod server;
 pub mod signature;
 pub mod subscriber;

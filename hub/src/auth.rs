@@ -1,0 +1,473 @@
+//! Who is calling: users by a signed token, other services by the internal
+//! API key.
+//!
+//! - [`UserTokens`] checks a user's JWT: HS256 only (a token naming any
+//!   other algorithm, `none` included, is refused before its signature is
+//!   looked at), signed with the shared key, with an `exp` that is required
+//!   and enforced, and a non-empty `sub` that becomes the [`User`]'s id.
+//! - [`InternalKey`] checks the key another service sends in a header
+//!   (at least [`MIN_INTERNAL_KEY_CHARS`] characters, compared in constant
+//!   time).
+//!
+//! Failures are [`AuthError`]s whose answer is a 401 with a plain-text
+//! reason (a 500 for a configuration that cannot work). [`User`] is also
+//! an axum extractor for routers whose state yields [`UserTokens`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use axum::extract::{FromRef, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use subtle::ConstantTimeEq;
+
+/// The variable holding the key user tokens are signed with.
+pub const USER_TOKEN_KEY_VAR: &str = "WEBSUB_USER_TOKEN_KEY";
+/// The variable naming the header user tokens travel in.
+pub const USER_TOKEN_HEADER_VAR: &str = "WEBSUB_USER_TOKEN_HEADER";
+/// The variable holding the internal API key.
+pub const INTERNAL_API_KEY_VAR: &str = "WEBSUB_INTERNAL_API_KEY";
+/// The variable naming the header the internal key travels in.
+pub const INTERNAL_API_KEY_HEADER_VAR: &str = "WEBSUB_INTERNAL_API_KEY_HEADER";
+
+/// The user token header when none is configured (`Bearer` scheme).
+pub const DEFAULT_USER_TOKEN_HEADER: &str = "Authorization";
+/// The internal key header when none is configured.
+pub const DEFAULT_INTERNAL_API_KEY_HEADER: &str = "X-Internal-API-Key";
+/// The shortest internal key accepted.
+pub const MIN_INTERNAL_KEY_CHARS: usize = 32;
+
+/// The authentication settings. A plain value: [`AuthConfig::default`] and
+/// set fields, or [`AuthConfig::from_env`].
+#[derive(Clone)]
+pub struct AuthConfig {
+    /// The HS256 key user tokens are signed with; without it, no user can
+    /// authenticate.
+    pub user_token_key: Option<String>,
+    /// The header user tokens travel in.
+    pub user_token_header: String,
+    /// The key other services send; without it, internal requests are
+    /// refused.
+    pub internal_api_key: Option<String>,
+    /// The header the internal key travels in.
+    pub internal_api_key_header: String,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            user_token_key: None,
+            user_token_header: DEFAULT_USER_TOKEN_HEADER.to_owned(),
+            internal_api_key: None,
+            internal_api_key_header: DEFAULT_INTERNAL_API_KEY_HEADER.to_owned(),
+        }
+    }
+}
+
+// The keys stay out of logs.
+impl fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redacted = |key: &Option<String>| key.as_ref().map(|_| "<redacted>");
+        f.debug_struct("AuthConfig")
+            .field("user_token_key", &redacted(&self.user_token_key))
+            .field("user_token_header", &self.user_token_header)
+            .field("internal_api_key", &redacted(&self.internal_api_key))
+            .field("internal_api_key_header", &self.internal_api_key_header)
+            .finish()
+    }
+}
+
+impl AuthConfig {
+    /// Reads [`USER_TOKEN_KEY_VAR`], [`USER_TOKEN_HEADER_VAR`],
+    /// [`INTERNAL_API_KEY_VAR`] and [`INTERNAL_API_KEY_HEADER_VAR`] from the
+    /// process environment.
+    pub fn from_env() -> Self {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the same variables through `lookup`; unset or empty ones keep
+    /// their defaults. Nothing is checked here: [`UserTokens::new`] and
+    /// [`InternalKey::new`] (or [`AuthConfig::user_tokens`] and
+    /// [`AuthConfig::internal_key`]) do that.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let get = |name: &str| lookup(name).filter(|value| !value.trim().is_empty());
+        let defaults = Self::default();
+        Self {
+            user_token_key: get(USER_TOKEN_KEY_VAR),
+            user_token_header: get(USER_TOKEN_HEADER_VAR)
+                .map_or(defaults.user_token_header, |h| h.trim().to_owned()),
+            internal_api_key: get(INTERNAL_API_KEY_VAR),
+            internal_api_key_header: get(INTERNAL_API_KEY_HEADER_VAR)
+                .map_or(defaults.internal_api_key_header, |h| h.trim().to_owned()),
+        }
+    }
+
+    /// The user token checker, or `None` when no key is configured.
+    pub fn user_tokens(&self) -> Result<Option<UserTokens>, AuthError> {
+        self.user_token_key
+            .as_deref()
+            .map(|key| UserTokens::new(key, &self.user_token_header))
+            .transpose()
+    }
+
+    /// The internal key checker, or `None` when no key is configured.
+    pub fn internal_key(&self) -> Result<Option<InternalKey>, AuthError> {
+        self.internal_api_key
+            .as_deref()
+            .map(|key| InternalKey::new(key, &self.internal_api_key_header))
+            .transpose()
+    }
+}
+
+/// Why a caller was not authenticated, or why the settings cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthError {
+    /// No user token in the request (or not with the `Bearer` scheme).
+    #[error("missing bearer token")]
+    MissingToken,
+    /// The token is not a well-formed JWT with the claims we read.
+    #[error("malformed token")]
+    MalformedToken,
+    /// The token has no `exp` claim; tokens that never expire are refused.
+    #[error("the token has no expiry")]
+    MissingExpiry,
+    /// The token's `exp` has passed.
+    #[error("the token has expired")]
+    ExpiredToken,
+    /// The signature does not match the key.
+    #[error("the token's signature is invalid")]
+    BadSignature,
+    /// The token names an algorithm other than HS256.
+    #[error("the token's algorithm is not HS256")]
+    WrongAlgorithm,
+    /// The token has no (or an empty) `sub` claim.
+    #[error("the token names no subject")]
+    MissingSubject,
+    /// No internal key in the request.
+    #[error("missing internal API key")]
+    MissingKey,
+    /// The internal key does not match.
+    #[error("wrong internal API key")]
+    WrongKey,
+    /// The settings cannot work (a key too short, a bad header name).
+    #[error("invalid authentication configuration: {0}")]
+    InvalidConfig(String),
+}
+
+impl AuthError {
+    /// The HTTP status of the answer.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidConfig(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            _ => StatusCode::UNAUTHORIZED,
+        }
+    }
+
+    fn is_user_token(&self) -> bool {
+        !matches!(
+            self,
+            Self::MissingKey | Self::WrongKey | Self::InvalidConfig(_)
+        )
+    }
+}
+
+impl IntoResponse for AuthError {
+    fn into_response(self) -> Response {
+        if let Self::InvalidConfig(_) = self {
+            // The reason is for the operator's log, not the client.
+            return (self.status(), "authentication is misconfigured").into_response();
+        }
+        let mut response = (self.status(), self.to_string()).into_response();
+        if self.is_user_token() {
+            // RFC 6750: no error code when no credentials were sent.
+            let challenge = if self == Self::MissingToken {
+                HeaderValue::from_static("Bearer")
+            } else {
+                HeaderValue::from_static("Bearer error=\"invalid_token\"")
+            };
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, challenge);
+        }
+        response
+    }
+}
+
+/// An authenticated user.
+#[derive(Clone, PartialEq, Eq)]
+pub struct User {
+    /// The token's `sub` claim.
+    pub id: String,
+    /// The token's `subscription` claim, as sent (any JSON value), when
+    /// present and not `null`.
+    pub subscription: Option<serde_json::Value>,
+    /// The token itself, e.g. to call another service on the user's behalf.
+    pub token: String,
+}
+
+// The token stays out of logs.
+impl fmt::Debug for User {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("User")
+            .field("id", &self.id)
+            .field("subscription", &self.subscription)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+/// The claims read from a user token; `exp` is checked by the decoder.
+#[derive(Deserialize)]
+struct Claims {
+    #[serde(default)]
+    sub: Option<String>,
+    #[serde(default)]
+    subscription: Option<serde_json::Value>,
+}
+
+/// Checks user tokens. Cheap to clone.
+#[derive(Clone)]
+pub struct UserTokens {
+    inner: Arc<TokensInner>,
+}
+
+struct TokensInner {
+    key: DecodingKey,
+    validation: Validation,
+    header: HeaderName,
+    /// With `Authorization` the `Bearer` scheme is required; a custom
+    /// header may carry the bare token too.
+    bearer_required: bool,
+}
+
+impl fmt::Debug for UserTokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserTokens")
+            .field("header", &self.inner.header)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UserTokens {
+    /// A checker of HS256 tokens signed with `key`, read from `header`.
+    ///
+    /// Fails with [`AuthError::InvalidConfig`] on an empty key or a header
+    /// name that is not one.
+    pub fn new(key: &str, header: &str) -> Result<Self, AuthError> {
+        if key.is_empty() {
+            return Err(AuthError::InvalidConfig(
+                "the user token key is empty".to_owned(),
+            ));
+        }
+        let header = header_name(header, "user token")?;
+        let key = DecodingKey::from_secret(key.as_bytes())
+            .map_err(|error| AuthError::InvalidConfig(format!("user token key: {error}")))?;
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.set_required_spec_claims(&["exp"]);
+        validation.validate_exp = true;
+        // Tokens come from a service on the same clocks; an expired token is
+        // expired.
+        validation.leeway = 0;
+        // No audience is configured; one in the token is not ours to judge.
+        validation.validate_aud = false;
+        Ok(Self {
+            inner: Arc::new(TokensInner {
+                key,
+                validation,
+                bearer_required: header == header::AUTHORIZATION,
+                header,
+            }),
+        })
+    }
+
+    /// The user whose token `headers` carry.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<User, AuthError> {
+        let value = headers
+            .get(&self.inner.header)
+            .ok_or(AuthError::MissingToken)?;
+        let value = value
+            .to_str()
+            .map_err(|_| AuthError::MalformedToken)?
+            .trim();
+        let token = match bearer(value) {
+            Some(token) => token,
+            None if self.inner.bearer_required => return Err(AuthError::MissingToken),
+            None => value,
+        };
+        if token.is_empty() {
+            return Err(AuthError::MissingToken);
+        }
+        check_algorithm(token)?;
+        let data = jsonwebtoken::decode::<Claims>(token, &self.inner.key, &self.inner.validation)
+            .map_err(|error| match error.kind() {
+            ErrorKind::InvalidSignature => AuthError::BadSignature,
+            ErrorKind::ExpiredSignature => AuthError::ExpiredToken,
+            ErrorKind::MissingRequiredClaim(claim) if claim == "exp" => AuthError::MissingExpiry,
+            ErrorKind::InvalidAlgorithm | ErrorKind::UnsupportedAlgorithm => {
+                AuthError::WrongAlgorithm
+            }
+            _ => AuthError::MalformedToken,
+        })?;
+        let id = data
+            .claims
+            .sub
+            .filter(|sub| !sub.is_empty())
+            .ok_or(AuthError::MissingSubject)?;
+        Ok(User {
+            id,
+            subscription: data.claims.subscription.filter(|value| !value.is_null()),
+            token: token.to_owned(),
+        })
+    }
+}
+
+/// The token of a `Bearer` credential (scheme case-insensitive).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start())
+}
+
+/// Refuses a token whose header names anything but HS256, before the
+/// decoder sees it: `none` and unknown algorithms are not even names the
+/// decoder can parse, and they deserve the same answer as HS512.
+fn check_algorithm(token: &str) -> Result<(), AuthError> {
+    #[derive(Deserialize)]
+    struct Header {
+        alg: Option<String>,
+    }
+    let mut parts = token.split('.');
+    let (Some(encoded), Some(_), Some(_), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(AuthError::MalformedToken);
+    };
+    let json = URL_SAFE_NO_PAD
+        .decode(encoded)
+        .map_err(|_| AuthError::MalformedToken)?;
+    let header: Header = serde_json::from_slice(&json).map_err(|_| AuthError::MalformedToken)?;
+    match header.alg.as_deref() {
+        Some("HS256") => Ok(()),
+        Some(_) => Err(AuthError::WrongAlgorithm),
+        None => Err(AuthError::MalformedToken),
+    }
+}
+
+impl<S> FromRequestParts<S> for User
+where
+    UserTokens: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = AuthError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        UserTokens::from_ref(state).authenticate(&parts.headers)
+    }
+}
+
+/// Checks the internal API key. Cheap to clone.
+#[derive(Clone)]
+pub struct InternalKey {
+    key: Arc<str>,
+    header: HeaderName,
+}
+
+impl fmt::Debug for InternalKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InternalKey")
+            .field("header", &self.header)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InternalKey {
+    /// A checker of `key` in `header`.
+    ///
+    /// Fails with [`AuthError::InvalidConfig`] on a key shorter than
+    /// [`MIN_INTERNAL_KEY_CHARS`] characters or a header name that is not
+    /// one.
+    pub fn new(key: &str, header: &str) -> Result<Self, AuthError> {
+        let chars = key.chars().count();
+        if chars < MIN_INTERNAL_KEY_CHARS {
+            return Err(AuthError::InvalidConfig(format!(
+                "the internal API key is {chars} characters; at least \
+                 {MIN_INTERNAL_KEY_CHARS} are required"
+            )));
+        }
+        Ok(Self {
+            key: Arc::from(key),
+            header: header_name(header, "internal API key")?,
+        })
+    }
+
+    /// The header the key is read from.
+    pub fn header(&self) -> &HeaderName {
+        &self.header
+    }
+
+    /// Whether `headers` carry the key: [`AuthError::MissingKey`] or
+    /// [`AuthError::WrongKey`] otherwise.
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), AuthError> {
+        let given = headers.get(&self.header).ok_or(AuthError::MissingKey)?;
+        // Time depends on the lengths only, never on where they differ.
+        if bool::from(given.as_bytes().ct_eq(self.key.as_bytes())) {
+            Ok(())
+        } else {
+            Err(AuthError::WrongKey)
+        }
+    }
+}
+
+/// An extractor that admits only callers with the internal key, for routers
+/// whose state yields an [`InternalKey`].
+#[derive(Debug, Clone, Copy)]
+pub struct InternalCaller;
+
+impl<S> FromRequestParts<S> for InternalCaller
+where
+    InternalKey: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = AuthError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        InternalKey::from_ref(state).check(&parts.headers)?;
+        Ok(Self)
+    }
+}
+
+fn header_name(name: &str, what: &str) -> Result<HeaderName, AuthError> {
+    HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| AuthError::InvalidConfig(format!("the {what} header {name:?} is not valid")))
+}
+
+/// Issues an HS256 user token for `sub`, valid for `ttl` from now (a
+/// negative `ttl` gives an expired token), with the `subscription` claim
+/// when given. For tests.
+///
+/// # Panics
+/// When the key is empty.
+#[cfg(feature = "testing")]
+pub fn issue_token(
+    key: &str,
+    sub: &str,
+    subscription: Option<serde_json::Value>,
+    ttl: chrono::TimeDelta,
+) -> String {
+    let exp = (chrono::Utc::now() + ttl).timestamp();
+    let mut claims = serde_json::json!({ "sub": sub, "exp": exp });
+    if let (Some(subscription), Some(object)) = (subscription, claims.as_object_mut()) {
+        object.insert("subscription".to_owned(), subscription);
+    }
+    let key = jsonwebtoken::EncodingKey::from_secret(key.as_bytes()).expect("an HMAC key");
+    jsonwebtoken::encode(&jsonwebtoken::Header::new(Algorithm::HS256), &claims, &key)
+        .expect("HS256 signs any claims")
+}

@@ -1,0 +1,522 @@
+//! User tokens and the internal key: what is admitted, what is refused and
+//! with which answer, checked on header maps and through a real axum server
+//! on 127.0.0.1.
+
+use std::collections::HashMap;
+
+use axum::Router;
+use axum::extract::FromRef;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::TimeDelta;
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::json;
+use websub_hub::auth::{
+    AuthConfig, AuthError, DEFAULT_INTERNAL_API_KEY_HEADER, DEFAULT_USER_TOKEN_HEADER,
+    INTERNAL_API_KEY_HEADER_VAR, INTERNAL_API_KEY_VAR, InternalCaller, InternalKey,
+    MIN_INTERNAL_KEY_CHARS, USER_TOKEN_HEADER_VAR, USER_TOKEN_KEY_VAR, User, UserTokens,
+    issue_token,
+};
+
+const SECRET: &str = "the key user tokens are signed with";
+const INTERNAL: &str = "an-internal-key-that-is-long-enough-0123";
+const HOUR: TimeDelta = TimeDelta::hours(1);
+
+fn tokens() -> UserTokens {
+    UserTokens::new(SECRET, DEFAULT_USER_TOKEN_HEADER).expect("a valid configuration")
+}
+
+fn with(name: &str, value: &str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::HeaderName::from_bytes(name.as_bytes()).expect("a header name"),
+        HeaderValue::from_str(value).expect("a header value"),
+    );
+    headers
+}
+
+fn bearer(token: &str) -> HeaderMap {
+    with("authorization", &format!("Bearer {token}"))
+}
+
+/// A token signed by hand, for the shapes `issue_token` never makes.
+fn signed(alg: Algorithm, key: &str, claims: &serde_json::Value) -> String {
+    jsonwebtoken::encode(
+        &Header::new(alg),
+        claims,
+        &EncodingKey::from_secret(key.as_bytes()).expect("a key"),
+    )
+    .expect("signs")
+}
+
+/// `message` (encoded header and claims) with its HS256 signature.
+fn sign_raw(message: &str) -> String {
+    let key = EncodingKey::from_secret(SECRET.as_bytes()).expect("a key");
+    let signature =
+        jsonwebtoken::crypto::sign(message.as_bytes(), &key, Algorithm::HS256).expect("signs");
+    format!("{message}.{signature}")
+}
+
+fn in_an_hour() -> i64 {
+    (chrono::Utc::now() + HOUR).timestamp()
+}
+
+// ---------------------------------------------------------------------------
+// User tokens
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_valid_token_yields_its_user() {
+    let token = issue_token(
+        SECRET,
+        "user-42",
+        Some(json!({"tier": "supporter", "active": true})),
+        HOUR,
+    );
+    let user = tokens().authenticate(&bearer(&token)).expect("valid");
+    assert_eq!(user.id, "user-42");
+    assert_eq!(
+        user.subscription,
+        Some(json!({"tier": "supporter", "active": true}))
+    );
+    assert_eq!(user.token, token);
+    assert!(
+        !format!("{user:?}").contains(&token),
+        "Debug hides the token"
+    );
+
+    let plain = issue_token(SECRET, "user-7", Some(json!("pro")), HOUR);
+    let user = tokens().authenticate(&bearer(&plain)).expect("valid");
+    assert_eq!(user.subscription, Some(json!("pro")));
+
+    let none = issue_token(SECRET, "user-8", None, HOUR);
+    assert_eq!(
+        tokens()
+            .authenticate(&bearer(&none))
+            .expect("valid")
+            .subscription,
+        None
+    );
+}
+
+#[test]
+fn the_bearer_scheme_is_case_insensitive() {
+    let token = issue_token(SECRET, "u", None, HOUR);
+    let user = tokens()
+        .authenticate(&with("Authorization", &format!("bearer {token}")))
+        .expect("valid");
+    assert_eq!(user.id, "u");
+}
+
+#[test]
+fn a_missing_or_non_bearer_credential_is_missing_token() {
+    let token = issue_token(SECRET, "u", None, HOUR);
+    for headers in [
+        HeaderMap::new(),
+        with("authorization", &format!("Basic {token}")),
+        // A bare token needs the Bearer scheme in Authorization.
+        with("authorization", &token),
+        with("authorization", "Bearer "),
+        // The token in another header is not looked at.
+        with("x-user-token", &token),
+    ] {
+        assert_eq!(
+            tokens().authenticate(&headers).map(|user| user.id),
+            Err(AuthError::MissingToken),
+            "{headers:?}"
+        );
+    }
+}
+
+#[test]
+fn a_malformed_token_is_refused() {
+    let header = URL_SAFE_NO_PAD.encode(r#"{"alg":"HS256","typ":"JWT"}"#);
+    let claims = URL_SAFE_NO_PAD.encode(r#"{"sub":"u","exp":99999999999}"#);
+    for token in [
+        "not-a-jwt".to_owned(),
+        "a.b".to_owned(),
+        "a.b.c.d".to_owned(),
+        "!!!.???.***".to_owned(),
+        format!("{header}.{claims}"),
+        // A header without alg.
+        format!(
+            "{}.{claims}.sig",
+            URL_SAFE_NO_PAD.encode(r#"{"typ":"JWT"}"#)
+        ),
+        // Claims that are not JSON, properly signed.
+        sign_raw(&format!("{header}.{}", URL_SAFE_NO_PAD.encode("not json"))),
+    ] {
+        assert_eq!(
+            tokens().authenticate(&bearer(&token)).map(|user| user.id),
+            Err(AuthError::MalformedToken),
+            "{token}"
+        );
+    }
+    // Claims of the wrong type, properly signed.
+    let numeric_sub = signed(
+        Algorithm::HS256,
+        SECRET,
+        &json!({"sub": 42, "exp": in_an_hour()}),
+    );
+    assert_eq!(
+        tokens().authenticate(&bearer(&numeric_sub)).map(|u| u.id),
+        Err(AuthError::MalformedToken)
+    );
+}
+
+#[test]
+fn an_expired_token_is_refused() {
+    let expired = issue_token(SECRET, "u", None, TimeDelta::seconds(-5));
+    assert_eq!(
+        tokens().authenticate(&bearer(&expired)).map(|u| u.id),
+        Err(AuthError::ExpiredToken)
+    );
+}
+
+#[test]
+fn a_token_without_expiry_is_refused() {
+    let forever = signed(Algorithm::HS256, SECRET, &json!({"sub": "u"}));
+    assert_eq!(
+        tokens().authenticate(&bearer(&forever)).map(|u| u.id),
+        Err(AuthError::MissingExpiry)
+    );
+}
+
+#[test]
+fn a_token_signed_with_another_key_is_refused() {
+    let forged = issue_token("some other key", "u", None, HOUR);
+    assert_eq!(
+        tokens().authenticate(&bearer(&forged)).map(|u| u.id),
+        Err(AuthError::BadSignature)
+    );
+    // A valid token with the first character of its signature changed (the
+    // last one may carry only padding bits).
+    let valid = issue_token(SECRET, "u", None, HOUR);
+    let at = valid.rfind('.').expect("a signature") + 1;
+    let swapped = if valid[at..].starts_with('A') {
+        "B"
+    } else {
+        "A"
+    };
+    let tampered = format!("{}{swapped}{}", &valid[..at], &valid[at + 1..]);
+    assert_eq!(
+        tokens().authenticate(&bearer(&tampered)).map(|u| u.id),
+        Err(AuthError::BadSignature)
+    );
+}
+
+#[test]
+fn only_hs256_is_accepted() {
+    let claims = json!({"sub": "u", "exp": in_an_hour()});
+    // alg "none": no signature at all.
+    let none = format!(
+        "{}.{}.",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"none","typ":"JWT"}"#),
+        URL_SAFE_NO_PAD.encode(claims.to_string())
+    );
+    // Signed with the right key, but with another HMAC.
+    let hs384 = signed(Algorithm::HS384, SECRET, &claims);
+    let hs512 = signed(Algorithm::HS512, SECRET, &claims);
+    // An HS256 signature under a header that claims RS256.
+    let hs256 = signed(Algorithm::HS256, SECRET, &claims);
+    let mut parts = hs256.splitn(2, '.');
+    let (_, rest) = (parts.next(), parts.next().expect("claims and signature"));
+    let rs256 = format!(
+        "{}.{rest}",
+        URL_SAFE_NO_PAD.encode(r#"{"alg":"RS256","typ":"JWT"}"#)
+    );
+    for token in [none, hs384, hs512, rs256] {
+        assert_eq!(
+            tokens().authenticate(&bearer(&token)).map(|u| u.id),
+            Err(AuthError::WrongAlgorithm),
+            "{token}"
+        );
+    }
+    assert!(tokens().authenticate(&bearer(&hs256)).is_ok());
+}
+
+#[test]
+fn a_token_without_a_subject_is_refused() {
+    for claims in [
+        json!({"exp": in_an_hour()}),
+        json!({"sub": "", "exp": in_an_hour()}),
+        json!({"sub": null, "exp": in_an_hour()}),
+    ] {
+        let token = signed(Algorithm::HS256, SECRET, &claims);
+        assert_eq!(
+            tokens().authenticate(&bearer(&token)).map(|u| u.id),
+            Err(AuthError::MissingSubject),
+            "{claims}"
+        );
+    }
+}
+
+#[test]
+fn a_custom_header_takes_a_bare_or_bearer_token() {
+    let custom = UserTokens::new(SECRET, "X-User-Token").expect("valid");
+    let token = issue_token(SECRET, "custom-user", None, HOUR);
+    for value in [token.clone(), format!("Bearer {token}")] {
+        assert_eq!(
+            custom
+                .authenticate(&with("x-user-token", &value))
+                .map(|u| u.id),
+            Ok("custom-user".to_owned())
+        );
+    }
+    assert_eq!(
+        custom.authenticate(&bearer(&token)).map(|u| u.id),
+        Err(AuthError::MissingToken),
+        "Authorization is not read when another header is configured"
+    );
+}
+
+#[test]
+fn user_tokens_need_a_key_and_a_valid_header() {
+    assert!(matches!(
+        UserTokens::new("", DEFAULT_USER_TOKEN_HEADER),
+        Err(AuthError::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        UserTokens::new(SECRET, "bad header"),
+        Err(AuthError::InvalidConfig(_))
+    ));
+}
+
+// ---------------------------------------------------------------------------
+// The internal key
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_short_internal_key_is_refused_at_construction() {
+    let short = "x".repeat(MIN_INTERNAL_KEY_CHARS - 1);
+    match InternalKey::new(&short, DEFAULT_INTERNAL_API_KEY_HEADER) {
+        Err(AuthError::InvalidConfig(reason)) => {
+            assert!(
+                reason.contains(&MIN_INTERNAL_KEY_CHARS.to_string()),
+                "{reason}"
+            );
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+    // Characters, not bytes: 32 two-byte characters are enough, 31 are not.
+    assert!(InternalKey::new(&"é".repeat(32), DEFAULT_INTERNAL_API_KEY_HEADER).is_ok());
+    assert!(InternalKey::new(&"é".repeat(31), DEFAULT_INTERNAL_API_KEY_HEADER).is_err());
+    assert!(matches!(
+        InternalKey::new(INTERNAL, "bad header"),
+        Err(AuthError::InvalidConfig(_))
+    ));
+}
+
+#[test]
+fn the_internal_key_is_checked() {
+    let key = InternalKey::new(INTERNAL, DEFAULT_INTERNAL_API_KEY_HEADER).expect("long enough");
+    assert_eq!(key.check(&HeaderMap::new()), Err(AuthError::MissingKey));
+    assert_eq!(
+        key.check(&with(DEFAULT_INTERNAL_API_KEY_HEADER, "wrong")),
+        Err(AuthError::WrongKey)
+    );
+    let almost = format!("{}X", &INTERNAL[..INTERNAL.len() - 1]);
+    assert_eq!(
+        key.check(&with(DEFAULT_INTERNAL_API_KEY_HEADER, &almost)),
+        Err(AuthError::WrongKey)
+    );
+    assert_eq!(
+        key.check(&with(
+            DEFAULT_INTERNAL_API_KEY_HEADER,
+            &format!("{INTERNAL} ")
+        )),
+        Err(AuthError::WrongKey)
+    );
+    assert_eq!(
+        key.check(&with("x-other", INTERNAL)),
+        Err(AuthError::MissingKey)
+    );
+    assert_eq!(
+        key.check(&with(DEFAULT_INTERNAL_API_KEY_HEADER, INTERNAL)),
+        Ok(())
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Configuration
+// ---------------------------------------------------------------------------
+
+fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let vars: HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    move |name| vars.get(name).cloned()
+}
+
+#[test]
+fn config_from_lookup_reads_every_variable_and_defaults_the_rest() {
+    let config = AuthConfig::from_lookup(lookup(&[
+        (USER_TOKEN_KEY_VAR, SECRET),
+        (USER_TOKEN_HEADER_VAR, "X-User-Token"),
+        (INTERNAL_API_KEY_VAR, INTERNAL),
+        (INTERNAL_API_KEY_HEADER_VAR, "X-Service-Key"),
+    ]));
+    assert_eq!(config.user_token_key.as_deref(), Some(SECRET));
+    assert_eq!(config.user_token_header, "X-User-Token");
+    assert_eq!(config.internal_api_key.as_deref(), Some(INTERNAL));
+    assert_eq!(config.internal_api_key_header, "X-Service-Key");
+    let shown = format!("{config:?}");
+    assert!(
+        !shown.contains(SECRET) && !shown.contains(INTERNAL),
+        "{shown}"
+    );
+    assert!(config.user_tokens().expect("valid").is_some());
+    assert_eq!(
+        config
+            .internal_key()
+            .expect("valid")
+            .map(|key| key.header().as_str().to_owned()),
+        Some("x-service-key".to_owned())
+    );
+
+    let empty = AuthConfig::from_lookup(lookup(&[(USER_TOKEN_KEY_VAR, "")]));
+    assert_eq!(empty.user_token_key, None);
+    assert_eq!(empty.user_token_header, DEFAULT_USER_TOKEN_HEADER);
+    assert_eq!(
+        empty.internal_api_key_header,
+        DEFAULT_INTERNAL_API_KEY_HEADER
+    );
+    assert!(empty.user_tokens().expect("nothing to check").is_none());
+    assert!(empty.internal_key().expect("nothing to check").is_none());
+
+    let short = AuthConfig::from_lookup(lookup(&[(INTERNAL_API_KEY_VAR, "short")]));
+    assert!(matches!(
+        short.internal_key(),
+        Err(AuthError::InvalidConfig(_))
+    ));
+}
+
+// ---------------------------------------------------------------------------
+// Answers
+// ---------------------------------------------------------------------------
+
+#[test]
+fn errors_answer_401_with_a_reason_and_500_for_configuration() {
+    for error in [
+        AuthError::MissingToken,
+        AuthError::MalformedToken,
+        AuthError::MissingExpiry,
+        AuthError::ExpiredToken,
+        AuthError::BadSignature,
+        AuthError::WrongAlgorithm,
+        AuthError::MissingSubject,
+    ] {
+        let response = error.clone().into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{error:?}");
+        let challenge = response
+            .headers()
+            .get(header::WWW_AUTHENTICATE)
+            .expect("a Bearer challenge");
+        assert!(challenge.as_bytes().starts_with(b"Bearer"));
+    }
+    for error in [AuthError::MissingKey, AuthError::WrongKey] {
+        let response = error.into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert!(response.headers().get(header::WWW_AUTHENTICATE).is_none());
+    }
+    let response = AuthError::InvalidConfig("the key is 3 characters".to_owned()).into_response();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+#[derive(Clone)]
+struct AppState {
+    tokens: UserTokens,
+    internal: InternalKey,
+}
+
+impl FromRef<AppState> for UserTokens {
+    fn from_ref(state: &AppState) -> Self {
+        state.tokens.clone()
+    }
+}
+
+impl FromRef<AppState> for InternalKey {
+    fn from_ref(state: &AppState) -> Self {
+        state.internal.clone()
+    }
+}
+
+#[tokio::test]
+async fn extractors_admit_and_refuse_over_http() {
+    let app = Router::new()
+        .route("/me", get(|user: User| async move { user.id }))
+        .route(
+            "/internal",
+            get(|_: InternalCaller| async { "hello, service" }),
+        )
+        .with_state(AppState {
+            tokens: tokens(),
+            internal: InternalKey::new(INTERNAL, DEFAULT_INTERNAL_API_KEY_HEADER)
+                .expect("long enough"),
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("address"));
+    let serving = tokio::spawn(async move { axum::serve(listener, app).await });
+    websub_hub::net::install_crypto_provider();
+    let client = reqwest::Client::new();
+
+    let token = issue_token(SECRET, "http-user", None, HOUR);
+    let ok = client
+        .get(format!("{base}/me"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(ok.status(), StatusCode::OK);
+    assert_eq!(ok.text().await.expect("a body"), "http-user");
+
+    let missing = client
+        .get(format!("{base}/me"))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(missing.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        missing.headers().get(header::WWW_AUTHENTICATE),
+        Some(&HeaderValue::from_static("Bearer"))
+    );
+    assert_eq!(
+        missing.text().await.expect("a body"),
+        AuthError::MissingToken.to_string()
+    );
+
+    let expired = client
+        .get(format!("{base}/me"))
+        .bearer_auth(issue_token(SECRET, "u", None, TimeDelta::seconds(-5)))
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(expired.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        expired.text().await.expect("a body"),
+        AuthError::ExpiredToken.to_string()
+    );
+
+    let service = client
+        .get(format!("{base}/internal"))
+        .header(DEFAULT_INTERNAL_API_KEY_HEADER, INTERNAL)
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(service.status(), StatusCode::OK);
+
+    let intruder = client
+        .get(format!("{base}/internal"))
+        .header(DEFAULT_INTERNAL_API_KEY_HEADER, "guess")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(intruder.status(), StatusCode::UNAUTHORIZED);
+    serving.abort();
+}
