@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use websub_store::SubscriptionStore;
 
 use crate::api::{self, ApiState};
+use crate::auth::{InternalKey, UserTokens};
 use crate::clock::{Clock, SystemClock};
 use crate::config::HubConfig;
 use crate::dispatch::Dispatcher;
@@ -22,6 +23,7 @@ use crate::events::{self, EventLog, EventLogError};
 use crate::intake::Intake;
 use crate::lease::Reaper;
 use crate::net::{self, NetPolicy};
+use crate::quota::{QuotaConfig, QuotaEnforcer};
 use crate::verify::{Subscriptions, Verifier};
 
 /// How long shutdown waits for work in flight before giving up on it. What
@@ -40,6 +42,8 @@ pub struct Hub {
     dispatcher: Dispatcher,
     reaper: Reaper,
     clock: Arc<dyn Clock>,
+    internal_key: Option<InternalKey>,
+    user_tokens: Option<UserTokens>,
     metrics: Option<PrometheusHandle>,
 }
 
@@ -59,6 +63,12 @@ pub enum ServeError {
     /// The HTTP clients could not be built.
     #[error("building the HTTP clients failed: {0}")]
     Net(#[from] crate::net::NetError),
+    /// The authentication settings cannot work.
+    #[error("authentication settings: {0}")]
+    Auth(#[from] crate::auth::AuthError),
+    /// The quota settings cannot work.
+    #[error("quota settings: {0}")]
+    Quota(#[from] crate::quota::QuotaError),
     /// Serving HTTP failed.
     #[error("serving HTTP failed: {0}")]
     Io(#[from] std::io::Error),
@@ -147,6 +157,25 @@ impl Hub {
             config.max_content_bytes,
         );
         let reaper = Reaper::new(store.clone(), clock.clone(), config.reaper_interval);
+        let internal_key = config
+            .internal_api_key
+            .as_deref()
+            .map(|key| InternalKey::new(key, &config.internal_api_key_header))
+            .transpose()?;
+        let user_tokens = config
+            .user_token_key
+            .as_deref()
+            .map(|key| UserTokens::new(key, &config.user_token_header))
+            .transpose()?;
+        if let Some(base_url) = &config.quota_url {
+            subscriptions.enforce_quota(QuotaEnforcer::new(QuotaConfig {
+                base_url: Some(base_url.clone()),
+                timeout: config.quota_timeout,
+                internal_api_key: config.internal_api_key.clone(),
+                internal_api_key_header: config.internal_api_key_header.clone(),
+                quota_type: config.quota_type.clone(),
+            })?);
+        }
         Ok(Self {
             config,
             store,
@@ -156,6 +185,8 @@ impl Hub {
             dispatcher,
             reaper,
             clock,
+            internal_key,
+            user_tokens,
             metrics: None,
         })
     }
@@ -202,8 +233,8 @@ impl Hub {
             dispatcher: self.dispatcher.clone(),
             clock: self.clock.clone(),
             public_url: Arc::from(self.config.public_url.as_str()),
-            internal_api_key: self.config.internal_api_key.as_deref().map(Arc::from),
-            internal_api_key_header: Arc::from(self.config.internal_api_key_header.as_str()),
+            internal_key: self.internal_key.clone(),
+            user_tokens: self.user_tokens.clone(),
             max_form_bytes: self.config.max_form_bytes,
             max_content_bytes: self.config.max_content_bytes,
             metrics: self.metrics.clone(),

@@ -24,6 +24,7 @@ use crate::config::{HubConfig, LeasePolicy, VerificationPolicy};
 use crate::lease;
 use crate::net::{self, NetError, NetPolicy};
 use crate::protocol::{Mode, SubscriptionRequest};
+use crate::quota::{QuotaEnforcer, QuotaError};
 
 /// Length of a `hub.challenge`: 43 alphanumeric characters carry about 256
 /// bits from the CSPRNG.
@@ -289,6 +290,9 @@ pub enum ProcessError {
     /// The store failed.
     #[error("the subscription store failed")]
     Store(#[source] StoreError),
+    /// The subscriber's limit could not be obtained; nothing was saved.
+    #[error("the subscription quota could not be checked")]
+    Quota(#[source] QuotaError),
 }
 
 /// The subscription workflow. Cheap to clone: clones share everything.
@@ -309,6 +313,7 @@ struct Inner {
     verifications: Semaphore,
     tracker: TaskTracker,
     on_change: std::sync::OnceLock<ChangeListener>,
+    quota: std::sync::OnceLock<QuotaEnforcer>,
 }
 
 /// Told the topic of every subscription the workflow saves or deletes, so
@@ -337,6 +342,7 @@ enum SaveError {
         reason: String,
     },
     Store(StoreError),
+    Quota(QuotaError),
 }
 
 impl Subscriptions {
@@ -362,6 +368,7 @@ impl Subscriptions {
                 verifications: Semaphore::new(permits),
                 tracker: TaskTracker::new(),
                 on_change: std::sync::OnceLock::new(),
+                quota: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -370,6 +377,32 @@ impl Subscriptions {
     /// are ignored).
     pub fn on_change(&self, listener: ChangeListener) {
         let _ = self.inner.on_change.set(listener);
+    }
+
+    /// Enforces `quota` on every save from now on (once; later calls are
+    /// ignored): each verified subscription is saved through the quota's
+    /// conditional save, and one over the limit is denied.
+    pub fn enforce_quota(&self, quota: QuotaEnforcer) {
+        let _ = self.inner.quota.set(quota);
+    }
+
+    /// The quota enforced on saves, if any.
+    pub fn quota(&self) -> Option<&QuotaEnforcer> {
+        self.inner.quota.get()
+    }
+
+    /// The subscription store.
+    pub fn store(&self) -> &Arc<dyn SubscriptionStore> {
+        &self.inner.store
+    }
+
+    /// Removes a subscription at its owner's request, without verification
+    /// (the owner is authenticated), and tells the change listener.
+    pub async fn remove(&self, topic: &str, callback: &str) -> Result<(), StoreError> {
+        self.inner.store.delete(topic, callback).await?;
+        self.changed(topic);
+        tracing::info!(topic, callback, "removed by its owner");
+        Ok(())
     }
 
     fn changed(&self, topic: &str) {
@@ -526,6 +559,7 @@ impl Subscriptions {
                 Err(ProcessError::Denied { reason })
             }
             Err(SaveError::Store(error)) => Err(ProcessError::Store(error)),
+            Err(SaveError::Quota(error)) => Err(ProcessError::Quota(error)),
         }
     }
 
@@ -545,22 +579,39 @@ impl Subscriptions {
         Ok(Processed::Unsubscribed)
     }
 
-    /// The one place a verified subscription is written, and the seam where
-    /// quota enforcement plugs in: it will become a conditional save
-    /// (`save_within_limit`) whose refusal comes back as
-    /// [`SaveError::Refused`], after which the subscriber is sent a denial.
-    /// Today every save is unconditional.
+    /// The one place a verified subscription is written. With a quota, the
+    /// save is the store's conditional save, counted under the owner's lock;
+    /// a refusal comes back as [`SaveError::Refused`], after which the
+    /// subscriber is sent a denial. A limit that cannot be obtained saves
+    /// nothing and denies nothing: the subscriber may simply try again.
     async fn save(&self, subscription: &Subscription) -> Result<(), SaveError> {
-        self.inner
-            .store
-            .save(subscription)
-            .await
-            .map_err(|error| match error {
-                StoreError::LimitReached { limit, .. } => SaveError::Refused {
-                    reason: format!("subscription limit of {limit} reached"),
-                },
-                other => SaveError::Store(other),
-            })
+        let Some(quota) = self.inner.quota.get() else {
+            return self
+                .inner
+                .store
+                .save(subscription)
+                .await
+                .map_err(|error| match error {
+                    StoreError::LimitReached { limit, .. } => SaveError::Refused {
+                        reason: format!("subscription limit of {limit} reached"),
+                    },
+                    other => SaveError::Store(other),
+                });
+        };
+        match quota.check_total(&*self.inner.store, subscription).await {
+            Ok(()) => Ok(()),
+            Err(QuotaError::LimitReached { limit, used }) => Err(SaveError::Refused {
+                reason: format!("subscription limit reached: {used} of {limit} in use"),
+            }),
+            Err(QuotaError::NotAllowed { .. }) => Err(SaveError::Refused {
+                reason: "the subscriber's plan does not include subscriptions".to_owned(),
+            }),
+            Err(QuotaError::Store(StoreError::MissingOwner)) => Err(SaveError::Refused {
+                reason: "the subscription has no authenticated owner".to_owned(),
+            }),
+            Err(QuotaError::Store(error)) => Err(SaveError::Store(error)),
+            Err(error) => Err(SaveError::Quota(error)),
+        }
     }
 }
 
@@ -571,6 +622,7 @@ fn log_failure(error: &ProcessError) {
         ProcessError::Verification(_) => tracing::info!(error = %chain, "not verified"),
         ProcessError::Denied { .. } => tracing::info!(error = %chain, "denied"),
         ProcessError::Store(_) => tracing::warn!(error = %chain, "not saved"),
+        ProcessError::Quota(_) => tracing::warn!(error = %chain, "not saved"),
     }
 }
 

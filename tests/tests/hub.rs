@@ -464,7 +464,7 @@ async fn bad_requests_get_their_4xx() {
         .send()
         .await
         .expect("post");
-    assert_eq!(response.status().as_u16(), 403, "fat ping with a wrong key");
+    assert_eq!(response.status().as_u16(), 401, "fat ping with a wrong key");
     hub.stop().await;
 }
 

@@ -6,10 +6,14 @@
 //! - `/`: the WebSub hub endpoint (subscribe, unsubscribe, publish);
 //! - `/topics/…`: topics the hub itself publishes (outbox feeds), answering
 //!   discovery;
-//! - `/api/v1/operator/…`: the operator API ([`operator`]);
+//! - `/api/v1/subscriptions`, `/api/v1/usage`: the subscriber API
+//!   ([`subscriber`]), with a user token;
+//! - `/api/v1/operator/…`: the operator API ([`operator`]), with the
+//!   internal key;
 //! - `/healthz`, `/metrics`.
 
 mod operator;
+mod subscriber;
 
 use std::sync::Arc;
 
@@ -22,11 +26,13 @@ use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tracing::{debug, error};
 
+use crate::auth::{AuthError, InternalKey, User, UserTokens};
 use crate::clock::Clock;
 use crate::dispatch::{Dispatcher, link_header};
 use crate::events::EventLog;
 use crate::intake::{DEFAULT_CONTENT_TYPE, Intake, IntakeError};
-use crate::protocol::{self, HubRequest};
+use crate::protocol::{self, HubRequest, Mode, SubscriptionRequest};
+use crate::quota::QuotaError;
 use crate::verify::Subscriptions;
 use websub_store::SubscriptionStore;
 
@@ -48,9 +54,9 @@ pub struct ApiState {
     /// The hub URL announced in `rel="hub"`.
     pub public_url: Arc<str>,
     /// The internal API key, when configured.
-    pub internal_api_key: Option<Arc<str>>,
-    /// The header the internal key travels in.
-    pub internal_api_key_header: Arc<str>,
+    pub internal_key: Option<InternalKey>,
+    /// Checks user tokens, when a key is configured.
+    pub user_tokens: Option<UserTokens>,
     /// The largest form accepted.
     pub max_form_bytes: usize,
     /// The largest content accepted.
@@ -65,7 +71,10 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/", post(hub_endpoint).get(about))
         .route("/topics/{*name}", get(topic))
-        .nest("/api/v1/operator", operator::routes())
+        .nest(
+            "/api/v1",
+            subscriber::routes().nest("/operator", operator::routes()),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(body_limit))
@@ -179,12 +188,15 @@ async fn hub_endpoint(
     match protocol::parse_form(&body)
         .map_err(|error| ApiError::new(error.status(), error.to_string()))?
     {
-        HubRequest::Subscription(request) => {
+        HubRequest::Subscription(mut request) => {
             state
                 .subscriptions
                 .check(&request)
                 .await
                 .map_err(|error| ApiError::new(StatusCode::BAD_REQUEST, error.to_string()))?;
+            if let Some(refusal) = authorize_subscription(&state, &headers, &mut request).await? {
+                return Ok(refusal);
+            }
             state.subscriptions.accept(request);
             Ok((StatusCode::ACCEPTED, "verification of intent pending\n").into_response())
         }
@@ -266,39 +278,111 @@ async fn fat_ping(
     }
 }
 
-/// Requires the internal API key: 401 without it, 403 with a wrong one.
+/// Requires the internal API key: 401 without the right one, 403 when the
+/// hub has none configured (then no internal request is accepted).
 pub fn authorize_internal(state: &ApiState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let name = &*state.internal_api_key_header;
-    let Some(expected) = &state.internal_api_key else {
+    let Some(key) = &state.internal_key else {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "this hub has no internal API key configured, so internal requests are refused",
         ));
     };
-    let Some(given) = headers.get(name) else {
-        return Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            format!("missing {name} header"),
-        ));
-    };
-    if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!("wrong {name}"),
-        ));
-    }
-    Ok(())
+    key.check(headers).map_err(|error| {
+        ApiError::new(
+            error.status(),
+            format!("{error} (in the {} header)", key.header()),
+        )
+    })
 }
 
-/// Compares in time that depends on the lengths only.
-fn constant_time_eq(left: &[u8], right: &[u8]) -> bool {
-    if left.len() != right.len() {
-        return false;
+/// A request refused before anything is done: a plain reason, or failed
+/// authentication (which carries its own challenge header).
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// A plain reason.
+    Api(ApiError),
+    /// Authentication failed.
+    Auth(AuthError),
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Api(error) => error.into_response(),
+            Self::Auth(error) => error.into_response(),
+        }
     }
-    left.iter()
-        .zip(right)
-        .fold(0u8, |difference, (a, b)| difference | (a ^ b))
-        == 0
+}
+
+/// Who is asking, by user token. With the quota on, a subscription request
+/// needs one (its user owns the subscription); otherwise a token is
+/// optional, and names the owner when given.
+fn request_owner(state: &ApiState, headers: &HeaderMap) -> Result<Option<User>, AuthError> {
+    let Some(tokens) = &state.user_tokens else {
+        return Ok(None);
+    };
+    match tokens.authenticate(headers) {
+        Ok(user) => Ok(Some(user)),
+        Err(AuthError::MissingToken) if state.subscriptions.quota().is_none() => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// The checks a subscription request passes before its 202 when subscribers
+/// authenticate: the owner is the token's user; a pair held by another
+/// owner is refused; and with the quota on, a new subscription over a limit
+/// already reached is refused at once (the authoritative count runs at save
+/// time, after verification). `Some` is the refusal to send.
+async fn authorize_subscription(
+    state: &ApiState,
+    headers: &HeaderMap,
+    request: &mut SubscriptionRequest,
+) -> Result<Option<Response>, ApiError> {
+    let user = match request_owner(state, headers) {
+        Ok(Some(user)) => user,
+        Ok(None) => return Ok(None),
+        Err(refusal) => return Ok(Some(refusal.into_response())),
+    };
+    let held = match state.store.get(&request.topic, &request.callback).await {
+        Ok(existing) => match existing.owner.as_deref() {
+            Some(owner) if owner != user.id => {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "this callback's subscription to the topic belongs to another subscriber",
+                ));
+            }
+            owner => owner.is_some(),
+        },
+        Err(websub_store::StoreError::UnknownSubscription { .. }) => false,
+        Err(error) => return Err(operator::store_failed(error)),
+    };
+    if request.mode == Mode::Subscribe
+        && !held
+        && let Some(quota) = state.subscriptions.quota()
+    {
+        let limit = match quota.limit(quota.quota_type(), &user.id).await {
+            Ok(limit) => limit,
+            Err(error) => return Ok(Some(error.into_response())),
+        };
+        if !limit.unlimited {
+            let used = state
+                .store
+                .count_by_owner(&user.id)
+                .await
+                .map_err(operator::store_failed)?;
+            if used >= limit.limit {
+                return Ok(Some(
+                    QuotaError::LimitReached {
+                        limit: limit.limit,
+                        used,
+                    }
+                    .into_response(),
+                ));
+            }
+        }
+    }
+    request.owner = Some(user.id);
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -315,12 +399,5 @@ mod tests {
         ));
         assert!(fat_ping_topic(Some("hub.mode=publish")).is_err());
         assert!(fat_ping_topic(Some("hub.mode=publish&hub.topic=nota-url")).is_err());
-    }
-
-    #[test]
-    fn constant_time_eq_compares_bytes() {
-        assert!(constant_time_eq(b"same", b"same"));
-        assert!(!constant_time_eq(b"same", b"sane"));
-        assert!(!constant_time_eq(b"same", b"same!"));
     }
 }
