@@ -14,6 +14,9 @@
 //! - [`intake`]: publish pings, topic fetches, fat pings;
 //! - [`events`]: the durable event log and per-subscriber delivery records;
 //! - [`dispatch`]: expand, claim, deliver, record;
+//! - [`outbox`]: producers' outbox tables: writing events, the dispatcher
+//!   that delivers them to handlers and webhooks, and the feed that turns
+//!   them into hub events;
 //! - [`signature`]: `X-Hub-Signature` and webhook signatures;
 //! - [`api`]: the HTTP adapter;
 //! - [`config`]: settings, defaults and validation.
@@ -26,6 +29,7 @@ pub mod events;
 pub mod intake;
 pub mod lease;
 pub mod net;
+pub mod outbox;
 pub mod protocol;
 pub mod server;
 pub mod signature;
