@@ -113,6 +113,11 @@ pub struct DispatcherConfig {
     /// later than this after it began is found by the next full scan rather
     /// than the next poll (or at once, if it was notified).
     pub expand_lookback: Duration,
+    /// How long any one statement the dispatcher runs may take (60 s)
+    /// before it is abandoned, with its connection, and retried: a
+    /// connection whose peer vanished without closing it would otherwise
+    /// hold the dispatcher until the operating system gives up on it.
+    pub query_timeout: Duration,
     /// How often expansion looks at every event since `start_from` rather
     /// than only recent ones (5 min). It also does at start-up, after the
     /// listener reconnects, and whenever registrations change.
@@ -142,6 +147,7 @@ impl Default for DispatcherConfig {
             concurrency: 64,
             per_subscriber_concurrency: 16,
             expand_lookback: Duration::from_secs(60),
+            query_timeout: Duration::from_secs(60),
             catch_up_interval: Duration::from_secs(300),
         }
     }
@@ -171,6 +177,7 @@ impl DispatcherConfig {
             ("listener-ping-interval", self.listener_ping_interval),
             ("retention-interval", self.retention_interval),
             ("catch-up-interval", self.catch_up_interval),
+            ("query-timeout", self.query_timeout),
         ];
         for (setting, value) in positive {
             if value.is_zero() {
@@ -518,6 +525,22 @@ enum Scan {
     Full,
 }
 
+/// How a claim round ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claimed {
+    /// Everything due was claimed.
+    Idle,
+    /// Rows may be waiting for a slot (all slots busy, or a subscriber at
+    /// its limit): claim again when one frees.
+    WaitingForRoom,
+    /// The claim failed.
+    Failed,
+}
+
+/// How soon a pass runs again after a statement failed (or the poll
+/// interval, if shorter).
+const ERROR_RETRY: Duration = Duration::from_secs(1);
+
 /// Event ids gathered from notifications before a pass falls back to a
 /// recent scan instead (one statement either way).
 const MAX_NOTIFIED_IDS: usize = 10_000;
@@ -563,7 +586,7 @@ impl Dispatcher {
         Ok(Self {
             inner: Arc::new(Inner {
                 channel: config.channel(),
-                queries: Queries::new(&config.tables),
+                queries: Queries::new(&config.tables, config.query_timeout),
                 slots: Arc::new(Semaphore::new(config.concurrency)),
                 pool,
                 config,
@@ -795,7 +818,11 @@ impl Dispatcher {
         let mut last_full_scan = Instant::now();
         let mut next_poll = Instant::now() + config.poll_interval;
         self.request(Scan::Full);
+        let retry_after_error = config.poll_interval.min(ERROR_RETRY);
         while !shutdown.is_cancelled() {
+            // Whether a statement failed in this pass: the next pass comes
+            // soon rather than at the next poll.
+            let mut failed = false;
             let work = std::mem::take(&mut *self.pending());
             let registry = self.registry();
             if !registry.subscriptions.is_empty() {
@@ -818,7 +845,8 @@ impl Dispatcher {
                             self.start(claimed, &attempts, &completed);
                         }
                         Err(error) => {
-                            warn!(%error, "expanding notified events failed; retrying at the next poll");
+                            warn!(%error, "expanding notified events failed; retrying shortly");
+                            failed = true;
                             let mut pending = self.pending();
                             pending.scan = pending.scan.max(Scan::Recent);
                         }
@@ -856,23 +884,29 @@ impl Dispatcher {
                             }
                         }
                         Err(error) => {
-                            warn!(%error, "expanding outbox events failed; retrying at the next poll");
+                            warn!(%error, "expanding outbox events failed; retrying shortly");
+                            failed = true;
                             let mut pending = self.pending();
                             pending.scan = pending.scan.max(scan);
                         }
                     }
                 }
             }
-            let waiting_for_room = if registry.subscriptions.is_empty() {
-                false
+            let claimed = if registry.subscriptions.is_empty() {
+                Claimed::Idle
             } else {
                 self.claim_and_start(&registry, &attempts, &completed).await
             };
+            failed |= claimed == Claimed::Failed;
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 () = self.inner.wake.notified() => {}
-                () = self.inner.room.notified(), if waiting_for_room => {}
+                () = self.inner.room.notified(), if claimed == Claimed::WaitingForRoom => {}
+                () = tokio::time::sleep(retry_after_error), if failed => {
+                    let mut pending = self.pending();
+                    pending.scan = pending.scan.max(Scan::Recent);
+                }
                 () = tokio::time::sleep_until(next_poll) => {
                     next_poll = Instant::now() + config.poll_interval;
                     let mut pending = self.pending();
@@ -891,20 +925,18 @@ impl Dispatcher {
     }
 
     /// Claims due rows while there are free slots and starts an attempt per
-    /// row. Returns whether rows may be waiting for a slot (all slots busy,
-    /// or some subscriber at its limit), so the caller claims again when one
-    /// frees.
+    /// row.
     async fn claim_and_start(
         &self,
         registry: &Arc<Registry>,
         attempts: &TaskTracker,
         completed: &mpsc::UnboundedSender<Completion>,
-    ) -> bool {
+    ) -> Claimed {
         let config = &self.inner.config;
         loop {
             let room = self.inner.slots.available_permits();
             if room == 0 {
-                return true;
+                return Claimed::WaitingForRoom;
             }
             let limit = room.min(config.batch_size);
             let saturated: Vec<String> = self
@@ -928,14 +960,18 @@ impl Dispatcher {
             {
                 Ok(claimed) => claimed,
                 Err(error) => {
-                    warn!(%error, "claiming outbox deliveries failed; retrying at the next poll");
-                    return false;
+                    warn!(%error, "claiming outbox deliveries failed; retrying shortly");
+                    return Claimed::Failed;
                 }
             };
             let full = claimed.len() == limit;
             let released = self.start(claimed, attempts, completed);
             if !full {
-                return released || !saturated.is_empty();
+                return if released || !saturated.is_empty() {
+                    Claimed::WaitingForRoom
+                } else {
+                    Claimed::Idle
+                };
             }
         }
     }
@@ -1195,10 +1231,14 @@ impl Dispatcher {
     async fn sweep(self, ttl: Duration, shutdown: CancellationToken) {
         let tables = &self.inner.config.tables;
         loop {
-            match purge_expired(&self.inner.pool, tables, ttl).await {
-                Ok(0) => debug!("retention sweep: nothing expired"),
-                Ok(deleted) => info!(deleted, "retention sweep deleted expired outbox events"),
-                Err(error) => warn!(%error, "retention sweep failed; retrying at the next one"),
+            let purge = purge_expired(&self.inner.pool, tables, ttl);
+            match tokio::time::timeout(self.inner.config.query_timeout, purge).await {
+                Err(_) => warn!("retention sweep timed out; retrying at the next one"),
+                Ok(result) => match result {
+                    Ok(0) => debug!("retention sweep: nothing expired"),
+                    Ok(deleted) => info!(deleted, "retention sweep deleted expired outbox events"),
+                    Err(error) => warn!(%error, "retention sweep failed; retrying at the next one"),
+                },
             }
             tokio::select! {
                 () = shutdown.cancelled() => return,

@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use sqlx::postgres::{PgListener, PgPoolOptions};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -143,7 +143,11 @@ async fn serve(
     }));
     let interval = dispatcher.config().listener_ping_interval;
     let mut next_ping = Instant::now() + interval;
-    let mut unanswered: Option<String> = None;
+    // When the check sent and not heard back yet must have come back by.
+    let mut unanswered: Option<Instant> = None;
+    // A check being sent, off this loop so that a slow pool never delays
+    // the notifications; it reports its token once sent.
+    let mut sending: Option<oneshot::Receiver<()>> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return None,
@@ -153,35 +157,70 @@ async fn serve(
                 };
                 // Anything heard proves the connection alive.
                 unanswered = None;
-                if !payload.starts_with(PING_PREFIX) {
-                    dispatcher.notified(&payload);
-                }
+                forward_notification(dispatcher, &payload);
                 while let Ok(payload) = received.try_recv() {
-                    if !payload.starts_with(PING_PREFIX) {
-                        dispatcher.notified(&payload);
-                    }
+                    forward_notification(dispatcher, &payload);
+                }
+            }
+            sent = async {
+                match sending.as_mut() {
+                    Some(pending) => pending.await,
+                    None => std::future::pending().await,
+                }
+            }, if sending.is_some() => {
+                sending = None;
+                // Not sent (the pool failed or was too slow): there is
+                // nothing to compare with, and the next check decides.
+                if sent.is_ok() {
+                    unanswered = Some(Instant::now() + interval);
                 }
             }
             () = tokio::time::sleep_until(next_ping) => {
                 next_ping = Instant::now() + interval;
-                if unanswered.is_some() {
-                    return Some(format!("no answer to a liveness check within {interval:?}"));
-                }
-                let token = format!("{PING_PREFIX}{}", Uuid::new_v4());
-                match sqlx::query("SELECT pg_notify($1, $2)")
-                    .bind(dispatcher.channel())
-                    .bind(&token)
-                    .execute(dispatcher.pool())
-                    .await
-                {
-                    Ok(_) => unanswered = Some(token),
-                    // Without the pool there is nothing to compare with;
-                    // the next check decides.
-                    Err(error) => debug!(%error, "the listener's liveness check could not be sent"),
+                match unanswered {
+                    Some(deadline) if deadline <= Instant::now() => {
+                        return Some(format!(
+                            "no answer to a liveness check within {interval:?}"
+                        ));
+                    }
+                    Some(_) => {}
+                    None if sending.is_none() => {
+                        sending = Some(send_check(dispatcher, interval));
+                    }
+                    None => {}
                 }
             }
         }
     }
+}
+
+fn forward_notification(dispatcher: &Dispatcher, payload: &str) {
+    if !payload.starts_with(PING_PREFIX) {
+        dispatcher.notified(payload);
+    }
+}
+
+/// Sends a liveness check to the channel through the dispatcher's pool,
+/// within `limit`; the receiver hears once it is sent.
+fn send_check(dispatcher: &Dispatcher, limit: Duration) -> oneshot::Receiver<()> {
+    let (report, sent) = oneshot::channel();
+    let pool = dispatcher.pool().clone();
+    let channel = dispatcher.channel().to_owned();
+    tokio::spawn(async move {
+        let token = format!("{PING_PREFIX}{}", Uuid::new_v4());
+        let send = sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(&channel)
+            .bind(&token)
+            .execute(&pool);
+        match tokio::time::timeout(limit, send).await {
+            Ok(Ok(_)) => {
+                let _ = report.send(());
+            }
+            Ok(Err(error)) => debug!(%error, "a listener liveness check could not be sent"),
+            Err(_) => debug!("a listener liveness check could not be sent in time"),
+        }
+    });
+    sent
 }
 
 /// The receiving task, aborted when the connection is given up.

@@ -21,6 +21,9 @@ const NOW: &str = "timezone('utc', now())";
 /// Statements built once for one pair of tables.
 #[derive(Debug)]
 pub(crate) struct Queries {
+    /// How long any one statement may take; see
+    /// `DispatcherConfig::query_timeout`.
+    timeout: Duration,
     expand_since: Arc<str>,
     expand_ids: Arc<str>,
     claim: Arc<str>,
@@ -84,7 +87,7 @@ pub(crate) struct Completion {
 }
 
 impl Queries {
-    pub(crate) fn new(tables: &OutboxTables) -> Self {
+    pub(crate) fn new(tables: &OutboxTables, timeout: Duration) -> Self {
         let outbox = tables.outbox_sql();
         let deliveries = tables.deliveries_sql();
         // The events a registration covers: every registration joined with
@@ -200,6 +203,7 @@ impl Queries {
                AND (c.kind = 'delivered' OR d.processing_since = c.claimed_at)"
         );
         Self {
+            timeout,
             expand_since: expand_since.into(),
             expand_ids: expand_ids.into(),
             claim: claim.into(),
@@ -221,8 +225,8 @@ impl Queries {
             .bind(&subscriptions.event_names)
             .bind(&subscriptions.every_event)
             .bind(since)
-            .fetch_one(pool)
-            .await?;
+            .fetch_one(pool);
+        let row = bounded(self.timeout, row).await?;
         let written: i64 = row.try_get(0)?;
         Ok((u64::try_from(written).unwrap_or(0), row.try_get(1)?))
     }
@@ -245,8 +249,8 @@ impl Queries {
             .bind(since)
             .bind(ids)
             .bind(i64::try_from(claim).unwrap_or(i64::MAX))
-            .fetch_all(pool)
-            .await?;
+            .fetch_all(pool);
+        let rows = bounded(self.timeout, rows).await?;
         rows.iter().map(claimed_row).collect()
     }
 
@@ -268,8 +272,8 @@ impl Queries {
             .bind(&subscriptions.event_names)
             .bind(saturated)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(pool)
-            .await?;
+            .fetch_all(pool);
+        let rows = bounded(self.timeout, rows).await?;
         rows.iter().map(claimed_row).collect()
     }
 
@@ -301,17 +305,35 @@ impl Queries {
             errors.push(error);
             waits.push(wait);
         }
-        sqlx::query(AssertSqlSafe(self.complete.clone()))
+        let done = sqlx::query(AssertSqlSafe(self.complete.clone()))
             .bind(event_ids)
             .bind(subscribers)
             .bind(claimed_at)
             .bind(kinds)
             .bind(errors)
             .bind(waits)
-            .execute(pool)
-            .await?;
+            .execute(pool);
+        bounded(self.timeout, done).await?;
         Ok(())
     }
+}
+
+/// `statement`, unless it takes longer than `limit`: then it is abandoned
+/// (and its connection with it) with a timed-out error. A connection whose
+/// peer vanished without closing it would otherwise hold the caller until
+/// the operating system gives up on it, many minutes later.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    statement: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(limit, statement)
+        .await
+        .unwrap_or_else(|_| {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the database did not answer within {limit:?}"),
+            )))
+        })
 }
 
 fn claimed_row(row: &PgRow) -> Result<ClaimedRow, sqlx::Error> {

@@ -138,14 +138,21 @@ impl Db {
             .expect("count events")
     }
 
-    /// The backend pid of the connection listening for `channel`, if any.
+    /// The backend pid of a connection listening (the last statement it ran
+    /// was a `LISTEN`), if any.
     pub(crate) async fn listener_pid(&self) -> Option<i32> {
+        self.listener_pids().await.into_iter().next()
+    }
+
+    /// The backend pids of every connection listening.
+    pub(crate) async fn listener_pids(&self) -> Vec<i32> {
         sqlx::query_scalar(
             "SELECT pid FROM pg_stat_activity \
-             WHERE datname = current_database() AND query ILIKE 'LISTEN%' AND pid <> pg_backend_pid() \
-             LIMIT 1",
+             WHERE datname = current_database() AND query ILIKE 'LISTEN%' \
+               AND pid <> pg_backend_pid() \
+             ORDER BY backend_start",
         )
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await
         .expect("read pg_stat_activity")
     }
@@ -614,4 +621,78 @@ fn run(program: &str, args: &[&str]) -> Option<String> {
         return None;
     }
     Some(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+// ---------------------------------------------------------------------------
+// A TCP proxy that can go silent
+// ---------------------------------------------------------------------------
+
+/// A TCP proxy on 127.0.0.1 in front of `target`. [`SilentProxy::freeze`]
+/// stops forwarding on every connection open at that moment without closing
+/// it — the peer is gone but nobody says so, as when a NAT or firewall drops
+/// an idle connection — while new connections work normally.
+pub(crate) struct SilentProxy {
+    pub(crate) address: SocketAddr,
+    /// Connections accepted so far, numbered from 1.
+    accepted: Arc<std::sync::atomic::AtomicU64>,
+    /// Connections numbered up to this are silent.
+    frozen: tokio::sync::watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SilentProxy {
+    pub(crate) async fn start(target: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy");
+        let address = listener.local_addr().expect("proxy address");
+        let (frozen, watch) = tokio::sync::watch::channel(0u64);
+        let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = accepted.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let id = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                let mut watch = watch.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
+                        _ = watch.wait_for(|frozen_up_to| *frozen_up_to >= id) => {}
+                    }
+                    // Silent: both sockets stay open, nothing moves.
+                    std::future::pending::<()>().await;
+                    drop((client, server));
+                });
+            }
+        });
+        Self {
+            address,
+            accepted,
+            frozen,
+            task,
+        }
+    }
+
+    /// Silences every connection open now.
+    pub(crate) fn freeze(&self) {
+        let _ = self.frozen.send(self.accepted.load(Ordering::SeqCst));
+    }
+
+    /// A database URL like `url` that goes through the proxy.
+    pub(crate) fn url_for(&self, url: &str) -> String {
+        let mut parsed = Url::parse(url).expect("a database URL");
+        parsed.set_host(Some("127.0.0.1")).expect("set the host");
+        parsed
+            .set_port(Some(self.address.port()))
+            .expect("set the port");
+        parsed.to_string()
+    }
+}
+
+impl Drop for SilentProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
