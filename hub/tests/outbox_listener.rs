@@ -208,13 +208,20 @@ async fn a_database_restart_mid_flow_loses_nothing() {
         .await
         .expect("the outbox tables");
     let receiver = Receiver::start().await;
+    // A slow subscriber, two attempts at a time: a backlog is claimed and in
+    // flight when the server goes away.
+    receiver.set_delay("/hook", Duration::from_millis(100));
     let dispatcher_pool = PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(3))
         .connect(&cluster.url())
         .await
         .expect("dispatcher pool");
-    let dispatcher = Dispatcher::new(dispatcher_pool, config(&tables)).expect("dispatcher");
+    let config = DispatcherConfig {
+        per_subscriber_concurrency: 2,
+        ..config(&tables)
+    };
+    let dispatcher = Dispatcher::new(dispatcher_pool, config).expect("dispatcher");
     dispatcher
         .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
         .expect("register");
@@ -236,6 +243,11 @@ async fn a_database_restart_mid_flow_loses_nothing() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let before_restart = receiver.received_at("/hook").len();
+    assert!(
+        before_restart < committed.len(),
+        "the restart should find a backlog"
+    );
     cluster.restart().await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut after_restart = 0;
