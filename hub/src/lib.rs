@@ -14,6 +14,9 @@
 //! - [`intake`]: publish pings, topic fetches, fat pings;
 //! - [`events`]: the durable event log and per-subscriber delivery records;
 //! - [`dispatch`]: expand, claim, deliver, record;
+//! - [`outbox`]: producers' outbox tables: writing events, the dispatcher
+//!   that delivers them to handlers and webhooks, and the feed that turns
+//!   them into hub events;
 //! - [`signature`]: `X-Hub-Signature` and webhook signatures;
 //! - [`quota`]: total-quota enforcement against the subscriptions service;
 //! - [`auth`]: user tokens and the internal API key;
@@ -30,6 +33,7 @@ pub mod events;
 pub mod intake;
 pub mod lease;
 pub mod net;
+pub mod outbox;
 pub mod protocol;
 pub mod quota;
 pub mod server;

@@ -1,0 +1,1433 @@
+//! The outbox dispatcher: expands events into one delivery row per
+//! registered subscriber, claims due rows, hands each to its in-process
+//! handler or POSTs it to its webhook, and records the outcome per row —
+//! processed, or retried with backoff until the retry limit, keeping the
+//! last error.
+//!
+//! It wakes on the producers' `NOTIFY` (a dedicated connection, see the
+//! `listener` module) and polls every [`DispatcherConfig::poll_interval`]
+//! whatever the listener's state. Several dispatchers — tasks, processes,
+//! replicas — may share one pair of tables: claims use `FOR UPDATE SKIP
+//! LOCKED` and never overlap, and expansion is idempotent. Expansion only
+//! ever writes rows for this dispatcher's own subscribers, so services that
+//! consume the same outbox under other subscriber names are independent.
+//!
+//! Delivery is at least once: a row is claimed before its attempt and
+//! written back after it; a process killed in between leaves a claim that
+//! becomes claimable again after [`DispatcherConfig::visibility_timeout`].
+//! Attempts run concurrently, bounded overall and per subscriber, so one
+//! slow or dead subscriber never holds up another.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use futures::FutureExt;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use sqlx::PgPool;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+use url::Url;
+use uuid::Uuid;
+
+use super::envelope::Envelope;
+use super::sql::{ClaimedRow, Completion, Outcome, Queries, Subscriptions};
+use super::{OutboxError, OutboxTables, check_channel, purge_expired};
+use crate::config::ConfigError;
+use crate::dispatch::{backoff, error_chain};
+use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, sign};
+
+/// Everything a dispatcher needs besides its pool. [`Default`] gives the
+/// messaging contract's defaults; set what differs, then
+/// [`Dispatcher::new`] validates it.
+#[derive(Debug, Clone)]
+pub struct DispatcherConfig {
+    /// The outbox and deliveries tables.
+    pub tables: OutboxTables,
+    /// The `NOTIFY` channel to listen on; `None` is
+    /// [`OutboxTables::default_channel`], what [`super::Outbox`] notifies on
+    /// by default.
+    pub channel: Option<String>,
+    /// The subscriber in-process handlers deliver as. Stored in every one of
+    /// their delivery rows, so it must stay stable: a new name orphans the
+    /// old rows and re-delivers every event inside `start_from`. Required to
+    /// register a handler; a dispatcher that only sends webhooks needs none.
+    pub subscriber_name: Option<String>,
+    /// How far back expansion looks: events created before this get no new
+    /// delivery rows, so a newly registered subscriber does not replay the
+    /// whole history. Rows that exist are delivered whatever their age.
+    /// `None` looks at every event.
+    pub start_from: Option<DateTime<Utc>>,
+    /// How often to expand and claim when nothing wakes the dispatcher.
+    pub poll_interval: Duration,
+    /// Retries after a failed first attempt (10). The first retry is
+    /// immediate, the last waits `max_retry_backoff`, and the ones between
+    /// grow exponentially; a row whose retries are exhausted is never claimed
+    /// again and keeps its `last_error`.
+    pub max_delivery_retries: u32,
+    /// The wait before the last retry (10 s): with the defaults, a dead
+    /// subscriber is exhausted in about 20 s.
+    pub max_retry_backoff: Duration,
+    /// Listener reconnection failures over which the wait grows from zero to
+    /// `listener_max_backoff` (10); past them it stays there, forever.
+    pub listener_max_retries: u32,
+    /// The longest wait between listener reconnection attempts (30 s).
+    pub listener_max_backoff: Duration,
+    /// How often the listener's connection is checked with a `NOTIFY` to
+    /// itself (30 s): a connection that lost its peer without a word (a
+    /// network partition) is found dead when the previous check has not come
+    /// back by the time the next is due.
+    pub listener_ping_interval: Duration,
+    /// Time allowed for one webhook POST (by the default client) or one
+    /// handler call (10 s).
+    pub delivery_timeout: Duration,
+    /// A claim older than this is taken to be from a dead process and its
+    /// row becomes claimable again (60 s). Must exceed `delivery_timeout`.
+    pub visibility_timeout: Duration,
+    /// The secret webhook bodies are signed with
+    /// ([`MESSAGING_SIGNATURE_HEADER`]); no signature without one.
+    pub signing_secret: Option<String>,
+    /// Headers sent with every webhook POST, e.g. an internal API key.
+    pub webhook_headers: Vec<(String, String)>,
+    /// Delete events older than this (and their delivery rows), every
+    /// `retention_interval`, starting at start-up. `None` deletes nothing.
+    pub retention: Option<Duration>,
+    /// How often the retention sweep runs (an hour).
+    pub retention_interval: Duration,
+    /// Delivery rows claimed per round trip at most (100).
+    pub batch_size: usize,
+    /// Attempts in flight at once, over all subscribers (64).
+    pub concurrency: usize,
+    /// Attempts in flight at once to one subscriber (16), so that a slow one
+    /// cannot take every slot.
+    pub per_subscriber_concurrency: usize,
+    /// How far before the previous scan a polling scan starts looking (60 s):
+    /// an event's `created_at` is its transaction's start, so one committed
+    /// later than this after it began is found by the next full scan rather
+    /// than the next poll (or at once, if it was notified).
+    pub expand_lookback: Duration,
+    /// How long any one statement the dispatcher runs may take (60 s)
+    /// before it is abandoned, with its connection, and retried: a
+    /// connection whose peer vanished without closing it would otherwise
+    /// hold the dispatcher until the operating system gives up on it.
+    pub query_timeout: Duration,
+    /// How often expansion looks at every event since `start_from` rather
+    /// than only recent ones (5 min). It also does at start-up, after the
+    /// listener reconnects, and whenever registrations change.
+    pub catch_up_interval: Duration,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        Self {
+            tables: OutboxTables::default(),
+            channel: None,
+            subscriber_name: None,
+            start_from: None,
+            poll_interval: Duration::from_secs(1),
+            max_delivery_retries: 10,
+            max_retry_backoff: Duration::from_secs(10),
+            listener_max_retries: 10,
+            listener_max_backoff: Duration::from_secs(30),
+            listener_ping_interval: Duration::from_secs(30),
+            delivery_timeout: Duration::from_secs(10),
+            visibility_timeout: Duration::from_secs(60),
+            signing_secret: None,
+            webhook_headers: Vec::new(),
+            retention: None,
+            retention_interval: Duration::from_secs(3600),
+            batch_size: 100,
+            concurrency: 64,
+            per_subscriber_concurrency: 16,
+            expand_lookback: Duration::from_secs(60),
+            query_timeout: Duration::from_secs(60),
+            catch_up_interval: Duration::from_secs(300),
+        }
+    }
+}
+
+fn invalid(setting: &'static str, value: impl ToString, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        setting,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl DispatcherConfig {
+    /// The channel listened on.
+    pub fn channel(&self) -> String {
+        self.channel
+            .clone()
+            .unwrap_or_else(|| self.tables.default_channel())
+    }
+
+    /// Checks every setting; the first bad one is named in the error.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = [
+            ("poll-interval", self.poll_interval),
+            ("delivery-timeout", self.delivery_timeout),
+            ("listener-ping-interval", self.listener_ping_interval),
+            ("retention-interval", self.retention_interval),
+            ("catch-up-interval", self.catch_up_interval),
+            ("query-timeout", self.query_timeout),
+        ];
+        for (setting, value) in positive {
+            if value.is_zero() {
+                return Err(invalid(setting, "0s", "must be more than zero"));
+            }
+        }
+        if self.visibility_timeout <= self.delivery_timeout {
+            return Err(invalid(
+                "visibility-timeout",
+                format!("{:?}", self.visibility_timeout),
+                format!(
+                    "must exceed the delivery timeout ({:?}), or claims of attempts still \
+                     running would be taken over",
+                    self.delivery_timeout
+                ),
+            ));
+        }
+        for (setting, value) in [
+            ("batch-size", self.batch_size),
+            ("concurrency", self.concurrency),
+            (
+                "per-subscriber-concurrency",
+                self.per_subscriber_concurrency,
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid(setting, 0, "must be at least 1"));
+            }
+        }
+        if let Some(channel) = &self.channel {
+            check_channel(channel)
+                .map_err(|error| invalid("notify-channel", channel, error.to_string()))?;
+        }
+        if let Some(name) = &self.subscriber_name
+            && name.is_empty()
+        {
+            return Err(invalid("subscriber-name", "", "must not be empty"));
+        }
+        if let Some(secret) = &self.signing_secret
+            && secret.is_empty()
+        {
+            return Err(invalid(
+                "signing-secret",
+                "",
+                "must not be empty (leave it unset to send unsigned webhooks)",
+            ));
+        }
+        static_headers(&self.webhook_headers)?;
+        Ok(())
+    }
+}
+
+/// The configured webhook headers, checked: valid names and values, and none
+/// of the headers the contract itself sets.
+fn static_headers(headers: &[(String, String)]) -> Result<HeaderMap, ConfigError> {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        let header = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| invalid("webhook-header", name, "not a valid header name"))?;
+        let reserved = [
+            http::header::CONTENT_TYPE.as_str(),
+            MESSAGING_SIGNATURE_HEADER,
+            MESSAGING_EVENT_ID_HEADER,
+        ];
+        if reserved
+            .iter()
+            .any(|reserved| reserved.eq_ignore_ascii_case(name))
+        {
+            return Err(invalid(
+                "webhook-header",
+                name,
+                "set by the dispatcher itself",
+            ));
+        }
+        // The value is not echoed: headers like this often carry keys.
+        let value = HeaderValue::from_str(value).map_err(|_| {
+            invalid(
+                "webhook-header",
+                name,
+                "the value is not a valid header value",
+            )
+        })?;
+        map.append(header, value);
+    }
+    Ok(map)
+}
+
+/// A webhook subscriber of one event name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookSubscriber {
+    /// Which application's events it wants: those recorded for this app and
+    /// those recorded for none, never another app's. `None` (or empty) takes
+    /// everything.
+    pub app: Option<String>,
+    /// Where its deliveries are POSTed.
+    pub url: Url,
+}
+
+/// Why an in-process handler failed; the delivery is retried.
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An in-process consumer of outbox events.
+///
+/// `Ok` marks the delivery processed; an error (or a panic, or running past
+/// the delivery timeout) is retried with backoff like a failed webhook, with
+/// the error's text kept in `last_error`. Delivery is at least once, so a
+/// handler must tolerate seeing an event twice (de-duplicate on
+/// [`Envelope::event_id`]).
+///
+/// Closures `Fn(Envelope) -> impl Future<Output = Result<(), HandlerError>>`
+/// are handlers.
+#[async_trait]
+pub trait Handler: Send + Sync {
+    /// Handles one delivery.
+    async fn handle(&self, envelope: &Envelope) -> Result<(), HandlerError>;
+}
+
+#[async_trait]
+impl<F, Fut> Handler for F
+where
+    F: Fn(Envelope) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(), HandlerError>> + Send,
+{
+    async fn handle(&self, envelope: &Envelope) -> Result<(), HandlerError> {
+        self(envelope.clone()).await
+    }
+}
+
+/// What webhook registration code is written against, so the same code runs
+/// at start-up (against the [`Dispatcher`]) and on reload (against the
+/// registrar [`Dispatcher::reload_webhooks`] hands it).
+pub trait WebhookRegistrar {
+    /// Registers `subscribers` (by name) for `event_name`, replacing any
+    /// registration of the same subscriber for the same event name.
+    fn register_webhooks(
+        &mut self,
+        event_name: &str,
+        subscribers: HashMap<String, WebhookSubscriber>,
+    ) -> Result<(), RegistrationError>;
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistrationError {
+    /// In-process handlers deliver as the dispatcher's subscriber name, and
+    /// none is configured.
+    #[error("registering an in-process handler needs a subscriber name; configure one")]
+    NoSubscriberName,
+    /// An empty event name.
+    #[error("the event name is empty")]
+    EmptyEventName,
+    /// An empty subscriber name.
+    #[error("a webhook subscriber of {event_name:?} has an empty name")]
+    EmptySubscriberName {
+        /// The event name it was registered for.
+        event_name: String,
+    },
+    /// A webhook subscriber named like the dispatcher's own subscriber: their
+    /// delivery rows would be indistinguishable.
+    #[error(
+        "webhook subscriber {subscriber:?} has the name in-process handlers deliver as; pick another"
+    )]
+    ReservedSubscriber {
+        /// The name.
+        subscriber: String,
+    },
+    /// A webhook URL that is not http(s).
+    #[error("webhook subscriber {subscriber:?} of {event_name:?}: {url} is not an http(s) URL")]
+    InvalidUrl {
+        /// The event name.
+        event_name: String,
+        /// The subscriber.
+        subscriber: String,
+        /// The URL given.
+        url: String,
+    },
+}
+
+/// Why [`Dispatcher::reload_webhooks`] changed nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReloadError<E> {
+    /// A registration the function made was refused (even if the function
+    /// went on and returned `Ok`).
+    #[error("a webhook registration was refused: {0}")]
+    Registration(#[source] RegistrationError),
+    /// The function itself failed.
+    #[error("reloading webhooks failed: {0}")]
+    Function(#[source] E),
+}
+
+/// Failures building a dispatcher.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DispatcherError {
+    /// A setting is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The default HTTP client could not be built.
+    #[error("the webhook HTTP client could not be built: {0}")]
+    Client(#[source] reqwest::Error),
+    /// The database failed.
+    #[error("outbox database failed: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A producer-side operation failed.
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
+}
+
+/// Registered handlers and webhooks, as of one moment. Replaced whole on
+/// every change, so a pass works on one consistent picture.
+#[derive(Default)]
+struct Registry {
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    catch_all: Option<Arc<dyn Handler>>,
+    webhooks: BTreeMap<String, HashMap<String, WebhookSubscriber>>,
+    subscriptions: Subscriptions,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("handlers", &self.handlers.keys().collect::<Vec<_>>())
+            .field("catch_all", &self.catch_all.is_some())
+            .field("webhooks", &self.webhooks)
+            .finish()
+    }
+}
+
+impl Registry {
+    fn with_subscriptions(mut self, own: Option<&str>) -> Self {
+        let mut subscriptions = Subscriptions::default();
+        if let Some(own) = own {
+            if self.catch_all.is_some() {
+                subscriptions.every_event.push(own.to_owned());
+            } else {
+                for event_name in self.handlers.keys() {
+                    subscriptions.subscribers.push(own.to_owned());
+                    subscriptions.apps.push(None);
+                    subscriptions.event_names.push(event_name.clone());
+                }
+            }
+        }
+        for (event_name, subscribers) in &self.webhooks {
+            for (name, subscriber) in subscribers {
+                subscriptions.subscribers.push(name.clone());
+                subscriptions.apps.push(subscriber.app.clone());
+                subscriptions.event_names.push(event_name.clone());
+            }
+        }
+        self.subscriptions = subscriptions;
+        self
+    }
+
+    fn copy(&self) -> Self {
+        Self {
+            handlers: self.handlers.clone(),
+            catch_all: self.catch_all.clone(),
+            webhooks: self.webhooks.clone(),
+            subscriptions: Subscriptions::default(),
+        }
+    }
+}
+
+/// Validates one webhook registration into `webhooks`.
+fn add_webhooks(
+    webhooks: &mut BTreeMap<String, HashMap<String, WebhookSubscriber>>,
+    own: Option<&str>,
+    event_name: &str,
+    subscribers: HashMap<String, WebhookSubscriber>,
+) -> Result<(), RegistrationError> {
+    if event_name.is_empty() {
+        return Err(RegistrationError::EmptyEventName);
+    }
+    let mut checked = Vec::with_capacity(subscribers.len());
+    for (name, mut subscriber) in subscribers {
+        if name.is_empty() {
+            return Err(RegistrationError::EmptySubscriberName {
+                event_name: event_name.to_owned(),
+            });
+        }
+        if Some(name.as_str()) == own {
+            return Err(RegistrationError::ReservedSubscriber { subscriber: name });
+        }
+        if !matches!(subscriber.url.scheme(), "http" | "https") {
+            return Err(RegistrationError::InvalidUrl {
+                event_name: event_name.to_owned(),
+                url: subscriber.url.to_string(),
+                subscriber: name,
+            });
+        }
+        if subscriber.app.as_deref() == Some("") {
+            subscriber.app = None;
+        }
+        checked.push((name, subscriber));
+    }
+    webhooks
+        .entry(event_name.to_owned())
+        .or_default()
+        .extend(checked);
+    Ok(())
+}
+
+/// The registrar a reload's function registers into: it collects, and
+/// remembers the first refusal even if the function carries on.
+struct Collector<'a> {
+    own: Option<&'a str>,
+    webhooks: BTreeMap<String, HashMap<String, WebhookSubscriber>>,
+    refused: Option<RegistrationError>,
+}
+
+impl WebhookRegistrar for Collector<'_> {
+    fn register_webhooks(
+        &mut self,
+        event_name: &str,
+        subscribers: HashMap<String, WebhookSubscriber>,
+    ) -> Result<(), RegistrationError> {
+        let result = add_webhooks(&mut self.webhooks, self.own, event_name, subscribers);
+        if let Err(error) = &result
+            && self.refused.is_none()
+        {
+            self.refused = Some(error.clone());
+        }
+        result
+    }
+}
+
+/// What the next pass must look at, gathered from wake-ups until it runs.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Events announced by `NOTIFY`.
+    ids: Vec<Uuid>,
+    scan: Scan,
+}
+
+/// How much of the outbox a pass expands, least to most.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Scan {
+    #[default]
+    None,
+    /// Events since the previous scan, less the lookback.
+    Recent,
+    /// Every event since `start_from`.
+    Full,
+}
+
+/// How a claim round ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claimed {
+    /// Everything due was claimed.
+    Idle,
+    /// Rows may be waiting for a slot (all slots busy, or a subscriber at
+    /// its limit): claim again when one frees.
+    WaitingForRoom,
+    /// The claim failed.
+    Failed,
+}
+
+/// How soon a pass runs again after a statement failed (or the poll
+/// interval, if shorter).
+const ERROR_RETRY: Duration = Duration::from_secs(1);
+
+/// Event ids gathered from notifications before a pass falls back to a
+/// recent scan instead (one statement either way).
+const MAX_NOTIFIED_IDS: usize = 10_000;
+
+/// The dispatcher. Cheap to clone; clones share registrations and state,
+/// so one clone can [`run`](Self::run) while others register.
+#[derive(Debug, Clone)]
+pub struct Dispatcher {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: PgPool,
+    config: DispatcherConfig,
+    channel: String,
+    queries: Queries,
+    client: RwLock<reqwest::Client>,
+    headers: HeaderMap,
+    registry: RwLock<Arc<Registry>>,
+    pending: Mutex<Pending>,
+    /// Signalled when there is work: a notification, a registration, a
+    /// retry falling due, [`Dispatcher::wake`].
+    wake: Notify,
+    /// Signalled when an attempt finishes and frees a slot.
+    room: Notify,
+    slots: Arc<Semaphore>,
+    in_flight: Mutex<HashMap<String, usize>>,
+    listening: AtomicBool,
+}
+
+impl Dispatcher {
+    /// A dispatcher on `pool` (the producer's database), after validating
+    /// `config`. It does nothing until [`run`](Self::run).
+    pub fn new(pool: PgPool, config: DispatcherConfig) -> Result<Self, DispatcherError> {
+        config.validate()?;
+        crate::net::install_crypto_provider();
+        let client = reqwest::Client::builder()
+            .timeout(config.delivery_timeout)
+            .build()
+            .map_err(DispatcherError::Client)?;
+        let headers = static_headers(&config.webhook_headers)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                channel: config.channel(),
+                queries: Queries::new(&config.tables, config.query_timeout),
+                slots: Arc::new(Semaphore::new(config.concurrency)),
+                pool,
+                config,
+                client: RwLock::new(client),
+                headers,
+                registry: RwLock::new(Arc::new(Registry::default())),
+                pending: Mutex::new(Pending::default()),
+                wake: Notify::new(),
+                room: Notify::new(),
+                in_flight: Mutex::new(HashMap::new()),
+                listening: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Replaces the webhook HTTP client (its own transport, timeout or
+    /// instrumentation). Whatever the client, an attempt is abandoned after
+    /// three quarters of the visibility timeout, so that its claim never goes
+    /// stale while it runs.
+    pub fn with_http_client(self, client: reqwest::Client) -> Self {
+        *self
+            .inner
+            .client
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
+        self
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &DispatcherConfig {
+        &self.inner.config
+    }
+
+    /// The pool it runs on.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The `NOTIFY` channel it listens on.
+    pub fn channel(&self) -> &str {
+        &self.inner.channel
+    }
+
+    /// Whether the listener is connected and listening right now (for health
+    /// checks; delivery goes on by polling when it is not).
+    pub fn is_listening(&self) -> bool {
+        self.inner.listening.load(Ordering::Relaxed)
+    }
+
+    /// Registers the in-process handler of `event_name`, replacing any
+    /// previous one. Deliveries are recorded under
+    /// [`DispatcherConfig::subscriber_name`], which must be set. Safe while
+    /// running; reloads never touch handlers.
+    pub fn register_handler<H: Handler + 'static>(
+        &self,
+        event_name: &str,
+        handler: H,
+    ) -> Result<(), RegistrationError> {
+        self.own_name()?;
+        if event_name.is_empty() {
+            return Err(RegistrationError::EmptyEventName);
+        }
+        self.update(|registry| {
+            registry
+                .handlers
+                .insert(event_name.to_owned(), Arc::new(handler));
+        });
+        Ok(())
+    }
+
+    /// Registers a handler for every event name, under the dispatcher's
+    /// subscriber name (which must be set). An extension of the messaging
+    /// contract, for consumers that forward everything (the WebSub bridge).
+    /// A handler registered for a specific event name takes precedence for
+    /// that name; there is still one delivery row per event.
+    pub fn register_catch_all_handler<H: Handler + 'static>(
+        &self,
+        handler: H,
+    ) -> Result<(), RegistrationError> {
+        self.own_name()?;
+        self.update(|registry| registry.catch_all = Some(Arc::new(handler)));
+        Ok(())
+    }
+
+    /// Registers webhook `subscribers` (keyed by subscriber name: what their
+    /// rows are recorded under; it never leaves this process) for
+    /// `event_name`. A subscriber already registered for the event name is
+    /// replaced. Safe while running.
+    pub fn register_webhooks(
+        &self,
+        event_name: &str,
+        subscribers: HashMap<String, WebhookSubscriber>,
+    ) -> Result<(), RegistrationError> {
+        let own = self.inner.config.subscriber_name.as_deref();
+        let mut added = BTreeMap::new();
+        add_webhooks(&mut added, own, event_name, subscribers)?;
+        self.update(|registry| {
+            for (event, subscribers) in added {
+                registry
+                    .webhooks
+                    .entry(event)
+                    .or_default()
+                    .extend(subscribers);
+            }
+        });
+        Ok(())
+    }
+
+    /// Replaces every registered webhook with what `register` registers, all
+    /// at once; handlers are untouched.
+    ///
+    /// - A subscriber no longer registered stops being expanded and claimed;
+    ///   its rows stay, and resume if it is registered again.
+    /// - A new subscriber is expanded as at start-up, within `start_from`.
+    /// - A changed URL applies from the subscriber's next attempt.
+    /// - If `register` fails, or any registration it made was refused (even
+    ///   one it went past), nothing changes.
+    pub fn reload_webhooks<F, E>(&self, register: F) -> Result<(), ReloadError<E>>
+    where
+        F: FnOnce(&mut dyn WebhookRegistrar) -> Result<(), E>,
+    {
+        let mut collector = Collector {
+            own: self.inner.config.subscriber_name.as_deref(),
+            webhooks: BTreeMap::new(),
+            refused: None,
+        };
+        register(&mut collector).map_err(ReloadError::Function)?;
+        if let Some(refused) = collector.refused {
+            return Err(ReloadError::Registration(refused));
+        }
+        let webhooks = collector.webhooks;
+        self.update(move |registry| registry.webhooks = webhooks);
+        Ok(())
+    }
+
+    /// Runs a pass now rather than at the next poll: expand recent events,
+    /// then claim and deliver.
+    pub fn wake(&self) {
+        self.request(Scan::Recent);
+    }
+
+    fn own_name(&self) -> Result<&str, RegistrationError> {
+        self.inner
+            .config
+            .subscriber_name
+            .as_deref()
+            .ok_or(RegistrationError::NoSubscriberName)
+    }
+
+    fn registry(&self) -> Arc<Registry> {
+        self.inner
+            .registry
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Applies `change` to a copy of the registry and publishes it, then has
+    /// the next pass look at every event (new subscribers are expanded as
+    /// at start-up).
+    fn update(&self, change: impl FnOnce(&mut Registry)) {
+        {
+            let mut current = self
+                .inner
+                .registry
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut next = current.copy();
+            change(&mut next);
+            *current =
+                Arc::new(next.with_subscriptions(self.inner.config.subscriber_name.as_deref()));
+        }
+        self.request(Scan::Full);
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn request(&self, scan: Scan) {
+        {
+            let mut pending = self.pending();
+            pending.scan = pending.scan.max(scan);
+        }
+        self.inner.wake.notify_one();
+    }
+
+    /// A notification arrived on the channel: its payload names the event
+    /// when it came from [`super::Outbox`]; anything else asks for a scan.
+    pub(crate) fn notified(&self, payload: &str) {
+        {
+            let mut pending = self.pending();
+            match Uuid::try_parse(payload) {
+                Ok(id) if pending.ids.len() < MAX_NOTIFIED_IDS => pending.ids.push(id),
+                _ => pending.scan = pending.scan.max(Scan::Recent),
+            }
+        }
+        self.inner.wake.notify_one();
+    }
+
+    /// The listener connected (again): notifications may have been missed.
+    pub(crate) fn listener_connected(&self, connected: bool) {
+        self.inner.listening.store(connected, Ordering::Relaxed);
+        if connected {
+            self.request(Scan::Full);
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled, then lets the attempts in flight
+    /// finish and records their outcomes before returning.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let config = &self.inner.config;
+        let background = TaskTracker::new();
+        background.spawn(super::listener::listen(self.clone(), shutdown.clone()));
+        if let Some(ttl) = config.retention {
+            background.spawn(self.clone().sweep(ttl, shutdown.clone()));
+        }
+        let attempts = TaskTracker::new();
+        let (completed, completions) = mpsc::unbounded_channel();
+        let recorder = tokio::spawn(self.clone().record_outcomes(completions));
+
+        let start_from = config
+            .start_from
+            .map_or_else(beginning_of_time, |at| at.naive_utc());
+        let mut watermark: Option<NaiveDateTime> = None;
+        let mut last_full_scan = Instant::now();
+        let mut next_poll = Instant::now() + config.poll_interval;
+        self.request(Scan::Full);
+        let retry_after_error = config.poll_interval.min(ERROR_RETRY);
+        while !shutdown.is_cancelled() {
+            // Whether a statement failed in this pass: the next pass comes
+            // soon rather than at the next poll.
+            let mut failed = false;
+            let work = std::mem::take(&mut *self.pending());
+            let registry = self.registry();
+            if !registry.subscriptions.is_empty() {
+                // Notified events first: their rows come back claimed, and
+                // their attempts start before anything else is looked at.
+                if !work.ids.is_empty() {
+                    match self
+                        .inner
+                        .queries
+                        .expand_and_claim(
+                            &self.inner.pool,
+                            &registry.subscriptions,
+                            start_from,
+                            &work.ids,
+                            self.inner.slots.available_permits(),
+                        )
+                        .await
+                    {
+                        Ok(claimed) => {
+                            self.start(claimed, &attempts, &completed);
+                        }
+                        Err(error) => {
+                            warn!(%error, "expanding notified events failed; retrying shortly");
+                            failed = true;
+                            let mut pending = self.pending();
+                            pending.scan = pending.scan.max(Scan::Recent);
+                        }
+                    }
+                }
+                let mut scan = work.scan;
+                if last_full_scan.elapsed() >= config.catch_up_interval {
+                    scan = Scan::Full;
+                }
+                let since = match (scan, watermark) {
+                    (Scan::Recent, Some(mark)) => {
+                        let lookback = chrono::Duration::from_std(config.expand_lookback)
+                            .unwrap_or(chrono::Duration::MAX);
+                        Some(
+                            mark.checked_sub_signed(lookback)
+                                .unwrap_or(start_from)
+                                .max(start_from),
+                        )
+                    }
+                    (Scan::Recent, None) | (Scan::Full, _) => Some(start_from),
+                    (Scan::None, _) => None,
+                };
+                if let Some(since) = since {
+                    match self
+                        .inner
+                        .queries
+                        .expand(&self.inner.pool, &registry.subscriptions, since)
+                        .await
+                    {
+                        Ok((written, scanned_at)) => {
+                            debug!(written, ?scan, "expanded");
+                            watermark = Some(scanned_at);
+                            if since == start_from {
+                                last_full_scan = Instant::now();
+                            }
+                        }
+                        Err(error) => {
+                            warn!(%error, "expanding outbox events failed; retrying shortly");
+                            failed = true;
+                            let mut pending = self.pending();
+                            pending.scan = pending.scan.max(scan);
+                        }
+                    }
+                }
+            }
+            let claimed = if registry.subscriptions.is_empty() {
+                Claimed::Idle
+            } else {
+                self.claim_and_start(&registry, &attempts, &completed).await
+            };
+            failed |= claimed == Claimed::Failed;
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                () = self.inner.wake.notified() => {}
+                () = self.inner.room.notified(), if claimed == Claimed::WaitingForRoom => {}
+                () = tokio::time::sleep(retry_after_error), if failed => {
+                    let mut pending = self.pending();
+                    pending.scan = pending.scan.max(Scan::Recent);
+                }
+                () = tokio::time::sleep_until(next_poll) => {
+                    next_poll = Instant::now() + config.poll_interval;
+                    let mut pending = self.pending();
+                    pending.scan = pending.scan.max(Scan::Recent);
+                }
+            }
+        }
+        attempts.close();
+        attempts.wait().await;
+        drop(completed);
+        if let Err(error) = recorder.await {
+            warn!(%error, "the outbox outcome recorder stopped abnormally");
+        }
+        background.close();
+        background.wait().await;
+    }
+
+    /// Claims due rows while there are free slots and starts an attempt per
+    /// row.
+    async fn claim_and_start(
+        &self,
+        registry: &Arc<Registry>,
+        attempts: &TaskTracker,
+        completed: &mpsc::UnboundedSender<Completion>,
+    ) -> Claimed {
+        let config = &self.inner.config;
+        loop {
+            let room = self.inner.slots.available_permits();
+            if room == 0 {
+                return Claimed::WaitingForRoom;
+            }
+            let limit = room.min(config.batch_size);
+            let saturated: Vec<String> = self
+                .in_flight()
+                .iter()
+                .filter(|(_, count)| **count >= config.per_subscriber_concurrency)
+                .map(|(subscriber, _)| subscriber.clone())
+                .collect();
+            let claimed = match self
+                .inner
+                .queries
+                .claim(
+                    &self.inner.pool,
+                    &registry.subscriptions,
+                    config.max_delivery_retries,
+                    config.visibility_timeout,
+                    &saturated,
+                    limit,
+                )
+                .await
+            {
+                Ok(claimed) => claimed,
+                Err(error) => {
+                    warn!(%error, "claiming outbox deliveries failed; retrying shortly");
+                    return Claimed::Failed;
+                }
+            };
+            let full = claimed.len() == limit;
+            let released = self.start(claimed, attempts, completed);
+            if !full {
+                return if released || !saturated.is_empty() {
+                    Claimed::WaitingForRoom
+                } else {
+                    Claimed::Idle
+                };
+            }
+        }
+    }
+
+    /// Starts an attempt per claimed row, within the slots. A row over its
+    /// subscriber's limit is handed back uncounted (it is claimed again when
+    /// a slot frees); returns whether any was.
+    fn start(
+        &self,
+        claimed: Vec<ClaimedRow>,
+        attempts: &TaskTracker,
+        completed: &mpsc::UnboundedSender<Completion>,
+    ) -> bool {
+        let config = &self.inner.config;
+        let mut released = false;
+        let mut envelopes: HashMap<Uuid, Arc<Prepared>> = HashMap::new();
+        for row in claimed {
+            let permit = {
+                let mut in_flight = self.in_flight();
+                let count = in_flight.entry(row.subscriber.clone()).or_default();
+                let permit = (*count < config.per_subscriber_concurrency)
+                    .then(|| self.inner.slots.clone().try_acquire_owned().ok())
+                    .flatten();
+                if permit.is_some() {
+                    *count += 1;
+                } else if *count == 0 {
+                    in_flight.remove(&row.subscriber);
+                }
+                permit
+            };
+            let Some(permit) = permit else {
+                released = true;
+                let _ = completed.send(completion(&row, Outcome::Released));
+                continue;
+            };
+            let prepared = envelopes
+                .entry(row.event_id)
+                .or_insert_with(|| Arc::new(Prepared::new(&row)))
+                .clone();
+            let dispatcher = self.clone();
+            let completed = completed.clone();
+            let span = info_span!(
+                "outbox_deliver",
+                event = %row.event_id,
+                event_name = %row.event_name,
+                subscriber = %row.subscriber,
+            );
+            attempts.spawn(
+                async move {
+                    let subscriber = row.subscriber.clone();
+                    let outcome = dispatcher.attempt(&row, &prepared).await;
+                    let _ = completed.send(completion(&row, outcome));
+                    dispatcher.finished(&subscriber);
+                    drop(permit);
+                    dispatcher.inner.room.notify_one();
+                }
+                .instrument(span),
+            );
+        }
+        released
+    }
+
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn finished(&self, subscriber: &str) {
+        let mut in_flight = self.in_flight();
+        if let Some(count) = in_flight.get_mut(subscriber) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                in_flight.remove(subscriber);
+            }
+        }
+    }
+
+    /// One attempt: the handler or webhook registered now for the row's
+    /// (subscriber, event name), and what its answer means for the row.
+    async fn attempt(&self, row: &ClaimedRow, prepared: &Prepared) -> Outcome {
+        let config = &self.inner.config;
+        let registry = self.registry();
+        let result = if config.subscriber_name.as_deref() == Some(row.subscriber.as_str()) {
+            let handler = registry
+                .handlers
+                .get(&row.event_name)
+                .or(registry.catch_all.as_ref());
+            match handler {
+                Some(handler) => self.call(handler.as_ref(), &prepared.envelope).await,
+                None => return Outcome::Released,
+            }
+        } else {
+            let subscriber = registry
+                .webhooks
+                .get(&row.event_name)
+                .and_then(|subscribers| subscribers.get(&row.subscriber));
+            match subscriber {
+                Some(subscriber) => self.post(subscriber, prepared).await,
+                // Unregistered since the claim: its rows wait, untouched,
+                // for it to come back.
+                None => return Outcome::Released,
+            }
+        };
+        match result {
+            Ok(()) => {
+                metrics::counter!("websub_outbox_deliveries_total", "outcome" => "delivered")
+                    .increment(1);
+                Outcome::Delivered
+            }
+            Err(error) => {
+                let failures = u32::try_from(row.retry_count)
+                    .unwrap_or(0)
+                    .saturating_add(1);
+                if failures > config.max_delivery_retries {
+                    metrics::counter!("websub_outbox_deliveries_total", "outcome" => "exhausted")
+                        .increment(1);
+                    warn!(%error, failures, "outbox delivery failed; no retries left");
+                    Outcome::Exhausted { error }
+                } else {
+                    metrics::counter!("websub_outbox_deliveries_total", "outcome" => "failed")
+                        .increment(1);
+                    info!(%error, failures, "outbox delivery failed; retrying");
+                    Outcome::Retry {
+                        error,
+                        wait: backoff(
+                            failures,
+                            config.max_delivery_retries,
+                            config.max_retry_backoff,
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn call(&self, handler: &dyn Handler, envelope: &Envelope) -> Result<(), String> {
+        let timeout = self.inner.config.delivery_timeout;
+        let call = std::panic::AssertUnwindSafe(handler.handle(envelope)).catch_unwind();
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(error))) => Err(format!("handler failed: {}", error_chain(&*error))),
+            Ok(Err(_)) => Err("handler panicked".to_owned()),
+            Err(_) => Err(format!("handler timed out after {timeout:?}")),
+        }
+    }
+
+    /// One webhook POST: the envelope, its signature when a secret is
+    /// configured, the event id, and the configured headers. Any 2xx is a
+    /// delivery; anything else keeps its status in the error.
+    async fn post(
+        &self,
+        subscriber: &WebhookSubscriber,
+        prepared: &Prepared,
+    ) -> Result<(), String> {
+        let client = self
+            .inner
+            .client
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let mut request = client
+            .post(subscriber.url.clone())
+            .headers(self.inner.headers.clone())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(MESSAGING_EVENT_ID_HEADER, prepared.event_id.as_str());
+        if let Some(secret) = &self.inner.config.signing_secret {
+            request = request.header(
+                MESSAGING_SIGNATURE_HEADER,
+                sign(secret.as_bytes(), &prepared.body),
+            );
+        }
+        let guard = self.inner.config.visibility_timeout * 3 / 4;
+        let exchange = async {
+            let response = request.body(prepared.body.clone()).send().await?;
+            let status = response.status();
+            // A small answer is read so the connection can be reused; its
+            // content does not matter.
+            let mut response = response;
+            let mut read = 0usize;
+            while read < 64 * 1024 {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => read += chunk.len(),
+                    _ => break,
+                }
+            }
+            Ok::<_, reqwest::Error>(status)
+        };
+        match tokio::time::timeout(guard, exchange).await {
+            Ok(Ok(status)) if status.is_success() => Ok(()),
+            Ok(Ok(status)) => Err(format!("HTTP {status}")),
+            Ok(Err(error)) if error.is_timeout() => Err("timed out".to_owned()),
+            Ok(Err(error)) => Err(format!("request failed: {}", error_chain(&error))),
+            Err(_) => Err(format!("no answer within {guard:?}")),
+        }
+    }
+
+    /// Writes outcomes back in batches: whatever has arrived since the last
+    /// write goes in one statement. Wakes the claim loop when the earliest
+    /// retry falls due.
+    async fn record_outcomes(self, mut completions: mpsc::UnboundedReceiver<Completion>) {
+        let limit = self.inner.config.batch_size.max(1) * 4;
+        loop {
+            let mut batch = Vec::with_capacity(limit);
+            if completions.recv_many(&mut batch, limit).await == 0 {
+                return;
+            }
+            // What arrives in the next moment joins the same write.
+            let gather = async {
+                while batch.len() < limit {
+                    let room = limit - batch.len();
+                    if completions.recv_many(&mut batch, room).await == 0 {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(OUTCOME_GATHERING, gather).await;
+            self.write_outcomes(&batch).await;
+            let earliest_retry = batch
+                .iter()
+                .filter_map(|completion| match &completion.outcome {
+                    Outcome::Retry { wait, .. } => Some(*wait),
+                    _ => None,
+                })
+                .min();
+            if let Some(wait) = earliest_retry {
+                let dispatcher = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    dispatcher.inner.wake.notify_one();
+                });
+            }
+        }
+    }
+
+    async fn write_outcomes(&self, batch: &[Completion]) {
+        let mut delay = Duration::from_millis(50);
+        for attempt in 1..=OUTCOME_WRITE_ATTEMPTS {
+            match self.inner.queries.complete(&self.inner.pool, batch).await {
+                Ok(()) => return,
+                Err(error) if attempt < OUTCOME_WRITE_ATTEMPTS => {
+                    warn!(%error, rows = batch.len(), "recording outbox outcomes failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(error) => {
+                    // The rows stay claimed and are attempted again once the
+                    // visibility timeout passes: still at least once.
+                    warn!(%error, rows = batch.len(), "recording outbox outcomes failed; the rows will be attempted again");
+                }
+            }
+        }
+    }
+
+    /// The retention sweep: at start-up, then every `retention_interval`.
+    async fn sweep(self, ttl: Duration, shutdown: CancellationToken) {
+        let tables = &self.inner.config.tables;
+        loop {
+            let purge = purge_expired(&self.inner.pool, tables, ttl);
+            match tokio::time::timeout(self.inner.config.query_timeout, purge).await {
+                Err(_) => warn!("retention sweep timed out; retrying at the next one"),
+                Ok(result) => match result {
+                    Ok(0) => debug!("retention sweep: nothing expired"),
+                    Ok(deleted) => info!(deleted, "retention sweep deleted expired outbox events"),
+                    Err(error) => warn!(%error, "retention sweep failed; retrying at the next one"),
+                },
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(self.inner.config.retention_interval) => {}
+            }
+        }
+    }
+}
+
+impl WebhookRegistrar for Dispatcher {
+    fn register_webhooks(
+        &mut self,
+        event_name: &str,
+        subscribers: HashMap<String, WebhookSubscriber>,
+    ) -> Result<(), RegistrationError> {
+        Dispatcher::register_webhooks(self, event_name, subscribers)
+    }
+}
+
+/// An event ready to deliver: its envelope and the exact body, built once
+/// for all of a batch's rows of that event.
+#[derive(Debug)]
+struct Prepared {
+    event_id: String,
+    envelope: Envelope,
+    body: Bytes,
+}
+
+impl Prepared {
+    fn new(row: &ClaimedRow) -> Self {
+        let data = serde_json::from_str(&row.payload).unwrap_or_else(|error| {
+            // JSONB always prints valid JSON; kept rather than lost.
+            warn!(%error, event = %row.event_id, "an outbox payload did not parse");
+            serde_json::Value::String(row.payload.clone())
+        });
+        let envelope = Envelope {
+            event_id: row.event_id,
+            event_name: row.event_name.clone(),
+            app: row.app.clone(),
+            occurred_at: row.created_at.and_utc(),
+            resource_type: row.resource_type.clone(),
+            resource_id: row.resource_id.clone(),
+            event_type: row.event_type.clone(),
+            data,
+        };
+        Self {
+            event_id: row.event_id.to_string(),
+            body: Bytes::from(envelope.to_json()),
+            envelope,
+        }
+    }
+}
+
+fn completion(row: &ClaimedRow, outcome: Outcome) -> Completion {
+    Completion {
+        event_id: row.event_id,
+        subscriber: row.subscriber.clone(),
+        claimed_at: row.claimed_at,
+        outcome,
+    }
+}
+
+/// The lower bound of a scan without `start_from`: before any event.
+fn beginning_of_time() -> NaiveDateTime {
+    NaiveDate::from_ymd_opt(1, 1, 1)
+        .and_then(|date| date.and_hms_opt(0, 0, 0))
+        .unwrap_or_else(|| unreachable!("1 January of year 1 is a date"))
+}
+
+/// How long outcomes are gathered into one write after the first arrives.
+const OUTCOME_GATHERING: Duration = Duration::from_millis(1);
+
+/// Tries of one outcome write before its rows are left to the visibility
+/// timeout.
+const OUTCOME_WRITE_ATTEMPTS: u32 = 8;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(text: &str) -> Url {
+        Url::parse(text).expect("valid URL")
+    }
+
+    #[test]
+    fn defaults_follow_the_contract_and_validate() {
+        let config = DispatcherConfig::default();
+        assert_eq!(config.max_delivery_retries, 10);
+        assert_eq!(config.max_retry_backoff, Duration::from_secs(10));
+        assert_eq!(config.listener_max_retries, 10);
+        assert_eq!(config.listener_max_backoff, Duration::from_secs(30));
+        assert_eq!(config.channel(), "outbox_events");
+        config.validate().expect("the defaults are valid");
+    }
+
+    #[test]
+    fn validation_names_the_bad_setting() {
+        let config = DispatcherConfig {
+            visibility_timeout: Duration::from_secs(5),
+            ..DispatcherConfig::default()
+        };
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Invalid {
+                setting: "visibility-timeout",
+                ..
+            })
+        ));
+        for header in [
+            "Content-Type",
+            "x-bootstrapify-messaging-signature",
+            "bad header",
+        ] {
+            let config = DispatcherConfig {
+                webhook_headers: vec![(header.to_owned(), "v".to_owned())],
+                ..DispatcherConfig::default()
+            };
+            assert!(
+                matches!(
+                    config.validate(),
+                    Err(ConfigError::Invalid {
+                        setting: "webhook-header",
+                        ..
+                    })
+                ),
+                "{header}"
+            );
+        }
+        let config = DispatcherConfig {
+            webhook_headers: vec![("X-Key".to_owned(), "line\nbreak-secret".to_owned())],
+            ..DispatcherConfig::default()
+        };
+        let error = config.validate().expect_err("a bad value");
+        assert!(!error.to_string().contains("secret"), "{error}");
+    }
+
+    #[test]
+    fn webhook_registrations_are_checked() {
+        let mut webhooks = BTreeMap::new();
+        let subscriber = |app: Option<&str>, at: &str| WebhookSubscriber {
+            app: app.map(str::to_owned),
+            url: url(at),
+        };
+        assert_eq!(
+            add_webhooks(&mut webhooks, None, "", HashMap::new()),
+            Err(RegistrationError::EmptyEventName)
+        );
+        let ftp = HashMap::from([("a".to_owned(), subscriber(None, "ftp://x/"))]);
+        assert!(matches!(
+            add_webhooks(&mut webhooks, None, "e", ftp),
+            Err(RegistrationError::InvalidUrl { .. })
+        ));
+        let mine = HashMap::from([("me".to_owned(), subscriber(None, "http://x/"))]);
+        assert!(matches!(
+            add_webhooks(&mut webhooks, Some("me"), "e", mine),
+            Err(RegistrationError::ReservedSubscriber { .. })
+        ));
+        assert!(webhooks.is_empty(), "a refused registration adds nothing");
+        let empty_app = HashMap::from([("a".to_owned(), subscriber(Some(""), "http://x/"))]);
+        add_webhooks(&mut webhooks, None, "e", empty_app).expect("valid");
+        assert_eq!(webhooks["e"]["a"].app, None, "an empty app is none");
+    }
+
+    #[test]
+    fn subscriptions_cover_handlers_and_webhooks() {
+        let mut registry = Registry::default();
+        let handler: Arc<dyn Handler> =
+            Arc::new(|_envelope: Envelope| async { Ok::<(), HandlerError>(()) });
+        registry.handlers.insert("e1".to_owned(), handler.clone());
+        registry.webhooks.insert(
+            "e2".to_owned(),
+            HashMap::from([(
+                "hook".to_owned(),
+                WebhookSubscriber {
+                    app: Some("ush".to_owned()),
+                    url: url("http://x/"),
+                },
+            )]),
+        );
+        let with_handlers = registry.copy().with_subscriptions(Some("me"));
+        let subscriptions = &with_handlers.subscriptions;
+        assert_eq!(subscriptions.subscribers, ["me", "hook"]);
+        assert_eq!(subscriptions.apps, [None, Some("ush".to_owned())]);
+        assert_eq!(subscriptions.event_names, ["e1", "e2"]);
+        assert!(subscriptions.every_event.is_empty());
+
+        registry.catch_all = Some(handler);
+        let with_catch_all = registry.with_subscriptions(Some("me"));
+        assert_eq!(with_catch_all.subscriptions.every_event, ["me"]);
+        assert_eq!(with_catch_all.subscriptions.subscribers, ["hook"]);
+    }
+}

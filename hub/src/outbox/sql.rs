@@ -1,0 +1,353 @@
+//! The dispatcher's statements against a producer's outbox tables: expand,
+//! claim and record outcomes. Each is one set-based statement whatever the
+//! number of subscribers or rows (arrays travel as single parameters through
+//! `unnest`), and every time comes from the database's clock in UTC, the
+//! clock `created_at` is written with, so that processes with skewed clocks
+//! agree on what is due.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::NaiveDateTime;
+use sqlx::postgres::PgRow;
+use sqlx::{AssertSqlSafe, PgPool, Row};
+use uuid::Uuid;
+
+use super::OutboxTables;
+
+/// The database's current time in UTC, as the tables store it.
+const NOW: &str = "timezone('utc', now())";
+
+/// Statements built once for one pair of tables.
+#[derive(Debug)]
+pub(crate) struct Queries {
+    /// How long any one statement may take; see
+    /// `DispatcherConfig::query_timeout`.
+    timeout: Duration,
+    expand_since: Arc<str>,
+    expand_ids: Arc<str>,
+    claim: Arc<str>,
+    complete: Arc<str>,
+}
+
+/// Who is subscribed to what, as expansion and claims need it: parallel
+/// arrays, one element per (subscriber, event name) registration.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Subscriptions {
+    pub(crate) subscribers: Vec<String>,
+    pub(crate) apps: Vec<Option<String>>,
+    pub(crate) event_names: Vec<String>,
+    /// Subscribers of every event name (the catch-all handler).
+    pub(crate) every_event: Vec<String>,
+}
+
+impl Subscriptions {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.subscribers.is_empty() && self.every_event.is_empty()
+    }
+}
+
+/// One claimed delivery row, with its event.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimedRow {
+    pub(crate) event_id: Uuid,
+    pub(crate) subscriber: String,
+    pub(crate) retry_count: i32,
+    pub(crate) claimed_at: NaiveDateTime,
+    pub(crate) event_name: String,
+    pub(crate) resource_type: String,
+    pub(crate) resource_id: String,
+    pub(crate) event_type: String,
+    pub(crate) app: Option<String>,
+    pub(crate) payload: String,
+    pub(crate) created_at: NaiveDateTime,
+}
+
+/// What to write back for one claimed row.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Outcome {
+    /// Delivered: `processed_at = now`.
+    Delivered,
+    /// Failed; due again after `wait`.
+    Retry { error: String, wait: Duration },
+    /// Failed with no retries left: never claimed again.
+    Exhausted { error: String },
+    /// Not attempted (its subscriber went away, or is saturated): the claim
+    /// is handed back without counting an attempt.
+    Released,
+}
+
+/// One row's outcome.
+#[derive(Debug, Clone)]
+pub(crate) struct Completion {
+    pub(crate) event_id: Uuid,
+    pub(crate) subscriber: String,
+    pub(crate) claimed_at: NaiveDateTime,
+    pub(crate) outcome: Outcome,
+}
+
+impl Queries {
+    pub(crate) fn new(tables: &OutboxTables, timeout: Duration) -> Self {
+        let outbox = tables.outbox_sql();
+        let deliveries = tables.deliveries_sql();
+        // The events a registration covers: every registration joined with
+        // the events of its name ($1-$3, honouring app scoping), plus the
+        // catch-all subscribers ($4) with every event, minus the pairs that
+        // already have a row. `{scope}` limits the events looked at.
+        let fresh = |scope: &str| {
+            format!(
+                "candidates AS ( \
+                     SELECT o.id, r.subscriber \
+                     FROM {outbox} AS o \
+                     JOIN unnest($1::text[], $2::text[], $3::text[]) AS r (subscriber, app, event_name) \
+                       ON r.event_name = o.event_name \
+                      AND (r.app IS NULL OR o.app IS NULL OR o.app = r.app) \
+                     WHERE {scope} \
+                     UNION ALL \
+                     SELECT o.id, c.subscriber \
+                     FROM {outbox} AS o \
+                     CROSS JOIN unnest($4::text[]) AS c (subscriber) \
+                     WHERE {scope} \
+                 ), fresh AS ( \
+                     SELECT c.id, c.subscriber, row_number() OVER () AS n \
+                     FROM candidates AS c \
+                     WHERE NOT EXISTS ( \
+                         SELECT 1 FROM {deliveries} AS d \
+                         WHERE d.event_id = c.id AND d.subscriber = c.subscriber) \
+                 )"
+            )
+        };
+        // A scan: writes the rows, returns how many and the database time
+        // the statement ran at (the next scan's watermark).
+        let expand_since = format!(
+            "WITH {}, inserted AS ( \
+                 INSERT INTO {deliveries} (event_id, subscriber, next_attempt_at) \
+                 SELECT f.id, f.subscriber, {NOW} FROM fresh AS f \
+                 ON CONFLICT DO NOTHING \
+                 RETURNING 1 \
+             ) \
+             SELECT (SELECT count(*) FROM inserted), {NOW}",
+            fresh("o.created_at >= $5")
+        );
+        // Notified events ($6): the first $7 new rows are written already
+        // claimed and come back with their event, ready to attempt, so that
+        // a notified event costs one round trip before its delivery starts.
+        let expand_ids = format!(
+            "WITH {}, inserted AS ( \
+                 INSERT INTO {deliveries} (event_id, subscriber, next_attempt_at, processing_since) \
+                 SELECT f.id, f.subscriber, {NOW}, CASE WHEN f.n <= $7 THEN {NOW} END \
+                 FROM fresh AS f \
+                 ON CONFLICT DO NOTHING \
+                 RETURNING event_id, subscriber, retry_count, processing_since \
+             ) \
+             SELECT i.event_id, i.subscriber, i.retry_count, i.processing_since, \
+                 o.event_name, o.resource_type, o.resource_id, o.event_type, o.app, \
+                 o.payload::text AS payload, o.created_at \
+             FROM inserted AS i JOIN {outbox} AS o ON o.id = i.event_id \
+             WHERE i.processing_since IS NOT NULL",
+            fresh("o.id = ANY($6::uuid[]) AND o.created_at >= $5")
+        );
+
+        // The claim: due rows of registered (subscriber, event name) pairs,
+        // most overdue first, locked with SKIP LOCKED so that concurrent
+        // claimers (other tasks, other processes) never take the same row;
+        // a row another claimer has just committed fails the re-checked
+        // predicate. Exhausted rows (retry_count past $1) are never due.
+        let claim = format!(
+            "WITH due AS ( \
+                 SELECT d.event_id, d.subscriber \
+                 FROM {deliveries} AS d \
+                 JOIN {outbox} AS o ON o.id = d.event_id \
+                 WHERE d.processed_at IS NULL \
+                   AND d.retry_count <= $1 \
+                   AND (d.next_attempt_at IS NULL OR d.next_attempt_at <= {NOW}) \
+                   AND (d.processing_since IS NULL \
+                        OR d.processing_since < {NOW} - make_interval(secs => $2)) \
+                   AND (d.subscriber = ANY($3::text[]) \
+                        OR (d.subscriber, o.event_name) IN ( \
+                            SELECT s, e FROM unnest($4::text[], $5::text[]) AS r (s, e))) \
+                   AND NOT (d.subscriber = ANY($6::text[])) \
+                 ORDER BY d.next_attempt_at \
+                 LIMIT $7 \
+                 FOR UPDATE OF d SKIP LOCKED \
+             ) \
+             UPDATE {deliveries} AS d \
+             SET processing_since = {NOW} \
+             FROM due, {outbox} AS o \
+             WHERE d.event_id = due.event_id AND d.subscriber = due.subscriber \
+               AND o.id = d.event_id \
+             RETURNING d.event_id, d.subscriber, d.retry_count, d.processing_since, \
+                 o.event_name, o.resource_type, o.resource_id, o.event_type, o.app, \
+                 o.payload::text AS payload, o.created_at"
+        );
+
+        // Outcomes, one array element each. A delivery closes the row
+        // whoever holds the claim now (it was delivered); anything else
+        // applies only to the claim it came from, so that a late answer from
+        // a claim that went stale and was taken over cannot count twice.
+        let complete = format!(
+            "UPDATE {deliveries} AS d \
+             SET processed_at = CASE WHEN c.kind = 'delivered' THEN {NOW} END, \
+                 retry_count = d.retry_count \
+                     + CASE WHEN c.kind IN ('retry', 'exhausted') THEN 1 ELSE 0 END, \
+                 last_error = COALESCE(c.error, d.last_error), \
+                 processing_since = NULL, \
+                 next_attempt_at = CASE c.kind \
+                     WHEN 'retry' THEN {NOW} + make_interval(secs => c.wait) \
+                     WHEN 'exhausted' THEN NULL \
+                     ELSE d.next_attempt_at END \
+             FROM unnest($1::uuid[], $2::text[], $3::timestamp[], $4::text[], $5::text[], \
+                         $6::float8[]) AS c (event_id, subscriber, claimed_at, kind, error, wait) \
+             WHERE d.event_id = c.event_id AND d.subscriber = c.subscriber \
+               AND d.processed_at IS NULL \
+               AND (c.kind = 'delivered' OR d.processing_since = c.claimed_at)"
+        );
+        Self {
+            timeout,
+            expand_since: expand_since.into(),
+            expand_ids: expand_ids.into(),
+            claim: claim.into(),
+            complete: complete.into(),
+        }
+    }
+
+    /// Writes the missing delivery rows for events created at or after
+    /// `since`. Returns how many and the database time the statement ran at.
+    pub(crate) async fn expand(
+        &self,
+        pool: &PgPool,
+        subscriptions: &Subscriptions,
+        since: NaiveDateTime,
+    ) -> Result<(u64, NaiveDateTime), sqlx::Error> {
+        let row = sqlx::query(AssertSqlSafe(self.expand_since.clone()))
+            .bind(&subscriptions.subscribers)
+            .bind(&subscriptions.apps)
+            .bind(&subscriptions.event_names)
+            .bind(&subscriptions.every_event)
+            .bind(since)
+            .fetch_one(pool);
+        let row = bounded(self.timeout, row).await?;
+        let written: i64 = row.try_get(0)?;
+        Ok((u64::try_from(written).unwrap_or(0), row.try_get(1)?))
+    }
+
+    /// Writes the missing delivery rows of the events `ids` (created at or
+    /// after `since`), the first `claim` of them claimed, and returns those.
+    pub(crate) async fn expand_and_claim(
+        &self,
+        pool: &PgPool,
+        subscriptions: &Subscriptions,
+        since: NaiveDateTime,
+        ids: &[Uuid],
+        claim: usize,
+    ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+        let rows = sqlx::query(AssertSqlSafe(self.expand_ids.clone()))
+            .bind(&subscriptions.subscribers)
+            .bind(&subscriptions.apps)
+            .bind(&subscriptions.event_names)
+            .bind(&subscriptions.every_event)
+            .bind(since)
+            .bind(ids)
+            .bind(i64::try_from(claim).unwrap_or(i64::MAX))
+            .fetch_all(pool);
+        let rows = bounded(self.timeout, rows).await?;
+        rows.iter().map(claimed_row).collect()
+    }
+
+    /// Claims up to `limit` due rows; see the statement for the rules.
+    pub(crate) async fn claim(
+        &self,
+        pool: &PgPool,
+        subscriptions: &Subscriptions,
+        max_retries: u32,
+        visibility: Duration,
+        saturated: &[String],
+        limit: usize,
+    ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+        let rows = sqlx::query(AssertSqlSafe(self.claim.clone()))
+            .bind(i64::from(max_retries))
+            .bind(visibility.as_secs_f64())
+            .bind(&subscriptions.every_event)
+            .bind(&subscriptions.subscribers)
+            .bind(&subscriptions.event_names)
+            .bind(saturated)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(pool);
+        let rows = bounded(self.timeout, rows).await?;
+        rows.iter().map(claimed_row).collect()
+    }
+
+    /// Records outcomes in one statement.
+    pub(crate) async fn complete(
+        &self,
+        pool: &PgPool,
+        completions: &[Completion],
+    ) -> Result<(), sqlx::Error> {
+        let mut event_ids = Vec::with_capacity(completions.len());
+        let mut subscribers = Vec::with_capacity(completions.len());
+        let mut claimed_at = Vec::with_capacity(completions.len());
+        let mut kinds = Vec::with_capacity(completions.len());
+        let mut errors: Vec<Option<&str>> = Vec::with_capacity(completions.len());
+        let mut waits: Vec<Option<f64>> = Vec::with_capacity(completions.len());
+        for completion in completions {
+            event_ids.push(completion.event_id);
+            subscribers.push(completion.subscriber.as_str());
+            claimed_at.push(completion.claimed_at);
+            let (kind, error, wait) = match &completion.outcome {
+                Outcome::Delivered => ("delivered", None, None),
+                Outcome::Retry { error, wait } => {
+                    ("retry", Some(error.as_str()), Some(wait.as_secs_f64()))
+                }
+                Outcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
+                Outcome::Released => ("released", None, None),
+            };
+            kinds.push(kind);
+            errors.push(error);
+            waits.push(wait);
+        }
+        let done = sqlx::query(AssertSqlSafe(self.complete.clone()))
+            .bind(event_ids)
+            .bind(subscribers)
+            .bind(claimed_at)
+            .bind(kinds)
+            .bind(errors)
+            .bind(waits)
+            .execute(pool);
+        bounded(self.timeout, done).await?;
+        Ok(())
+    }
+}
+
+/// `statement`, unless it takes longer than `limit`: then it is abandoned
+/// (and its connection with it) with a timed-out error. A connection whose
+/// peer vanished without closing it would otherwise hold the caller until
+/// the operating system gives up on it, many minutes later.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    statement: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(limit, statement)
+        .await
+        .unwrap_or_else(|_| {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the database did not answer within {limit:?}"),
+            )))
+        })
+}
+
+fn claimed_row(row: &PgRow) -> Result<ClaimedRow, sqlx::Error> {
+    Ok(ClaimedRow {
+        event_id: row.try_get("event_id")?,
+        subscriber: row.try_get("subscriber")?,
+        retry_count: row.try_get("retry_count")?,
+        claimed_at: row.try_get("processing_since")?,
+        event_name: row.try_get("event_name")?,
+        resource_type: row.try_get("resource_type")?,
+        resource_id: row.try_get("resource_id")?,
+        event_type: row.try_get("event_type")?,
+        app: row.try_get("app")?,
+        payload: row.try_get("payload")?,
+        created_at: row.try_get("created_at")?,
+    })
+}

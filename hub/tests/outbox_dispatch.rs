@@ -1,0 +1,676 @@
+//! The outbox dispatcher against a real PostgreSQL (a fresh database per
+//! test) and real webhook receivers on 127.0.0.1: wake-up by NOTIFY, app
+//! scoping, the start-from cutoff, retries and exhaustion, isolation of a
+//! failing subscriber, in-process handlers, the webhook contract, and
+//! several dispatchers (or a killed one) sharing a table.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{NaiveDateTime, Utc};
+use common::{Db, Receiver, Running, config, eventually_async, pool, webhook};
+use sqlx::AssertSqlSafe;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+use websub_hub::outbox::{
+    Dispatcher, DispatcherConfig, Envelope, HandlerError, MESSAGING_EVENT_ID_HEADER,
+    MESSAGING_SIGNATURE_HEADER, RegistrationError, verify,
+};
+
+const EVENT: &str = "auth-api.user.authenticated";
+const WAIT: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_event_wakes_the_dispatcher_through_notify_within_milliseconds() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    // Polling once a minute: only the NOTIFY can explain a prompt delivery.
+    let config = DispatcherConfig {
+        poll_interval: Duration::from_secs(60),
+        ..config(&db.tables)
+    };
+    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
+    dispatcher
+        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
+        .expect("register");
+    let running = Running::start(dispatcher);
+    running.listening().await;
+
+    let mut latencies = Vec::new();
+    for round in 0..40 {
+        let outbox = db.outbox();
+        let event = common::TestEvent::named(EVENT);
+        let mut tx = db.pool.begin().await.expect("begin");
+        outbox
+            .message(&event)
+            .notify()
+            .send(&mut tx)
+            .await
+            .expect("send");
+        tx.commit().await.expect("commit");
+        let committed = Instant::now();
+        assert!(
+            receiver.wait_for("/hook", round + 1, WAIT).await,
+            "event {round} was not delivered"
+        );
+        let received = receiver.received_at("/hook")[round].at;
+        latencies.push(received.saturating_duration_since(committed));
+    }
+    latencies.sort();
+    let p50 = latencies[latencies.len() / 2];
+    let p99 = latencies[latencies.len() * 99 / 100];
+    println!("commit to receipt over NOTIFY: p50 {p50:?}, p99 {p99:?}");
+    assert!(
+        latencies
+            .iter()
+            .all(|latency| *latency < Duration::from_secs(2)),
+        "a delivery waited for polling: {latencies:?}"
+    );
+    assert!(p50 < Duration::from_millis(25), "p50 {p50:?}");
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_subscribers_of_their_app_and_of_every_app_never_another_app() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
+    let mut subscribers = webhook("ush-users", Some("ush"), receiver.url("/ush"));
+    subscribers.extend(webhook(
+        "financer-users",
+        Some("financer"),
+        receiver.url("/financer"),
+    ));
+    subscribers.extend(webhook("audit", None, receiver.url("/audit")));
+    dispatcher
+        .register_webhooks(EVENT, subscribers)
+        .expect("register");
+    let running = Running::start(dispatcher);
+
+    let ush = db.produce(EVENT, Some("ush"), true).await;
+    let financer = db.produce(EVENT, Some("financer"), true).await;
+    let none = db.produce(EVENT, None, true).await;
+
+    assert!(receiver.wait_for("/audit", 3, WAIT).await);
+    assert!(receiver.wait_for("/ush", 2, WAIT).await);
+    assert!(receiver.wait_for("/financer", 2, WAIT).await);
+    // A few polls more: nothing else arrives.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let set = |ids: Vec<Uuid>| ids.into_iter().collect::<HashSet<_>>();
+    assert_eq!(set(receiver.event_ids("/ush")), HashSet::from([ush, none]));
+    assert_eq!(
+        set(receiver.event_ids("/financer")),
+        HashSet::from([financer, none])
+    );
+    assert_eq!(
+        set(receiver.event_ids("/audit")),
+        HashSet::from([ush, financer, none])
+    );
+    assert_eq!(receiver.received().len(), 7, "each delivered once");
+    // The wrong app's events were never expanded: no row at all.
+    assert!(db.delivery(financer, "ush-users").await.is_none());
+    assert!(db.delivery(ush, "financer-users").await.is_none());
+    assert_eq!(db.delivery_count(none).await, 3);
+    // No secret configured: nothing is signed.
+    assert!(
+        receiver
+            .received()
+            .iter()
+            .all(|received| received.header(MESSAGING_SIGNATURE_HEADER).is_none())
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_from_bounds_expansion_but_existing_rows_are_always_delivered() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    let two_hours = Duration::from_secs(2 * 3600);
+    let old_with_row = db.produce(EVENT, None, false).await;
+    db.age(old_with_row, two_hours).await;
+    let sql = format!(
+        "INSERT INTO {} (event_id, subscriber) VALUES ($1, 'hook')",
+        common::quoted(db.tables.deliveries())
+    );
+    sqlx::query(AssertSqlSafe(sql))
+        .bind(old_with_row)
+        .execute(&db.pool)
+        .await
+        .expect("an existing row");
+    let old_without_row = db.produce(EVENT, None, false).await;
+    db.age(old_without_row, two_hours).await;
+
+    let config = DispatcherConfig {
+        start_from: Some(Utc::now() - chrono::Duration::hours(1)),
+        ..config(&db.tables)
+    };
+    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
+    dispatcher
+        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
+        .expect("register");
+    let running = Running::start(dispatcher);
+    let recent = db.produce(EVENT, None, true).await;
+
+    assert!(receiver.wait_for("/hook", 2, WAIT).await);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let delivered: HashSet<Uuid> = receiver.event_ids("/hook").into_iter().collect();
+    assert_eq!(delivered, HashSet::from([old_with_row, recent]));
+    assert!(db.delivery(old_without_row, "hook").await.is_none());
+    let existing = db.delivery(old_with_row, "hook").await.expect("row");
+    assert!(existing.processed_at.is_some());
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_nobody_subscribes_to_get_no_rows() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
+    dispatcher
+        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
+        .expect("register");
+    let running = Running::start(dispatcher);
+    let ignored = db.produce("billing.invoice.paid", None, true).await;
+    let wanted = db.produce(EVENT, None, true).await;
+    assert!(receiver.wait_for("/hook", 1, WAIT).await);
+    // Past a few polls (and the expansion each runs).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(receiver.event_ids("/hook"), [wanted]);
+    assert_eq!(db.delivery_count(ignored).await, 0);
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_retry_on_the_curve_then_exhaust_keeping_the_status() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    receiver.set_status("/dead", 500);
+    // 3 retries, the last after 400 ms: waits 0, 200 ms, 400 ms.
+    let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
+    dispatcher
+        .register_webhooks(EVENT, webhook("dead", None, receiver.url("/dead")))
+        .expect("register");
+    let running = Running::start(dispatcher);
+    let id = db.produce(EVENT, None, true).await;
+
+    assert!(receiver.wait_for("/dead", 4, WAIT).await);
+    let exhausted = eventually_async(WAIT, || async {
+        db.delivery(id, "dead")
+            .await
+            .is_some_and(|row| row.retry_count == 4)
+    })
+    .await;
+    assert!(exhausted, "the row did not record four failures");
+    // Never claimed again, even once the subscriber would answer.
+    receiver.set_status("/dead", 200);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let attempts = receiver.received_at("/dead");
+    assert_eq!(attempts.len(), 4, "one attempt and three retries");
+    let gaps: Vec<Duration> = attempts
+        .windows(2)
+        .map(|pair| pair[1].at - pair[0].at)
+        .collect();
+    assert!(
+        gaps[0] < Duration::from_millis(150),
+        "first retry: {gaps:?}"
+    );
+    assert!(gaps[1] >= Duration::from_millis(190), "second: {gaps:?}");
+    assert!(gaps[2] >= Duration::from_millis(390), "last: {gaps:?}");
+    assert!(gaps[2] > gaps[1], "growing: {gaps:?}");
+
+    let row = db.delivery(id, "dead").await.expect("row");
+    assert_eq!(row.processed_at, None);
+    assert_eq!(row.processing_since, None);
+    assert_eq!(row.next_attempt_at, None);
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("HTTP 500 Internal Server Error")
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_briefly_unavailable_subscriber_is_picked_up_at_once() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    receiver.set_status("/flaky", 503);
+    let config = DispatcherConfig {
+        max_delivery_retries: 10,
+        max_retry_backoff: Duration::from_secs(10),
+        ..config(&db.tables)
+    };
+    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
+    dispatcher
+        .register_webhooks(EVENT, webhook("flaky", None, receiver.url("/flaky")))
+        .expect("register");
+    let running = Running::start(dispatcher);
+    let id = db.produce(EVENT, None, true).await;
+    assert!(receiver.wait_for("/flaky", 1, WAIT).await);
+    receiver.set_status("/flaky", 200);
+    let delivered = eventually_async(WAIT, || async {
+        db.delivery(id, "flaky")
+            .await
+            .is_some_and(|row| row.processed_at.is_some())
+    })
+    .await;
+    assert!(delivered);
+    let attempts = receiver.received_at("/flaky");
+    // The first retry is immediate: no waiting for a poll or a backoff.
+    assert!(attempts[1].at - attempts[0].at < Duration::from_millis(150));
+    let row = db.delivery(id, "flaky").await.expect("row");
+    assert_eq!(
+        row.retry_count,
+        i32::try_from(attempts.len() - 1).expect("small")
+    );
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("HTTP 503 Service Unavailable"),
+        "the last failure stays for inspection"
+    );
+    running.stop().await;
+}
+
+/// With the contract's defaults (10 retries, 10 s), a dead subscriber is
+/// exhausted in about 20 seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_defaults_a_dead_subscriber_is_exhausted_in_about_twenty_seconds() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    receiver.set_status("/dead", 502);
+    let config = DispatcherConfig {
+        tables: db.tables.clone(),
+        ..DispatcherConfig::default()
+    };
+    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
+    dispatcher
+        .register_webhooks(EVENT, webhook("dead", None, receiver.url("/dead")))
+        .expect("register");
+    let running = Running::start(dispatcher);
+    let id = db.produce(EVENT, None, true).await;
+    assert!(
+        receiver
+            .wait_for("/dead", 11, Duration::from_secs(40))
+            .await
+    );
+    let attempts = receiver.received_at("/dead");
+    let budget = attempts[10].at - attempts[0].at;
+    println!("exhausted after {budget:?}");
+    assert!(
+        budget > Duration::from_secs(19) && budget < Duration::from_secs(24),
+        "{budget:?}"
+    );
+    let exhausted = eventually_async(WAIT, || async {
+        db.delivery(id, "dead")
+            .await
+            .is_some_and(|row| row.retry_count == 11 && row.next_attempt_at.is_none())
+    })
+    .await;
+    assert!(exhausted);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(receiver.received_at("/dead").len(), 11);
+    let row = db.delivery(id, "dead").await.expect("row");
+    assert_eq!(row.last_error.as_deref(), Some("HTTP 502 Bad Gateway"));
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_subscriber_never_holds_up_another() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    // Answers after the delivery timeout: every attempt holds its slot for
+    // the whole timeout.
+    receiver.set_delay("/stuck", Duration::from_secs(5));
+    let config = DispatcherConfig {
+        concurrency: 8,
+        per_subscriber_concurrency: 4,
+        ..config(&db.tables)
+    };
+    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
+    let mut subscribers = webhook("stuck", None, receiver.url("/stuck"));
+    subscribers.extend(webhook("healthy", None, receiver.url("/healthy")));
+    dispatcher
+        .register_webhooks(EVENT, subscribers)
+        .expect("register");
+    let running = Running::start(dispatcher);
+    let started = Instant::now();
+    for _ in 0..40 {
+        db.produce(EVENT, None, true).await;
+    }
+    assert!(
+        receiver
+            .wait_for("/healthy", 40, Duration::from_secs(5))
+            .await,
+        "the healthy subscriber got {} of 40",
+        receiver.received_at("/healthy").len()
+    );
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(2),
+        "the healthy subscriber waited for the stuck one: {elapsed:?}"
+    );
+    assert!(
+        receiver.received_at("/stuck").len() <= 4,
+        "the stuck subscriber is held to its share of the slots"
+    );
+    running.token.cancel();
+    // Draining waits for the stuck attempts' timeouts.
+    tokio::time::timeout(Duration::from_secs(10), running.task)
+        .await
+        .expect("drains")
+        .expect("task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_needs_a_subscriber_name() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
+    let handler = |_envelope: Envelope| async { Ok::<(), HandlerError>(()) };
+    assert_eq!(
+        dispatcher.register_handler(EVENT, handler),
+        Err(RegistrationError::NoSubscriberName)
+    );
+    assert_eq!(
+        dispatcher.register_catch_all_handler(handler),
+        Err(RegistrationError::NoSubscriberName)
+    );
+    // Webhooks need none.
+    dispatcher
+        .register_webhooks(
+            EVENT,
+            webhook(
+                "hook",
+                None,
+                url::Url::parse("http://127.0.0.1:9/").expect("url"),
+            ),
+        )
+        .expect("webhooks without a subscriber name");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_get_the_envelope_and_their_failures_are_retried() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let config = DispatcherConfig {
+        subscriber_name: Some("discord-notifier".to_owned()),
+        ..config(&db.tables)
+    };
+    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
+    let seen: Arc<Mutex<Vec<Envelope>>> = Arc::default();
+    let calls = seen.clone();
+    dispatcher
+        .register_handler("setup.created", move |envelope: Envelope| {
+            let calls = calls.clone();
+            async move {
+                let mut calls = calls.lock().expect("lock");
+                calls.push(envelope);
+                if calls.len() == 1 {
+                    return Err(HandlerError::from("the channel is unreachable"));
+                }
+                Ok(())
+            }
+        })
+        .expect("register");
+    let running = Running::start(dispatcher);
+    let id = db.produce("setup.created", Some("lmu"), true).await;
+    let processed = eventually_async(WAIT, || async {
+        db.delivery(id, "discord-notifier")
+            .await
+            .is_some_and(|row| row.processed_at.is_some())
+    })
+    .await;
+    assert!(processed);
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 2, "one failure, one retry");
+    assert_eq!(seen[0], seen[1]);
+    assert_eq!(seen[0].event_id, id);
+    assert_eq!(seen[0].event_name, "setup.created");
+    assert_eq!(seen[0].app.as_deref(), Some("lmu"));
+    assert_eq!(seen[0].resource_type, "user");
+    assert_eq!(seen[0].data["name"], "setup.created");
+    let row = db.delivery(id, "discord-notifier").await.expect("row");
+    assert_eq!(row.retry_count, 1);
+    assert!(
+        row.last_error
+            .as_deref()
+            .is_some_and(|error| error.contains("the channel is unreachable")),
+        "{row:?}"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_get_the_exact_envelope_signature_and_headers() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    let secret = "a signing secret of some length";
+    let config = DispatcherConfig {
+        signing_secret: Some(secret.to_owned()),
+        webhook_headers: vec![
+            ("X-Internal-API-Key".to_owned(), "k".repeat(32)),
+            ("X-Origin".to_owned(), "auth-api".to_owned()),
+        ],
+        ..config(&db.tables)
+    };
+    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
+    dispatcher
+        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
+        .expect("register");
+    let running = Running::start(dispatcher);
+    let with_app = db.produce(EVENT, Some("ush"), true).await;
+    let without_app = db.produce(EVENT, None, true).await;
+    assert!(receiver.wait_for("/hook", 2, WAIT).await);
+
+    for received in receiver.received_at("/hook") {
+        let id = received.event_id();
+        let (created_at, resource_id): (NaiveDateTime, String) =
+            sqlx::query_as("SELECT created_at, resource_id FROM outbox WHERE id = $1")
+                .bind(id)
+                .fetch_one(&db.pool)
+                .await
+                .expect("the event row");
+        let app = (id == with_app).then(|| "ush".to_owned());
+        let expected = Envelope {
+            event_id: id,
+            event_name: EVENT.to_owned(),
+            app: app.clone(),
+            occurred_at: created_at.and_utc(),
+            resource_type: "user".to_owned(),
+            resource_id,
+            event_type: "authenticated".to_owned(),
+            data: serde_json::json!({"name": EVENT, "n": 1}),
+        };
+        assert_eq!(received.body, expected.to_json(), "the exact body");
+        let text = String::from_utf8(received.body.to_vec()).expect("utf-8");
+        assert!(text.starts_with(&format!("{{\"event_id\":\"{id}\",\"event_name\":")));
+        assert_eq!(text.contains("\"app\":\"ush\""), app.is_some(), "{text}");
+        assert_eq!(text.contains("\"app\""), app.is_some(), "{text}");
+        let occurred_at = expected
+            .occurred_at
+            .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
+        assert!(occurred_at.ends_with('Z'));
+        assert!(
+            text.contains(&format!("\"occurred_at\":\"{occurred_at}\"")),
+            "{text}"
+        );
+        assert_eq!(received.header("content-type"), Some("application/json"));
+        assert_eq!(
+            received.header(MESSAGING_EVENT_ID_HEADER),
+            Some(id.to_string().as_str())
+        );
+        let signature = received.header(MESSAGING_SIGNATURE_HEADER);
+        assert!(signature.is_some_and(|value| value.starts_with("sha256=")));
+        assert!(verify(secret.as_bytes(), &received.body, signature));
+        assert!(!verify(b"another secret", &received.body, signature));
+        assert_eq!(
+            received.header("x-internal-api-key"),
+            Some("k".repeat(32).as_str())
+        );
+        assert_eq!(received.header("x-origin"), Some("auth-api"));
+    }
+    assert_eq!(
+        receiver
+            .event_ids("/hook")
+            .into_iter()
+            .collect::<HashSet<_>>(),
+        HashSet::from([with_app, without_app])
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_dispatchers_on_one_table_deliver_everything_once_and_never_concurrently() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    receiver.set_delay("/a", Duration::from_millis(5));
+    let mut runners = Vec::new();
+    for _ in 0..2 {
+        // Separate pools: as separate processes would.
+        let own_pool = pool(&db.url, 4).await;
+        let config = DispatcherConfig {
+            concurrency: 16,
+            batch_size: 20,
+            ..config(&db.tables)
+        };
+        let dispatcher = Dispatcher::new(own_pool, config).expect("dispatcher");
+        let mut subscribers = webhook("a", None, receiver.url("/a"));
+        subscribers.extend(webhook("b", None, receiver.url("/b")));
+        dispatcher
+            .register_webhooks(EVENT, subscribers)
+            .expect("register");
+        runners.push(Running::start(dispatcher));
+    }
+    let mut produced = HashSet::new();
+    for round in 0..150 {
+        produced.insert(db.produce(EVENT, None, round % 2 == 0).await);
+    }
+    for path in ["/a", "/b"] {
+        assert!(
+            receiver.wait_for(path, 150, Duration::from_secs(20)).await,
+            "{path} got {}",
+            receiver.received_at(path).len()
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for path in ["/a", "/b"] {
+        let ids = receiver.event_ids(path);
+        let unique: HashSet<Uuid> = ids.iter().copied().collect();
+        assert_eq!(unique, produced, "{path}: every event");
+        assert_eq!(ids.len(), unique.len(), "{path}: each once");
+    }
+    assert_eq!(receiver.overlaps(), 0, "no row was delivered twice at once");
+    for runner in runners {
+        runner.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_dispatcher_loses_nothing() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    receiver.set_delay("/slow", Duration::from_millis(800));
+    let short = DispatcherConfig {
+        delivery_timeout: Duration::from_secs(1),
+        visibility_timeout: Duration::from_secs(2),
+        ..config(&db.tables)
+    };
+    let mut produced = HashSet::new();
+    for _ in 0..10 {
+        produced.insert(db.produce(EVENT, None, false).await);
+    }
+
+    // The first dispatcher runs on a runtime of its own: shutting that down
+    // kills every task it has, mid-attempt, as a killed process would.
+    let doomed = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (url, tables_config, hook) = (db.url.clone(), short.clone(), receiver.url("/slow"));
+    doomed.spawn(async move {
+        let own_pool = pool(&url, 2).await;
+        let dispatcher = Dispatcher::new(own_pool, tables_config).expect("dispatcher");
+        dispatcher
+            .register_webhooks(EVENT, webhook("slow", None, hook))
+            .expect("register");
+        dispatcher.run(CancellationToken::new()).await;
+    });
+    assert!(receiver.wait_for("/slow", 3, WAIT).await, "attempts began");
+    doomed.shutdown_background();
+    receiver.set_delay("/slow", Duration::ZERO);
+
+    let dispatcher = Dispatcher::new(db.pool.clone(), short).expect("dispatcher");
+    dispatcher
+        .register_webhooks(EVENT, webhook("slow", None, receiver.url("/slow")))
+        .expect("register");
+    let running = Running::start(dispatcher);
+    let all_processed = eventually_async(Duration::from_secs(15), || async {
+        let mut done = 0;
+        for id in &produced {
+            if db
+                .delivery(*id, "slow")
+                .await
+                .is_some_and(|row| row.processed_at.is_some())
+            {
+                done += 1;
+            }
+        }
+        done == produced.len()
+    })
+    .await;
+    assert!(all_processed, "every event was delivered after the kill");
+    let received: HashSet<Uuid> = receiver.event_ids("/slow").into_iter().collect();
+    assert_eq!(received, produced);
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_delivers_without_any_notify() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
+    dispatcher
+        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
+        .expect("register");
+    let running = Running::start(dispatcher);
+    running.listening().await;
+    let started = Instant::now();
+    let id = db.produce(EVENT, None, false).await;
+    assert!(receiver.wait_for("/hook", 1, WAIT).await);
+    assert_eq!(receiver.event_ids("/hook"), [id]);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "one poll interval (200 ms) away"
+    );
+    running.stop().await;
+}
