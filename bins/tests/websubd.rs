@@ -96,6 +96,25 @@ fn bad_values_are_named_and_refused() {
         ),
         (vec!["--store", "mongodb://db"], "store"),
         (vec!["--database-url", "mysql://db"], "database-url"),
+        (vec!["--quota-url", "not a url"], "quota-url"),
+        (
+            vec!["--quota-url", "http://127.0.0.1:9100/"],
+            "needs internal-api-key",
+        ),
+        (
+            vec![
+                "--quota-url",
+                "http://127.0.0.1:9100/",
+                "--internal-api-key",
+                "an-internal-api-key-of-at-least-32-characters",
+            ],
+            "needs user-token-key",
+        ),
+        (vec!["--quota-timeout", "0s"], "quota-timeout"),
+        (
+            vec!["--user-token-header", "bad header"],
+            "user-token-header",
+        ),
     ] {
         let output = Command::new(env!("CARGO_BIN_EXE_websubd"))
             .args(&args)
