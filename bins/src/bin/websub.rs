@@ -5,6 +5,11 @@
 //! challenge), prints every delivery it receives (checking `X-Hub-Signature`
 //! when given the secret), and serves a topic at `/feed` whose content
 //! changes on every fetch.
+//!
+//! `websub token` prints a user token signed with the hub's user token key,
+//! and `websub fake-quota ADDR` runs a stand-in for the subscriptions
+//! service's quota endpoint: together they let the quota and the subscriber
+//! API be tried without the real services.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -17,6 +22,10 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::routing::get;
 use clap::{Parser, Subcommand};
+use websub_hub::auth::issue_token;
+use websub_hub::config::parse_duration;
+use websub_hub::quota::Quota;
+use websub_hub::quota::fake::FakeQuotaServer;
 use websub_hub::signature::{EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, verify};
 
 #[derive(Debug, Parser)]
@@ -36,6 +45,35 @@ enum Command {
         #[arg(long)]
         secret: Option<String>,
     },
+    /// Print a user token (HS256 JWT) for trying the hub's user features.
+    Token {
+        /// The hub's user token key.
+        #[arg(long, env = "WEBSUB_USER_TOKEN_KEY", hide_env_values = true)]
+        user_token_key: String,
+        /// The user (the token's `sub`).
+        #[arg(long)]
+        sub: String,
+        /// How long the token is valid, e.g. 1h.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+    },
+    /// Run a stand-in subscriptions service answering quota requests.
+    FakeQuota {
+        /// The address to listen on, e.g. 127.0.0.1:9100.
+        address: SocketAddr,
+        /// The internal key callers must send (X-Internal-API-Key).
+        #[arg(long, env = "WEBSUB_INTERNAL_API_KEY", hide_env_values = true)]
+        internal_api_key: String,
+        /// Every user's subscription limit.
+        #[arg(long, default_value_t = 5)]
+        limit: u64,
+        /// The quota type served.
+        #[arg(long, default_value = "websub_subscriptions")]
+        quota_type: String,
+        /// Users with no limit (repeatable).
+        #[arg(long)]
+        unlimited: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -48,7 +86,65 @@ struct Listener {
 async fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Listen { address, secret } => listen(address, secret).await,
+        Command::Token {
+            user_token_key,
+            sub,
+            ttl,
+        } => token(&user_token_key, &sub, &ttl),
+        Command::FakeQuota {
+            address,
+            internal_api_key,
+            limit,
+            quota_type,
+            unlimited,
+        } => fake_quota(address, internal_api_key, limit, quota_type, unlimited).await,
     }
+}
+
+fn token(key: &str, sub: &str, ttl: &str) -> ExitCode {
+    let ttl = match parse_duration("ttl", ttl) {
+        Ok(ttl) => ttl,
+        Err(error) => {
+            eprintln!("websub: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    if key.is_empty() || sub.is_empty() {
+        eprintln!("websub: --user-token-key and --sub must not be empty");
+        return ExitCode::from(2);
+    }
+    let ttl = chrono::TimeDelta::from_std(ttl).unwrap_or(chrono::TimeDelta::MAX);
+    println!("{}", issue_token(key, sub, None, ttl));
+    ExitCode::SUCCESS
+}
+
+async fn fake_quota(
+    address: SocketAddr,
+    key: String,
+    limit: u64,
+    quota_type: String,
+    unlimited: Vec<String>,
+) -> ExitCode {
+    let server = match FakeQuotaServer::start_on(address, key) {
+        Ok(server) => server,
+        Err(error) => {
+            eprintln!("websub: cannot listen on {address}: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    server.set_default_quotas(vec![Quota::total(&quota_type, limit)]);
+    for user in unlimited {
+        server.set_quotas(user, vec![Quota::unlimited(&quota_type)]);
+    }
+    println!(
+        "subscriptions service on {}: {quota_type} limit {limit}",
+        server.url()
+    );
+    if let Err(error) = tokio::signal::ctrl_c().await {
+        eprintln!("websub: {error}");
+        return ExitCode::from(1);
+    }
+    ExitCode::SUCCESS
 }
 
 async fn listen(address: SocketAddr, secret: Option<String>) -> ExitCode {

@@ -111,9 +111,24 @@ impl FakeQuotaServer {
     /// # Panics
     /// When no loopback port can be bound or no thread started.
     pub fn start(internal_key: impl Into<String>) -> Self {
-        let key = internal_key.into();
         let listener =
             std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port for the fake");
+        Self::serve(listener, internal_key)
+    }
+
+    /// Starts a server on `address` (e.g. for trying a hub by hand).
+    pub fn start_on(
+        address: std::net::SocketAddr,
+        internal_key: impl Into<String>,
+    ) -> std::io::Result<Self> {
+        Ok(Self::serve(
+            std::net::TcpListener::bind(address)?,
+            internal_key,
+        ))
+    }
+
+    fn serve(listener: std::net::TcpListener, internal_key: impl Into<String>) -> Self {
+        let key = internal_key.into();
         listener
             .set_nonblocking(true)
             .expect("a non-blocking listener for the fake");
