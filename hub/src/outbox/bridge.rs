@@ -32,6 +32,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,7 +40,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use url::Url;
@@ -50,6 +51,7 @@ use super::dispatcher::{
 };
 use super::envelope::Envelope;
 use super::{DEFAULT_DELIVERIES_TABLE, DEFAULT_OUTBOX_TABLE, OutboxTables};
+use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, parse_duration};
 use crate::events::{EventLog, NewEvent};
 
@@ -258,7 +260,7 @@ impl Handler for WebSubBridge {
             content_type: ENVELOPE_CONTENT_TYPE.to_owned(),
             body: Bytes::from(envelope.to_json()),
         };
-        self.events.record(event, Utc::now()).await?;
+        self.events.record(event, SystemClock.now()).await?;
         (self.wake)();
         Ok(())
     }
@@ -624,10 +626,21 @@ impl Feed {
             tables: tables.to_string(),
             source,
         };
+        // Claims rely on READ COMMITTED (a row claimed concurrently fails the
+        // re-checked predicate instead of failing the statement), whatever
+        // the producer's database default. Claims and outcomes lost in a
+        // crash only mean a delivery made again, so they need not wait for
+        // the WAL to be flushed.
+        let options = PgConnectOptions::from_str(&config.database_url)
+            .map_err(database)?
+            .options([
+                ("default_transaction_isolation", "read committed"),
+                ("synchronous_commit", "off"),
+            ]);
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(10))
-            .connect(&config.database_url)
+            .connect_with(options)
             .await
             .map_err(database)?;
         for table in [tables.outbox_sql(), tables.deliveries_sql()] {
