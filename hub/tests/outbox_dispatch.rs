@@ -674,3 +674,48 @@ async fn polling_delivers_without_any_notify() {
     );
     running.stop().await;
 }
+
+/// Expansion is one statement whatever the number of subscribers: an event
+/// with 10 000 of them has all its rows moments after its NOTIFY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_subscribers_of_one_event_expand_at_once() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    let config = DispatcherConfig {
+        poll_interval: Duration::from_secs(60),
+        concurrency: 4,
+        ..config(&db.tables)
+    };
+    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
+    let subscribers = (0..10_000)
+        .map(|n| {
+            (
+                format!("subscriber-{n}"),
+                websub_hub::outbox::WebhookSubscriber {
+                    app: None,
+                    url: receiver.url(&format!("/s/{n}")),
+                },
+            )
+        })
+        .collect();
+    dispatcher
+        .register_webhooks(EVENT, subscribers)
+        .expect("register");
+    let running = Running::start(dispatcher);
+    running.listening().await;
+    let started = Instant::now();
+    let id = db.produce(EVENT, None, true).await;
+    let expanded = eventually_async(Duration::from_secs(5), || async {
+        db.delivery_count(id).await == 10_000
+    })
+    .await;
+    println!("10 000 rows in {:?}", started.elapsed());
+    assert!(expanded, "{} rows", db.delivery_count(id).await);
+    assert!(
+        receiver.wait_for_any(Duration::from_secs(5)).await,
+        "deliveries began"
+    );
+    running.stop().await;
+}

@@ -79,7 +79,8 @@ async fn a_removed_subscriber_pauses_with_its_rows_kept_and_resumes_when_back() 
     dispatcher
         .reload_webhooks(|registrar| only_b.register(registrar))
         .expect("reload");
-    // An attempt already claimed may still finish; after that, nothing.
+    // An attempt already claimed, or a pass already running, may still
+    // finish with the old registrations; after that, nothing.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let attempts = receiver.received_at("/a").len();
     let row = db.delivery(pending, "a").await.expect("the row stays");
@@ -294,6 +295,8 @@ async fn handlers_are_untouched_by_reloads_and_registration_works_while_running(
     dispatcher
         .reload_webhooks(|_registrar| Ok::<(), RegistrationError>(()))
         .expect("reload to no webhooks");
+    // A pass already running finishes with the registrations it began with.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let after = db.produce(EVENT, None, true).await;
     assert!(eventually(WAIT, || handled.load(Ordering::SeqCst) == 2).await);
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -10,11 +10,16 @@
 //! and `websub fake-quota ADDR` runs a stand-in for the subscriptions
 //! service's quota endpoint: together they let the quota and the subscriber
 //! API be tried without the real services.
+//!
+//! `websub outbox-ddl --schema S` prints the DDL of a producer's outbox
+//! tables (names configurable), and `websub outbox-purge --database-url URL
+//! --older-than 30d` deletes expired outbox events on demand, e.g. from cron.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -24,6 +29,9 @@ use axum::routing::get;
 use clap::{Parser, Subcommand};
 use websub_hub::auth::issue_token;
 use websub_hub::config::parse_duration;
+use websub_hub::outbox::{
+    DEFAULT_DELIVERIES_TABLE, DEFAULT_OUTBOX_TABLE, OutboxError, OutboxTables, ddl, purge_expired,
+};
 use websub_hub::quota::Quota;
 use websub_hub::quota::fake::FakeQuotaServer;
 use websub_hub::signature::{EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, verify};
@@ -74,6 +82,46 @@ enum Command {
         #[arg(long)]
         unlimited: Vec<String>,
     },
+    /// Print the DDL that creates a producer's outbox tables.
+    OutboxDdl {
+        #[command(flatten)]
+        tables: TableNames,
+    },
+    /// Delete outbox events older than a duration, with their delivery rows.
+    OutboxPurge {
+        /// The producer's database.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// Delete events created longer ago than this, e.g. 30d or 12h.
+        #[arg(long)]
+        older_than: String,
+        #[command(flatten)]
+        tables: TableNames,
+    },
+}
+
+/// Where a producer's outbox tables are.
+#[derive(Debug, clap::Args)]
+struct TableNames {
+    /// The schema of both tables (the search path's when not given).
+    #[arg(long)]
+    schema: Option<String>,
+    /// The outbox table's name.
+    #[arg(long, default_value = DEFAULT_OUTBOX_TABLE)]
+    outbox_table: String,
+    /// The deliveries table's name.
+    #[arg(long, default_value = DEFAULT_DELIVERIES_TABLE)]
+    deliveries_table: String,
+}
+
+impl TableNames {
+    fn resolve(&self) -> Result<OutboxTables, OutboxError> {
+        let qualify = |table: &str| match &self.schema {
+            Some(schema) => format!("{schema}.{table}"),
+            None => table.to_owned(),
+        };
+        OutboxTables::new(qualify(&self.outbox_table), qualify(&self.deliveries_table))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -98,7 +146,50 @@ async fn main() -> ExitCode {
             quota_type,
             unlimited,
         } => fake_quota(address, internal_api_key, limit, quota_type, unlimited).await,
+        Command::OutboxDdl { tables } => match tables.resolve() {
+            Ok(tables) => {
+                print!("{}", ddl(&tables));
+                ExitCode::SUCCESS
+            }
+            Err(error) => fail(&error),
+        },
+        Command::OutboxPurge {
+            database_url,
+            older_than,
+            tables,
+        } => {
+            let purged = async {
+                let ttl = parse_duration("older-than", &older_than).map_err(|e| e.to_string())?;
+                let tables = tables.resolve().map_err(|e| e.to_string())?;
+                purge(&database_url, &tables, ttl).await
+            };
+            match purged.await {
+                Ok(deleted) => {
+                    println!("deleted {deleted} expired outbox events");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => fail(&error),
+            }
+        }
     }
+}
+
+fn fail(error: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("websub: {error}");
+    ExitCode::from(1)
+}
+
+/// Deletes the events in `tables` older than `ttl`; how many.
+async fn purge(database_url: &str, tables: &OutboxTables, ttl: Duration) -> Result<u64, String> {
+    use sqlx::Connection;
+    let mut connection = sqlx::PgConnection::connect(database_url)
+        .await
+        .map_err(|error| format!("cannot connect to the database: {error}"))?;
+    let deleted = purge_expired(&mut connection, tables, ttl)
+        .await
+        .map_err(|error| error.to_string());
+    let _ = connection.close().await;
+    deleted
 }
 
 fn token(key: &str, sub: &str, ttl: &str) -> ExitCode {
@@ -234,4 +325,95 @@ async fn callback(
     println!("  link: {}", header("link"));
     println!("  body: {}", String::from_utf8_lossy(&body).trim_end());
     (StatusCode::NO_CONTENT, String::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(schema: Option<&str>, outbox: &str, deliveries: &str) -> TableNames {
+        TableNames {
+            schema: schema.map(str::to_owned),
+            outbox_table: outbox.to_owned(),
+            deliveries_table: deliveries.to_owned(),
+        }
+    }
+
+    #[test]
+    fn table_names_are_qualified_by_the_schema() {
+        let tables = names(Some("shared"), "outbox", "outbox_deliveries")
+            .resolve()
+            .expect("valid");
+        assert_eq!(tables.outbox(), "shared.outbox");
+        assert_eq!(tables.deliveries(), "shared.outbox_deliveries");
+        let plain = names(None, "events", "event_deliveries")
+            .resolve()
+            .expect("valid");
+        assert_eq!(plain.outbox(), "events");
+        assert!(names(Some("Bad Schema"), "outbox", "d").resolve().is_err());
+        assert!(names(Some("s"), "x.outbox", "d").resolve().is_err());
+    }
+
+    #[test]
+    fn the_command_line_parses() {
+        let cli =
+            Cli::try_parse_from(["websub", "outbox-ddl", "--schema", "shared"]).expect("parse");
+        assert!(
+            matches!(cli.command, Command::OutboxDdl { ref tables } if tables.outbox_table == "outbox")
+        );
+        let cli = Cli::try_parse_from([
+            "websub",
+            "outbox-purge",
+            "--database-url",
+            "postgres://db/app",
+            "--older-than",
+            "30d",
+            "--outbox-table",
+            "events",
+        ])
+        .expect("parse");
+        assert!(matches!(
+            cli.command,
+            Command::OutboxPurge { ref older_than, ref tables, .. }
+                if older_than == "30d" && tables.outbox_table == "events"
+        ));
+    }
+
+    /// The purge against a real database: the DDL's tables, one old event
+    /// and one fresh.
+    #[tokio::test]
+    async fn purge_deletes_only_what_is_older() {
+        let Some(url) = websub_storetest::servers::fresh_postgres_url().await else {
+            return;
+        };
+        let tables = names(Some("shop"), "outbox", "outbox_deliveries")
+            .resolve()
+            .expect("valid");
+        let pool = sqlx::PgPool::connect(&url).await.expect("connect");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl(&tables)))
+            .execute(&pool)
+            .await
+            .expect("the DDL runs");
+        sqlx::raw_sql(
+            "INSERT INTO shop.outbox (event_name, resource_type, resource_id, event_type, payload, created_at) \
+             VALUES ('a', 'r', '1', 't', '{}', timezone('utc', now()) - interval '40 days'), \
+                    ('b', 'r', '2', 't', '{}', timezone('utc', now()))",
+        )
+        .execute(&pool)
+        .await
+        .expect("events");
+        let ttl = parse_duration("older-than", "30d").expect("duration");
+        assert_eq!(purge(&url, &tables, ttl).await, Ok(1));
+        assert_eq!(purge(&url, &tables, ttl).await, Ok(0));
+        let left: Vec<String> = sqlx::query_scalar("SELECT event_name FROM shop.outbox")
+            .fetch_all(&pool)
+            .await
+            .expect("read");
+        assert_eq!(left, ["b"]);
+        assert!(
+            purge("postgres://127.0.0.1:1/none", &tables, ttl)
+                .await
+                .is_err()
+        );
+    }
 }

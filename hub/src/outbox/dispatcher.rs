@@ -525,6 +525,53 @@ enum Scan {
     Full,
 }
 
+/// Where expansion stands between passes.
+#[derive(Debug)]
+struct Expansion {
+    /// The configured cutoff, or the beginning of time.
+    start_from: NaiveDateTime,
+    /// The database time the last successful scan ran at.
+    watermark: Option<NaiveDateTime>,
+    /// When the last scan of everything since `start_from` ran.
+    last_full_scan: Instant,
+}
+
+impl Expansion {
+    fn new(start_from: Option<DateTime<Utc>>) -> Self {
+        Self {
+            start_from: start_from.map_or_else(beginning_of_time, |at| at.naive_utc()),
+            watermark: None,
+            last_full_scan: Instant::now(),
+        }
+    }
+
+    /// The oldest `created_at` a scan looks at: for a recent scan, the
+    /// previous scan's time less `lookback`; for a full one (or a recent one
+    /// with no previous scan), `start_from`; never before `start_from`.
+    fn since(&self, scan: Scan, lookback: Duration) -> Option<NaiveDateTime> {
+        match (scan, self.watermark) {
+            (Scan::None, _) => None,
+            (Scan::Recent, Some(mark)) => {
+                let lookback =
+                    chrono::Duration::from_std(lookback).unwrap_or(chrono::Duration::MAX);
+                Some(
+                    mark.checked_sub_signed(lookback)
+                        .map_or(self.start_from, |since| since.max(self.start_from)),
+                )
+            }
+            (Scan::Recent, None) | (Scan::Full, _) => Some(self.start_from),
+        }
+    }
+
+    /// A scan from `since` succeeded at database time `at`.
+    fn scanned(&mut self, since: NaiveDateTime, at: NaiveDateTime) {
+        self.watermark = Some(at);
+        if since == self.start_from {
+            self.last_full_scan = Instant::now();
+        }
+    }
+}
+
 /// How a claim round ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Claimed {
@@ -574,7 +621,14 @@ struct Inner {
 
 impl Dispatcher {
     /// A dispatcher on `pool` (the producer's database), after validating
-    /// `config`. It does nothing until [`run`](Self::run).
+    /// `config`. It does nothing until [`run`](Self::run), which is meant to
+    /// run once per dispatcher.
+    ///
+    /// The pool's sessions should use READ COMMITTED (PostgreSQL's
+    /// default): a claim that meets a row another dispatcher has just
+    /// claimed then skips it, where a stricter level fails the statement
+    /// (retried, but noisy). The listener opens one connection of its own
+    /// with the pool's connect options.
     pub fn new(pool: PgPool, config: DispatcherConfig) -> Result<Self, DispatcherError> {
         config.validate()?;
         crate::net::install_crypto_provider();
@@ -704,6 +758,9 @@ impl Dispatcher {
     /// - A changed URL applies from the subscriber's next attempt.
     /// - If `register` fails, or any registration it made was refused (even
     ///   one it went past), nothing changes.
+    ///
+    /// The change applies from the next pass; a pass already running
+    /// finishes with the registrations it began with.
     pub fn reload_webhooks<F, E>(&self, register: F) -> Result<(), ReloadError<E>>
     where
         F: FnOnce(&mut dyn WebhookRegistrar) -> Result<(), E>,
@@ -811,86 +868,20 @@ impl Dispatcher {
         let (completed, completions) = mpsc::unbounded_channel();
         let recorder = tokio::spawn(self.clone().record_outcomes(completions));
 
-        let start_from = config
-            .start_from
-            .map_or_else(beginning_of_time, |at| at.naive_utc());
-        let mut watermark: Option<NaiveDateTime> = None;
-        let mut last_full_scan = Instant::now();
+        let mut expansion = Expansion::new(config.start_from);
         let mut next_poll = Instant::now() + config.poll_interval;
         self.request(Scan::Full);
         let retry_after_error = config.poll_interval.min(ERROR_RETRY);
         while !shutdown.is_cancelled() {
+            let work = std::mem::take(&mut *self.pending());
+            let registry = self.registry();
             // Whether a statement failed in this pass: the next pass comes
             // soon rather than at the next poll.
             let mut failed = false;
-            let work = std::mem::take(&mut *self.pending());
-            let registry = self.registry();
             if !registry.subscriptions.is_empty() {
-                // Notified events first: their rows come back claimed, and
-                // their attempts start before anything else is looked at.
-                if !work.ids.is_empty() {
-                    match self
-                        .inner
-                        .queries
-                        .expand_and_claim(
-                            &self.inner.pool,
-                            &registry.subscriptions,
-                            start_from,
-                            &work.ids,
-                            self.inner.slots.available_permits(),
-                        )
-                        .await
-                    {
-                        Ok(claimed) => {
-                            self.start(claimed, &attempts, &completed);
-                        }
-                        Err(error) => {
-                            warn!(%error, "expanding notified events failed; retrying shortly");
-                            failed = true;
-                            let mut pending = self.pending();
-                            pending.scan = pending.scan.max(Scan::Recent);
-                        }
-                    }
-                }
-                let mut scan = work.scan;
-                if last_full_scan.elapsed() >= config.catch_up_interval {
-                    scan = Scan::Full;
-                }
-                let since = match (scan, watermark) {
-                    (Scan::Recent, Some(mark)) => {
-                        let lookback = chrono::Duration::from_std(config.expand_lookback)
-                            .unwrap_or(chrono::Duration::MAX);
-                        Some(
-                            mark.checked_sub_signed(lookback)
-                                .unwrap_or(start_from)
-                                .max(start_from),
-                        )
-                    }
-                    (Scan::Recent, None) | (Scan::Full, _) => Some(start_from),
-                    (Scan::None, _) => None,
-                };
-                if let Some(since) = since {
-                    match self
-                        .inner
-                        .queries
-                        .expand(&self.inner.pool, &registry.subscriptions, since)
-                        .await
-                    {
-                        Ok((written, scanned_at)) => {
-                            debug!(written, ?scan, "expanded");
-                            watermark = Some(scanned_at);
-                            if since == start_from {
-                                last_full_scan = Instant::now();
-                            }
-                        }
-                        Err(error) => {
-                            warn!(%error, "expanding outbox events failed; retrying shortly");
-                            failed = true;
-                            let mut pending = self.pending();
-                            pending.scan = pending.scan.max(scan);
-                        }
-                    }
-                }
+                failed = !self
+                    .expand(work, &registry, &mut expansion, &attempts, &completed)
+                    .await;
             }
             let claimed = if registry.subscriptions.is_empty() {
                 Claimed::Idle
@@ -922,6 +913,71 @@ impl Dispatcher {
         }
         background.close();
         background.wait().await;
+    }
+
+    /// Expands what `work` asks for: notified events (their rows come back
+    /// claimed and their attempts start at once), then a recent or full
+    /// scan. Returns whether every statement succeeded; what failed is asked
+    /// for again.
+    async fn expand(
+        &self,
+        work: Pending,
+        registry: &Registry,
+        expansion: &mut Expansion,
+        attempts: &TaskTracker,
+        completed: &mpsc::UnboundedSender<Completion>,
+    ) -> bool {
+        let config = &self.inner.config;
+        let mut succeeded = true;
+        if !work.ids.is_empty() {
+            match self
+                .inner
+                .queries
+                .expand_and_claim(
+                    &self.inner.pool,
+                    &registry.subscriptions,
+                    expansion.start_from,
+                    &work.ids,
+                    self.inner.slots.available_permits(),
+                )
+                .await
+            {
+                Ok(claimed) => {
+                    self.start(claimed, attempts, completed);
+                }
+                Err(error) => {
+                    warn!(%error, "expanding notified events failed; retrying shortly");
+                    succeeded = false;
+                    let mut pending = self.pending();
+                    pending.scan = pending.scan.max(Scan::Recent);
+                }
+            }
+        }
+        let mut scan = work.scan;
+        if expansion.last_full_scan.elapsed() >= config.catch_up_interval {
+            scan = Scan::Full;
+        }
+        let Some(since) = expansion.since(scan, config.expand_lookback) else {
+            return succeeded;
+        };
+        match self
+            .inner
+            .queries
+            .expand(&self.inner.pool, &registry.subscriptions, since)
+            .await
+        {
+            Ok((written, scanned_at)) => {
+                debug!(written, ?scan, "expanded");
+                expansion.scanned(since, scanned_at);
+            }
+            Err(error) => {
+                warn!(%error, "expanding outbox events failed; retrying shortly");
+                succeeded = false;
+                let mut pending = self.pending();
+                pending.scan = pending.scan.max(scan);
+            }
+        }
+        succeeded
     }
 
     /// Claims due rows while there are free slots and starts an attempt per
@@ -1400,6 +1456,36 @@ mod tests {
         let empty_app = HashMap::from([("a".to_owned(), subscriber(Some(""), "http://x/"))]);
         add_webhooks(&mut webhooks, None, "e", empty_app).expect("valid");
         assert_eq!(webhooks["e"]["a"].app, None, "an empty app is none");
+    }
+
+    #[test]
+    fn scans_look_back_from_the_previous_one_never_before_start_from() {
+        let start = DateTime::<Utc>::from_timestamp(1_000_000, 0).expect("a time");
+        let mut expansion = Expansion::new(Some(start));
+        let lookback = Duration::from_secs(60);
+        let start = start.naive_utc();
+        assert_eq!(expansion.since(Scan::None, lookback), None);
+        assert_eq!(
+            expansion.since(Scan::Recent, lookback),
+            Some(start),
+            "no scan yet"
+        );
+        let later = start + chrono::Duration::hours(1);
+        expansion.scanned(start, later);
+        assert_eq!(
+            expansion.since(Scan::Recent, lookback),
+            Some(later - chrono::Duration::seconds(60))
+        );
+        assert_eq!(expansion.since(Scan::Full, lookback), Some(start));
+        // A lookback reaching before the cutoff stops at it.
+        assert_eq!(
+            expansion.since(Scan::Recent, Duration::from_secs(7200)),
+            Some(start)
+        );
+        assert_eq!(
+            Expansion::new(None).since(Scan::Full, lookback),
+            Some(beginning_of_time())
+        );
     }
 
     #[test]

@@ -48,7 +48,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// Receivers check [`MESSAGING_SIGNATURE_HEADER`] over the raw body with
@@ -349,10 +349,14 @@ impl Outbox {
         }
     }
 
-    /// Deletes events older than `ttl` and, by cascade, their delivery rows.
-    /// See [`purge_expired`].
-    pub async fn purge_expired(&self, pool: &PgPool, ttl: Duration) -> Result<u64, OutboxError> {
-        purge_expired(pool, &self.tables, ttl).await
+    /// Deletes events older than `ttl` and, by cascade, their delivery rows,
+    /// on `executor` (a pool, a connection). See [`purge_expired`].
+    pub async fn purge_expired(
+        &self,
+        executor: impl sqlx::PgExecutor<'_>,
+        ttl: Duration,
+    ) -> Result<u64, OutboxError> {
+        purge_expired(executor, &self.tables, ttl).await
     }
 }
 
@@ -431,7 +435,7 @@ impl<E: Event + ?Sized> Message<'_, E> {
 /// delivered is not checked: keep `ttl` well beyond the retry budget.
 /// Returns how many events were deleted.
 pub async fn purge_expired(
-    pool: &PgPool,
+    executor: impl sqlx::PgExecutor<'_>,
     tables: &OutboxTables,
     ttl: Duration,
 ) -> Result<u64, OutboxError> {
@@ -441,7 +445,7 @@ pub async fn purge_expired(
     );
     let done = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(ttl.as_secs_f64())
-        .execute(pool)
+        .execute(executor)
         .await?;
     Ok(done.rows_affected())
 }

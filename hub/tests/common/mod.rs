@@ -423,6 +423,11 @@ impl Receiver {
         self.state.overlaps.load(Ordering::SeqCst)
     }
 
+    /// Waits until anything at all has been received.
+    pub(crate) async fn wait_for_any(&self, limit: Duration) -> bool {
+        eventually(limit, || !self.received().is_empty()).await
+    }
+
     /// Waits until `path` has received at least `count` requests.
     pub(crate) async fn wait_for(&self, path: &str, count: usize, limit: Duration) -> bool {
         eventually(limit, || self.received_at(path).len() >= count).await

@@ -1,0 +1,330 @@
+//! Outbox feeds against real PostgreSQL: the WebSub bridge records each
+//! outbox event as a hub event (the envelope, on its rendered topic) in the
+//! hub's PostgreSQL event log, the hub's own dispatcher delivers it to a
+//! WebSub subscriber on 127.0.0.1 with `Link` and `X-Hub-Signature`, and a
+//! feed's webhooks file is watched and reloaded (a broken one changes
+//! nothing).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{Db, Receiver, eventually, eventually_async};
+use tokio_util::sync::CancellationToken;
+use url::Url;
+use uuid::Uuid;
+use websub_hub::clock::SystemClock;
+use websub_hub::config::DeliveryPolicy;
+use websub_hub::events::postgres::PostgresEventLog;
+use websub_hub::events::{Event, EventLog};
+use websub_hub::net::{NetPolicy, delivery_client};
+use websub_hub::outbox::bridge::{Feed, FeedConfig, FeedError};
+use websub_hub::outbox::{Envelope, MESSAGING_SIGNATURE_HEADER};
+use websub_hub::signature::{HUB_SIGNATURE_HEADER, verify};
+use websub_store::memory::MemoryStore;
+use websub_store::{Subscription, SubscriptionStore};
+
+const EVENT: &str = "auth-api.user.authenticated";
+const WAIT: Duration = Duration::from_secs(10);
+
+fn hub_url() -> Url {
+    Url::parse("https://hub.example/").expect("url")
+}
+
+/// The hub's event log, in a fresh database of its own.
+async fn event_log() -> Option<Arc<PostgresEventLog>> {
+    let url = websub_storetest::servers::fresh_postgres_url().await?;
+    Some(Arc::new(
+        PostgresEventLog::connect(&url)
+            .await
+            .expect("open the hub's event log"),
+    ))
+}
+
+/// Events recorded in the hub's log and not yet expanded (nothing expands
+/// them in these tests unless a hub dispatcher runs).
+async fn recorded(events: &PostgresEventLog) -> Vec<Event> {
+    events.unexpanded(100).await.expect("read the event log")
+}
+
+fn counter() -> (Arc<AtomicUsize>, Arc<dyn Fn() + Send + Sync>) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let wakes = count.clone();
+    (
+        count,
+        Arc::new(move || {
+            wakes.fetch_add(1, Ordering::SeqCst);
+        }),
+    )
+}
+
+fn feed_config(db: &Db) -> FeedConfig {
+    FeedConfig {
+        poll_interval: Some("200ms".to_owned()),
+        max_retry_backoff: Some("400ms".to_owned()),
+        ..FeedConfig::new(db.url.clone())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_records_each_event_as_a_hub_event_on_its_topic() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let Some(events) = event_log().await else {
+        return;
+    };
+    let (wakes, wake) = counter();
+    let config = FeedConfig {
+        topic_template: "{public_url}apps/{app}/{event_name}".to_owned(),
+        ..feed_config(&db)
+    };
+    let shutdown = CancellationToken::new();
+    let feed = Feed::start(config, events.clone(), wake, &hub_url(), shutdown.clone())
+        .await
+        .expect("the feed starts");
+    assert!(
+        eventually(WAIT, || feed.dispatcher().is_listening()).await,
+        "listening"
+    );
+
+    let with_app = db.produce(EVENT, Some("ush"), true).await;
+    let without_app = db.produce(EVENT, None, true).await;
+    let both = eventually_async(WAIT, || async { recorded(&events).await.len() == 2 }).await;
+    let hub_events = recorded(&events).await;
+    assert!(both, "recorded {} hub events", hub_events.len());
+    for hub_event in &hub_events {
+        assert_eq!(hub_event.content_type, "application/json");
+        let envelope: Envelope = serde_json::from_slice(&hub_event.body).expect("an envelope");
+        let expected_topic = if envelope.event_id == with_app {
+            assert_eq!(envelope.app.as_deref(), Some("ush"));
+            format!("https://hub.example/apps/ush/{EVENT}")
+        } else {
+            assert_eq!(envelope.event_id, without_app);
+            assert_eq!(envelope.app, None);
+            format!("https://hub.example/apps//{EVENT}")
+        };
+        assert_eq!(hub_event.topic, expected_topic);
+        assert_eq!(envelope.event_name, EVENT);
+        assert_eq!(envelope.data["name"], EVENT);
+        // Byte for byte what a webhook would get.
+        assert_eq!(hub_event.body.as_ref(), envelope.to_json().as_slice());
+    }
+    assert!(wakes.load(Ordering::SeqCst) >= 2, "the hub was woken");
+    for id in [with_app, without_app] {
+        let processed = eventually_async(WAIT, || async {
+            db.delivery(id, "websub-hub")
+                .await
+                .is_some_and(|row| row.processed_at.is_some())
+        })
+        .await;
+        assert!(processed, "the bridge's outbox row is processed");
+    }
+    shutdown.cancel();
+    feed.stopped().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_limited_to_some_event_names_forwards_only_those() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let Some(events) = event_log().await else {
+        return;
+    };
+    let (_, wake) = counter();
+    let config = FeedConfig {
+        events: Some(vec![EVENT.to_owned()]),
+        subscriber: "hub-eu".to_owned(),
+        ..feed_config(&db)
+    };
+    let shutdown = CancellationToken::new();
+    let feed = Feed::start(config, events.clone(), wake, &hub_url(), shutdown.clone())
+        .await
+        .expect("the feed starts");
+    let ignored = db.produce("billing.invoice.paid", None, true).await;
+    let wanted = db.produce(EVENT, None, true).await;
+    assert!(eventually_async(WAIT, || async { recorded(&events).await.len() == 1 }).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let hub_events = recorded(&events).await;
+    assert_eq!(hub_events.len(), 1);
+    assert_eq!(
+        hub_events[0].topic,
+        format!("https://hub.example/topics/{EVENT}")
+    );
+    assert!(db.delivery(wanted, "hub-eu").await.is_some());
+    assert_eq!(db.delivery_count(ignored).await, 0);
+    shutdown.cancel();
+    feed.stopped().await;
+}
+
+/// The whole path: outbox row → feed → hub event log → the hub's dispatcher
+/// → a WebSub subscriber of the topic, signed, with Link headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_event_reaches_a_websub_subscriber_of_its_topic() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let Some(events) = event_log().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    let topic = format!("https://hub.example/topics/{EVENT}");
+    let store = Arc::new(MemoryStore::new());
+    let mut subscription = Subscription::new(&topic, receiver.url("/cb?id=7").to_string());
+    subscription.secret = Some("subscriber secret".to_owned());
+    store.save(&subscription).await.expect("subscribe");
+    let policy = DeliveryPolicy::default();
+    let client = delivery_client(
+        &NetPolicy {
+            allow_private_network: true,
+        },
+        policy.timeout,
+        8,
+    )
+    .expect("a delivery client");
+    let hub = websub_hub::dispatch::Dispatcher::new(
+        events.clone(),
+        store,
+        client,
+        hub_url().to_string(),
+        policy,
+        Duration::from_secs(60),
+        Arc::new(SystemClock),
+    );
+    let shutdown = CancellationToken::new();
+    let hub_task = tokio::spawn(hub.clone().run(shutdown.clone()));
+    let waker = hub.clone();
+    let feed = Feed::start(
+        feed_config(&db),
+        events.clone(),
+        Arc::new(move || waker.wake()),
+        &hub_url(),
+        shutdown.clone(),
+    )
+    .await
+    .expect("the feed starts");
+
+    let id = db.produce(EVENT, Some("ush"), true).await;
+    assert!(
+        receiver.wait_for("/cb", 1, WAIT).await,
+        "delivered over WebSub"
+    );
+    let delivery = &receiver.received_at("/cb")[0];
+    let envelope = delivery.envelope();
+    assert_eq!(envelope.event_id, id);
+    assert_eq!(envelope.app.as_deref(), Some("ush"));
+    assert_eq!(delivery.header("content-type"), Some("application/json"));
+    assert_eq!(
+        delivery.header("link"),
+        Some(format!("<https://hub.example/>; rel=\"hub\", <{topic}>; rel=\"self\"").as_str())
+    );
+    assert!(verify(
+        b"subscriber secret",
+        &delivery.body,
+        delivery.header(HUB_SIGNATURE_HEADER)
+    ));
+    assert!(
+        delivery.header(MESSAGING_SIGNATURE_HEADER).is_none(),
+        "a WebSub delivery carries the hub's signature only"
+    );
+    shutdown.cancel();
+    feed.stopped().await;
+    hub_task.await.expect("the hub dispatcher");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhooks_file_is_watched_and_a_broken_one_changes_nothing() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let Some(events) = event_log().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("webhooks-{}.toml", Uuid::new_v4().simple()));
+    let file_for = |url: &Url| {
+        format!(
+            "[[webhook]]\nevent = \"{EVENT}\"\nsubscriber = \"users\"\napp = \"ush\"\nurl = \"{url}\"\n"
+        )
+    };
+    std::fs::write(&path, file_for(&receiver.url("/a"))).expect("write the file");
+    let secret = "webhook signing secret";
+    let config = FeedConfig {
+        webhooks_file: Some(path.clone()),
+        signing_secret: Some(secret.to_owned()),
+        webhook_headers: [("X-Internal-API-Key".to_owned(), "k".repeat(32))].into(),
+        ..feed_config(&db)
+    };
+    let (_, wake) = counter();
+    let shutdown = CancellationToken::new();
+    let feed = Feed::start(config, events.clone(), wake, &hub_url(), shutdown.clone())
+        .await
+        .expect("the feed starts");
+
+    let first = db.produce(EVENT, Some("ush"), true).await;
+    let other_app = db.produce(EVENT, Some("financer"), true).await;
+    assert!(receiver.wait_for("/a", 1, WAIT).await);
+    let delivery = &receiver.received_at("/a")[0];
+    assert_eq!(delivery.event_id(), first);
+    assert!(verify(
+        secret.as_bytes(),
+        &delivery.body,
+        delivery.header(MESSAGING_SIGNATURE_HEADER)
+    ));
+    assert_eq!(
+        delivery.header("x-internal-api-key"),
+        Some("k".repeat(32).as_str())
+    );
+
+    // Changed on disk: picked up by the watcher.
+    std::fs::write(&path, file_for(&receiver.url("/b"))).expect("rewrite the file");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let second = db.produce(EVENT, None, true).await;
+    assert!(
+        receiver.wait_for("/b", 1, WAIT).await,
+        "the new URL is used"
+    );
+    assert_eq!(receiver.event_ids("/b"), [second]);
+
+    // Broken: reported, and nothing changes.
+    std::fs::write(&path, "[[webhook]]\nevent = ").expect("break the file");
+    assert!(matches!(feed.reload(), Err(FeedError::Config(_))));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let third = db.produce(EVENT, None, true).await;
+    assert!(receiver.wait_for("/b", 2, WAIT).await, "still delivered");
+    assert_eq!(receiver.event_ids("/b"), [second, third]);
+    assert_eq!(receiver.event_ids("/a"), [first]);
+    assert!(
+        db.delivery(other_app, "users").await.is_none(),
+        "app scoping"
+    );
+    // The bridge got everything meanwhile.
+    assert!(eventually_async(WAIT, || async { recorded(&events).await.len() == 4 }).await);
+    shutdown.cancel();
+    feed.stopped().await;
+    let _ = std::fs::remove_file(&path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_refuses_to_start_without_its_tables() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let Some(events) = event_log().await else {
+        return;
+    };
+    let (_, wake) = counter();
+    let config = FeedConfig {
+        outbox_table: "elsewhere.outbox".to_owned(),
+        ..feed_config(&db)
+    };
+    let started = Feed::start(config, events, wake, &hub_url(), CancellationToken::new()).await;
+    match started {
+        Err(FeedError::Database { tables, .. }) => assert!(tables.contains("elsewhere.outbox")),
+        other => panic!("expected a database error, got {other:?}"),
+    }
+}
