@@ -62,6 +62,9 @@ pub struct HubConfig {
     pub quota_timeout: Duration,
     /// The quota type that caps a subscriber's subscriptions.
     pub quota_type: String,
+    /// Producers' outbox tables the hub delivers from (`[[feed]]` in the
+    /// configuration file).
+    pub feeds: Vec<crate::outbox::bridge::FeedConfig>,
 }
 
 /// Lease bounds. Requests outside `[min, max]` are clamped; WebSub
@@ -129,6 +132,7 @@ impl Default for HubConfig {
             quota_url: None,
             quota_timeout: Duration::from_secs(5),
             quota_type: "websub_subscriptions".to_owned(),
+            feeds: Vec::new(),
         }
     }
 }
@@ -385,6 +389,11 @@ impl HubConfig {
         if self.quota_type.is_empty() {
             return Err(invalid("quota-type", "\"\"", "must not be empty"));
         }
+        for feed in &self.feeds {
+            feed.dispatcher_config()?;
+            let template = crate::outbox::bridge::TopicTemplate::parse(&feed.topic_template)?;
+            template.check(&self.public_url)?;
+        }
         if self.poll_interval.is_zero() {
             return Err(invalid(
                 "poll-interval",
@@ -459,6 +468,9 @@ pub struct FileConfig {
     pub quota_timeout: Option<String>,
     /// See [`HubConfig::quota_type`].
     pub quota_type: Option<String>,
+    /// See [`HubConfig::feeds`]: one `[[feed]]` table each.
+    #[serde(default)]
+    pub feed: Vec<crate::outbox::bridge::FeedConfig>,
 }
 
 impl FileConfig {
@@ -544,6 +556,9 @@ impl FileConfig {
             self.quota_timeout,
         )?;
         set(&mut config.quota_type, self.quota_type);
+        if !self.feed.is_empty() {
+            config.feeds = self.feed;
+        }
         Ok(())
     }
 }

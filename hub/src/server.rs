@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use websub_store::SubscriptionStore;
@@ -23,6 +24,7 @@ use crate::events::{self, EventLog, EventLogError};
 use crate::intake::Intake;
 use crate::lease::Reaper;
 use crate::net::{self, NetPolicy};
+use crate::outbox::bridge::{Feed, FeedHandle};
 use crate::quota::{QuotaConfig, QuotaEnforcer};
 use crate::verify::{Subscriptions, Verifier};
 
@@ -44,7 +46,21 @@ pub struct Hub {
     clock: Arc<dyn Clock>,
     internal_key: Option<InternalKey>,
     user_tokens: Option<UserTokens>,
+    feed_reload: Arc<Notify>,
     metrics: Option<PrometheusHandle>,
+}
+
+/// Asks a running hub's outbox feeds to read their webhooks files again
+/// (`websubd` does on SIGHUP). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct FeedReloader(Arc<Notify>);
+
+impl FeedReloader {
+    /// Reloads every feed's webhooks file; a file that cannot be applied
+    /// changes nothing (and is logged).
+    pub fn reload(&self) {
+        self.0.notify_one();
+    }
 }
 
 /// Why a hub could not start or stopped with an error.
@@ -69,6 +85,9 @@ pub enum ServeError {
     /// The quota settings cannot work.
     #[error("quota settings: {0}")]
     Quota(#[from] crate::quota::QuotaError),
+    /// An outbox feed could not start.
+    #[error("outbox feed: {0}")]
+    Feed(#[from] crate::outbox::bridge::FeedError),
     /// Serving HTTP failed.
     #[error("serving HTTP failed: {0}")]
     Io(#[from] std::io::Error),
@@ -187,6 +206,7 @@ impl Hub {
             clock,
             internal_key,
             user_tokens,
+            feed_reload: Arc::new(Notify::new()),
             metrics: None,
         })
     }
@@ -196,6 +216,11 @@ impl Hub {
     pub fn with_metrics(mut self, handle: PrometheusHandle) -> Self {
         self.metrics = Some(handle);
         self
+    }
+
+    /// A handle that reloads the outbox feeds' webhooks files.
+    pub fn feed_reloader(&self) -> FeedReloader {
+        FeedReloader(self.feed_reload.clone())
     }
 
     /// The subscription store.
@@ -258,6 +283,34 @@ impl Hub {
                 background.clone(),
             ))
         });
+        // Feeds record into the event log the dispatcher delivers from, so
+        // they stop before it does.
+        let feeds_stop = CancellationToken::new();
+        let mut feeds = Vec::with_capacity(self.config.feeds.len());
+        for feed in &self.config.feeds {
+            let dispatcher = self.dispatcher.clone();
+            let started = Feed::start(
+                feed.clone(),
+                self.events.clone(),
+                Arc::new(move || dispatcher.wake()),
+                &self.config.public_url,
+                feeds_stop.clone(),
+            )
+            .await;
+            match started {
+                Ok(handle) => feeds.push(handle),
+                Err(error) => {
+                    feeds_stop.cancel();
+                    background.cancel();
+                    return Err(error.into());
+                }
+            }
+        }
+        let feeds = tokio::spawn(reload_feeds(
+            feeds,
+            self.feed_reload.clone(),
+            feeds_stop.clone(),
+        ));
 
         info!(address = %listener.local_addr()?, hub = %self.config.public_url, "websub hub serving");
         let stop_serving = stop.clone();
@@ -275,6 +328,12 @@ impl Hub {
             self.intake.tracker().close();
             self.subscriptions.tracker().wait().await;
             self.intake.tracker().wait().await;
+            feeds_stop.cancel();
+            if let Ok(feeds) = feeds.await {
+                for feed in feeds {
+                    feed.stopped().await;
+                }
+            }
             background.cancel();
             let _ = dispatcher.await;
             let _ = reaper.await;
@@ -287,6 +346,27 @@ impl Hub {
         }
         served?;
         Ok(())
+    }
+}
+
+/// Reloads the feeds' webhooks files whenever asked, until `stop`; then
+/// hands the feeds back to be waited for.
+async fn reload_feeds(
+    feeds: Vec<FeedHandle>,
+    asked: Arc<Notify>,
+    stop: CancellationToken,
+) -> Vec<FeedHandle> {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return feeds,
+            () = asked.notified() => {
+                for feed in &feeds {
+                    // A failure is logged by the feed, which keeps its
+                    // webhooks as they were.
+                    let _ = feed.reload();
+                }
+            }
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! websubd: the hub service. Parses flags, environment (`WEBSUB_*`) and an
 //! optional TOML file (flags beat environment, which beats the file, which
-//! beats the defaults), validates once, binds, and runs the hub until Ctrl-C
-//! or SIGTERM, then drains.
+//! beats the defaults; outbox feeds come from the file's `[[feed]]` tables),
+//! validates once, binds, and runs the hub until Ctrl-C or SIGTERM, then
+//! drains. SIGHUP reloads the feeds' webhooks files.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -231,6 +232,7 @@ async fn main() -> ExitCode {
             hub
         }
     };
+    reload_on_hangup(hub.feed_reloader());
     match hub.run(listener, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -238,6 +240,24 @@ async fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// On SIGHUP, the outbox feeds read their webhooks files again.
+fn reload_on_hangup(reloader: websub_hub::server::FeedReloader) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(mut hangups) => {
+                while hangups.recv().await.is_some() {
+                    tracing::info!("SIGHUP: reloading the webhooks files");
+                    reloader.reload();
+                }
+            }
+            Err(error) => tracing::warn!(%error, "cannot listen for SIGHUP"),
+        }
+    });
+    #[cfg(not(unix))]
+    drop(reloader);
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
