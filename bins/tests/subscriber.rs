@@ -2,9 +2,11 @@
 //! subscribes a receiver, and a publish reaches the receiver's handler with
 //! a valid signature.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::time::{Duration, Instant};
+
+use common::{Websubd, free_port, scratch_dir};
 
 use tokio::sync::mpsc;
 use websub_hub::signature::{self, HUB_SIGNATURE_HEADER};
@@ -14,54 +16,23 @@ use websub_tests::{http_client, serve_on_loopback};
 const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
 const SECRET: &str = "a secret shared with websubd";
 
-/// websubd, killed when dropped.
-struct Websubd(Child);
-
-impl Drop for Websubd {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free loopback port")
-}
-
 async fn start_websubd() -> (Websubd, String) {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("websubd-subscriber-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_websubd"))
-        .current_dir(&dir)
-        .env("RUST_LOG", "warn")
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args([
+    let dir = scratch_dir("subscriber");
+    let hub = Websubd::spawn(
+        &dir,
+        free_port(),
+        &[
             "--allow-private-network",
             "--internal-api-key",
             INTERNAL_KEY,
-        ])
-        .args(["--poll-interval", "200ms"])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start websubd");
-    let hub = Websubd(child);
-    let url = format!("http://127.0.0.1:{port}/");
-    let client = http_client();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(response) = client.get(format!("{url}healthz")).send().await
-            && response.status().is_success()
-        {
-            return (hub, url);
-        }
-        assert!(Instant::now() < deadline, "websubd did not become ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            "--poll-interval",
+            "200ms",
+        ],
+    )
+    .ready()
+    .await;
+    let url = hub.url.clone();
+    (hub, url)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,88 +2,19 @@
 //! name bad values, a clean exit on SIGTERM, and no delivery lost when the
 //! process is killed with SIGKILL in the middle of a fan-out.
 
+mod common;
+
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use common::{Websubd, free_port, scratch_dir};
 
 use websub_store::{Subscription, SubscriptionStore};
 use websub_tests::{DeliveryAnswer, TestSubscriber, http_client};
 
 const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free loopback port")
-}
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("websubd-{name}-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
-/// A running websubd.
-struct Websubd {
-    child: Child,
-    url: String,
-}
-
-impl Websubd {
-    fn spawn(dir: &PathBuf, port: u16, extra: &[&str]) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_websubd"))
-            .current_dir(dir)
-            .env("RUST_LOG", "warn")
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start websubd");
-        Self {
-            child,
-            url: format!("http://127.0.0.1:{port}/"),
-        }
-    }
-
-    async fn ready(self) -> Self {
-        let client = http_client();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(response) = client.get(format!("{}healthz", self.url)).send().await
-                && response.status().is_success()
-            {
-                return self;
-            }
-            assert!(Instant::now() < deadline, "websubd did not become ready");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn kill_9(mut self) {
-        self.child.kill().expect("SIGKILL websubd");
-        let _ = self.child.wait();
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("send SIGTERM");
-        assert!(status.success());
-        self.child.wait().expect("wait for websubd")
-    }
-}
-
-impl Drop for Websubd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[test]
 fn bad_values_are_named_and_refused() {

@@ -405,6 +405,11 @@ pub struct FeedConfig {
     pub max_delivery_retries: Option<u32>,
     /// The wait before the last retry (`10s`).
     pub max_retry_backoff: Option<String>,
+    /// Time allowed for one webhook delivery (`10s`).
+    pub delivery_timeout: Option<String>,
+    /// A delivery claimed by a process that died is claimed again after this
+    /// (`60s`; must exceed `delivery_timeout`).
+    pub visibility_timeout: Option<String>,
 }
 
 fn default_outbox_table() -> String {
@@ -442,6 +447,8 @@ impl FeedConfig {
             retention: None,
             max_delivery_retries: None,
             max_retry_backoff: None,
+            delivery_timeout: None,
+            visibility_timeout: None,
         }
     }
 
@@ -524,6 +531,10 @@ impl FeedConfig {
                 .map(|(name, value)| (name.clone(), value.clone()))
                 .collect(),
             retention: duration("feed.retention", &self.retention)?,
+            delivery_timeout: duration("feed.delivery_timeout", &self.delivery_timeout)?
+                .unwrap_or(defaults.delivery_timeout),
+            visibility_timeout: duration("feed.visibility_timeout", &self.visibility_timeout)?
+                .unwrap_or(defaults.visibility_timeout),
             ..defaults
         };
         config.validate().map_err(|error| match error {
@@ -557,6 +568,8 @@ fn feed_setting(setting: &'static str) -> &'static str {
         "subscriber-name" => "feed.subscriber",
         "signing-secret" => "feed.signing_secret",
         "webhook-header" => "feed.webhook_headers",
+        "delivery-timeout" => "feed.delivery_timeout",
+        "visibility-timeout" => "feed.visibility_timeout",
         other => other,
     }
 }
