@@ -63,17 +63,7 @@ struct Line {
 
 pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
     net::install_crypto_provider();
-    let websubd = match &args.websubd {
-        Some(path) => path.clone(),
-        None => std::env::current_exe()?.with_file_name("websubd"),
-    };
-    if !websubd.exists() {
-        return Err(format!(
-            "{} not found: build it first (cargo build --release --bins)",
-            websubd.display()
-        )
-        .into());
-    }
+    let websubd = locate_websubd(args.websubd.as_ref())?;
     let receiver = Receiver::start().await?;
     let mut lines = Vec::new();
 
@@ -368,29 +358,60 @@ fn urlencode(value: &str) -> String {
     url::form_urlencoded::byte_serialize(value.as_bytes()).collect()
 }
 
+/// The websubd binary: `given`, or the one next to this binary.
+pub(crate) fn locate_websubd(given: Option<&PathBuf>) -> Result<PathBuf, Failure> {
+    let websubd = match given {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?.with_file_name("websubd"),
+    };
+    if !websubd.exists() {
+        return Err(format!(
+            "{} not found: build it first (cargo build --release --bins)",
+            websubd.display()
+        )
+        .into());
+    }
+    Ok(websubd)
+}
+
 /// A websubd process.
-struct Hub {
+pub(crate) struct Hub {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Hub {
     async fn spawn(websubd: &PathBuf, database_url: &str, args: &HubArgs) -> Result<Self, Failure> {
+        let concurrency = args.concurrency.to_string();
+        Self::spawn_with(
+            websubd,
+            &[
+                "--database-url",
+                database_url,
+                "--internal-api-key",
+                INTERNAL_KEY,
+                "--delivery-concurrency",
+                &concurrency,
+                "--delivery-per-host",
+                &concurrency,
+                "--allow-private-network",
+            ],
+        )
+        .await
+    }
+
+    /// Starts websubd on a free port with `args` and waits until it serves.
+    pub(crate) async fn spawn_with(websubd: &PathBuf, args: &[&str]) -> Result<Self, Failure> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let concurrency = args.concurrency.to_string();
         let child = Command::new(websubd)
             .env(
                 "RUST_LOG",
                 std::env::var("WEBSUB_BENCH_HUB_LOG").unwrap_or_else(|_| "warn".to_owned()),
             )
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--database-url", database_url])
-            .args(["--internal-api-key", INTERNAL_KEY])
-            .args(["--delivery-concurrency", &concurrency])
-            .args(["--delivery-per-host", &concurrency])
-            .arg("--allow-private-network")
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()?;
@@ -414,14 +435,14 @@ impl Hub {
     }
 
     /// Peak resident memory since start (VmHWM).
-    fn peak_rss(&self) -> Option<u64> {
+    pub(crate) fn peak_rss(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
         let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
         let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kib * 1024)
     }
 
-    fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();

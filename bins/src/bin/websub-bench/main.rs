@@ -6,11 +6,15 @@
 //! - `websub-bench hub`: the HTTP ceiling of this machine, one publish fanned
 //!   out by a real `websubd` to 10 000 (and 100 000) loopback subscribers on
 //!   SQLite and PostgreSQL, subscribe throughput, and websubd's peak memory.
+//! - `websub-bench outbox`: producers committing outbox events, the
+//!   PostgreSQL claim ceiling, and events delivered end to end through a
+//!   `websubd` feed to a webhook, with commit-to-receipt latency.
 //!
 //! PostgreSQL and Redis are measured when their URLs are given; each run uses
 //! a throwaway database (PostgreSQL) or key prefix (Redis) and removes it.
 
 mod hub;
+mod outbox;
 mod store;
 
 use std::time::Duration;
@@ -31,6 +35,8 @@ enum Command {
     Store(store::StoreArgs),
     /// The hub end to end: HTTP ceiling, fan-out, subscribe throughput.
     Hub(hub::HubArgs),
+    /// The outbox path: producers' rate, claim ceiling, end-to-end delivery.
+    Outbox(outbox::OutboxArgs),
 }
 
 pub(crate) type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -41,6 +47,7 @@ async fn main() -> Result<(), Failure> {
     match cli.command {
         Command::Store(args) => store::run(args).await,
         Command::Hub(args) => hub::run(args).await,
+        Command::Outbox(args) => outbox::run(args).await,
     }
 }
 

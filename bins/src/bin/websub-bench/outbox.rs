@@ -1,0 +1,346 @@
+//! `websub-bench outbox`: the transactional outbox path, on one PostgreSQL.
+//!
+//! 1. The producers' own rate: N events committed one per transaction (with
+//!    `NOTIFY`) from P connections, with nothing consuming.
+//! 2. The claim ceiling: due delivery rows claimed 100 at a time with
+//!    `FOR UPDATE SKIP LOCKED` and marked processed, rows/s.
+//! 3. End to end: the same producers commit N events while a real `websubd`
+//!    with a feed of that outbox delivers each to one webhook on loopback:
+//!    delivered events/s, commit-to-receipt latency, the backlog left when
+//!    the producers stop, and how long it takes to drain.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use uuid::Uuid;
+use websub_hub::outbox::{Event, Outbox, OutboxTables, ddl};
+use websub_hub::signature::MESSAGING_EVENT_ID_HEADER;
+
+use crate::hub::{Hub, locate_websubd};
+use crate::{Failure, ThrowawayDatabase, micros, percentile};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct OutboxArgs {
+    /// A PostgreSQL server; the bench creates and drops its own database.
+    #[arg(long, env = "WEBSUB_BENCH_DATABASE_URL")]
+    postgres: String,
+    /// Events committed by the producers in each run.
+    #[arg(long, default_value_t = 10_000)]
+    events: usize,
+    /// Producer connections, each committing one event per transaction.
+    #[arg(long, default_value_t = 4)]
+    producers: usize,
+    /// The websubd binary [default: next to this one].
+    #[arg(long)]
+    websubd: Option<PathBuf>,
+}
+
+/// What an outbox bench event carries: about 1 KiB of JSON.
+struct BenchEvent {
+    sequence: usize,
+    filler: Arc<str>,
+}
+
+impl Event for BenchEvent {
+    fn name(&self) -> &str {
+        "bench.order.created"
+    }
+    fn resource_type(&self) -> &str {
+        "order"
+    }
+    fn resource_id(&self) -> String {
+        self.sequence.to_string()
+    }
+    fn event_type(&self) -> &str {
+        "created"
+    }
+    fn payload(&self) -> Result<serde_json::Value, serde_json::Error> {
+        Ok(serde_json::json!({ "sequence": self.sequence, "filler": &*self.filler }))
+    }
+}
+
+/// When each event was committed.
+type Commits = Vec<(Uuid, Instant)>;
+
+pub(crate) async fn run(args: OutboxArgs) -> Result<(), Failure> {
+    websub_hub::net::install_crypto_provider();
+    let websubd = locate_websubd(args.websubd.as_ref())?;
+    let database = ThrowawayDatabase::create(&args.postgres).await?;
+    let result = measure(&args, &websubd, &database.url).await;
+    database.drop_it().await?;
+    let table = result?;
+    println!("{table}");
+    Ok(())
+}
+
+async fn measure(args: &OutboxArgs, websubd: &PathBuf, url: &str) -> Result<String, Failure> {
+    let pool = PgPoolOptions::new()
+        .max_connections(u32::try_from(args.producers + 2).unwrap_or(u32::MAX))
+        .connect(url)
+        .await?;
+    let tables = OutboxTables::in_schema("bench")?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl(&tables)))
+        .execute(&pool)
+        .await?;
+    let outbox = Outbox::new(tables);
+
+    eprintln!("producers alone: {} events", args.events);
+    let solo = produce(&pool, &outbox, args.events, args.producers).await?;
+    let solo_elapsed = span(&solo);
+    let solo_rate = args.events as f64 / solo_elapsed.as_secs_f64();
+
+    eprintln!("claim ceiling: {} rows", args.events);
+    let (claimed, claim_elapsed) = claim_ceiling(&pool).await?;
+    let claim_rate = claimed as f64 / claim_elapsed.as_secs_f64();
+
+    sqlx::query("TRUNCATE bench.outbox CASCADE")
+        .execute(&pool)
+        .await?;
+    eprintln!("end to end: {} events through websubd", args.events);
+    let end_to_end = end_to_end(args, websubd, url, &pool, &outbox).await?;
+
+    let mut table = String::from(
+        "| measurement | events | time | rate /s | % of producers | p50 | p99 | backlog at last commit | drained after last commit |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    table.push_str(&format!(
+        "| producers alone: commits/s, {} connections | {} | {:.2} s | {:.0} | – | – | – | – | – |\n",
+        args.producers,
+        args.events,
+        solo_elapsed.as_secs_f64(),
+        solo_rate
+    ));
+    table.push_str(&format!(
+        "| claim ceiling: rows/s, 100 per claim + mark processed | {} | {:.2} s | {:.0} | – | – | – | – | – |\n",
+        claimed,
+        claim_elapsed.as_secs_f64(),
+        claim_rate
+    ));
+    let mut latencies = end_to_end.latencies;
+    table.push_str(&format!(
+        "| end to end: delivered events/s (NOTIFY path) | {} | {:.2} s | {:.0} | {:.0} % | {} | {} | {} | {} |",
+        args.events,
+        end_to_end.elapsed.as_secs_f64(),
+        end_to_end.rate,
+        100.0 * end_to_end.rate / solo_rate,
+        micros(percentile(&mut latencies, 50.0)),
+        micros(percentile(&mut latencies, 99.0)),
+        end_to_end.backlog,
+        micros(end_to_end.drained),
+    ));
+    Ok(table)
+}
+
+/// From the first commit to the last.
+fn span(commits: &Commits) -> Duration {
+    let first = commits.iter().map(|(_, at)| *at).min();
+    let last = commits.iter().map(|(_, at)| *at).max();
+    match (first, last) {
+        (Some(first), Some(last)) => last - first,
+        _ => Duration::ZERO,
+    }
+}
+
+/// Commits `events` events, one per transaction with a NOTIFY, from
+/// `producers` connections; returns each event's commit time.
+async fn produce(
+    pool: &PgPool,
+    outbox: &Outbox,
+    events: usize,
+    producers: usize,
+) -> Result<Commits, Failure> {
+    let filler: Arc<str> = "x".repeat(1000).into();
+    let lanes = (0..producers).map(|lane| {
+        let filler = filler.clone();
+        async move {
+            let mut commits = Vec::new();
+            for sequence in (lane..events).step_by(producers) {
+                let event = BenchEvent {
+                    sequence,
+                    filler: filler.clone(),
+                };
+                let mut tx = pool.begin().await?;
+                let id = outbox.message(&event).notify().send(&mut tx).await?;
+                tx.commit().await?;
+                commits.push((id, Instant::now()));
+            }
+            Ok::<_, Failure>(commits)
+        }
+    });
+    let mut all = Vec::with_capacity(events);
+    for lane in futures::future::join_all(lanes).await {
+        all.extend(lane?);
+    }
+    Ok(all)
+}
+
+/// Gives every event a due delivery row, then claims them 100 at a time and
+/// marks each batch processed until none is left.
+async fn claim_ceiling(pool: &PgPool) -> Result<(usize, Duration), Failure> {
+    sqlx::query(
+        "INSERT INTO bench.outbox_deliveries (event_id, subscriber, next_attempt_at) \
+         SELECT id, 'ceiling', timezone('utc', now()) FROM bench.outbox",
+    )
+    .execute(pool)
+    .await?;
+    sqlx::query("ANALYZE bench.outbox_deliveries")
+        .execute(pool)
+        .await?;
+    let started = Instant::now();
+    let mut claimed = 0;
+    loop {
+        let ids: Vec<Uuid> = sqlx::query_scalar(
+            "UPDATE bench.outbox_deliveries SET processing_since = timezone('utc', now()) \
+             WHERE (event_id, subscriber) IN ( \
+                 SELECT event_id, subscriber FROM bench.outbox_deliveries \
+                 WHERE processed_at IS NULL AND next_attempt_at <= timezone('utc', now()) \
+                   AND processing_since IS NULL \
+                 ORDER BY next_attempt_at LIMIT 100 FOR UPDATE SKIP LOCKED) \
+             RETURNING event_id",
+        )
+        .fetch_all(pool)
+        .await?;
+        if ids.is_empty() {
+            return Ok((claimed, started.elapsed()));
+        }
+        claimed += ids.len();
+        sqlx::query(
+            "UPDATE bench.outbox_deliveries SET processed_at = timezone('utc', now()), \
+                 processing_since = NULL \
+             WHERE subscriber = 'ceiling' AND event_id = ANY($1)",
+        )
+        .bind(&ids)
+        .execute(pool)
+        .await?;
+    }
+}
+
+struct EndToEnd {
+    elapsed: Duration,
+    rate: f64,
+    latencies: Vec<Duration>,
+    backlog: usize,
+    drained: Duration,
+}
+
+type Receipts = Arc<Mutex<HashMap<Uuid, Instant>>>;
+
+async fn end_to_end(
+    args: &OutboxArgs,
+    websubd: &PathBuf,
+    url: &str,
+    pool: &PgPool,
+    outbox: &Outbox,
+) -> Result<EndToEnd, Failure> {
+    let receipts: Receipts = Arc::default();
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(receive))
+        .with_state(receipts.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let hook = format!("http://{}/hook", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+
+    let scratch = std::env::temp_dir().join(format!("websub-bench-outbox-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let webhooks = scratch.join("webhooks.toml");
+    std::fs::write(
+        &webhooks,
+        format!(
+            "[[webhook]]\nevent = \"bench.order.created\"\nsubscriber = \"bench-sink\"\nurl = \"{hook}\"\n"
+        ),
+    )?;
+    let config = scratch.join("websubd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[feed]]\ndatabase_url = \"{url}\"\noutbox_table = \"bench.outbox\"\n\
+             deliveries_table = \"bench.outbox_deliveries\"\nwebhooks_file = \"{}\"\n\
+             signing_secret = \"bench\"\nevents = []\n",
+            webhooks.display()
+        ),
+    )?;
+    let hub_db = format!("sqlite:{}", scratch.join("hub.db").display());
+    let config_path = config.display().to_string();
+    let hub = Hub::spawn_with(
+        websubd,
+        &["--database-url", &hub_db, "--config", &config_path],
+    )
+    .await?;
+    // The feed's listener connects after the hub serves.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let commits = produce(pool, outbox, args.events, args.producers).await?;
+    let backlog = args.events - lock(&receipts).len();
+    let last_commit = commits
+        .iter()
+        .map(|(_, at)| *at)
+        .max()
+        .unwrap_or_else(Instant::now);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while lock(&receipts).len() < args.events {
+        if Instant::now() > deadline {
+            hub.stop();
+            return Err(format!(
+                "only {} of {} events delivered within 120 s",
+                lock(&receipts).len(),
+                args.events
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    hub.stop();
+    std::fs::remove_dir_all(&scratch)?;
+
+    let receipts = lock(&receipts).clone();
+    let first_commit = commits
+        .iter()
+        .map(|(_, at)| *at)
+        .min()
+        .unwrap_or(last_commit);
+    let last_receipt = receipts.values().max().copied().unwrap_or(last_commit);
+    let latencies = commits
+        .iter()
+        .filter_map(|(id, committed)| {
+            receipts
+                .get(id)
+                .map(|received| received.saturating_duration_since(*committed))
+        })
+        .collect();
+    let elapsed = last_receipt - first_commit;
+    Ok(EndToEnd {
+        elapsed,
+        rate: args.events as f64 / elapsed.as_secs_f64(),
+        latencies,
+        backlog,
+        drained: last_receipt.saturating_duration_since(last_commit),
+    })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+async fn receive(State(receipts): State<Receipts>, headers: HeaderMap) -> StatusCode {
+    let at = Instant::now();
+    let id = headers
+        .get(MESSAGING_EVENT_ID_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| Uuid::parse_str(value).ok());
+    match id {
+        Some(id) => {
+            lock(&receipts).entry(id).or_insert(at);
+            StatusCode::NO_CONTENT
+        }
+        None => StatusCode::BAD_REQUEST,
+    }
+}
