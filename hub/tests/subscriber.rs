@@ -26,7 +26,7 @@ use websub_hub::signature::{
 };
 use websub_hub::subscriber::{
     ClientError, Handler, HandlerError, MemoryDedup, Notification, Receiver, ReceiverEvent,
-    Renewer, Source, State, SubscriberClient,
+    ReceiverStats, Renewer, Source, State, SubscriberClient,
 };
 use websub_store::SubscriptionStore;
 
@@ -372,7 +372,7 @@ async fn subscription_is_verified_and_fat_pings_reach_the_handler_once_each() {
     let bodies: Vec<&[u8]> = seen.iter().map(|n| n.body.as_ref()).collect();
     assert_eq!(bodies, vec![&b"{\"order\":1}"[..], &b"second"[..]]);
     assert_ne!(seen[0].event_id, seen[1].event_id);
-    let stats = subscriber.receiver.stats();
+    let stats = settled_stats(&subscriber.receiver, |stats| stats.delivered >= 2).await;
     assert_eq!(stats.delivered, 2);
     assert_eq!(
         stats.signature_rejected, 0,
@@ -788,8 +788,25 @@ async fn a_handler_failure_answers_5xx_and_the_hubs_retry_is_processed() {
     assert_eq!(seen.len(), 1, "the retry was processed");
     assert_eq!(seen[0].body.as_ref(), b"{\"retry\":true}");
     assert_eq!(subscriber.recorder.calls.load(Ordering::SeqCst), 2);
-    let stats = subscriber.receiver.stats();
+    let stats = settled_stats(&subscriber.receiver, |stats| stats.delivered >= 1).await;
     assert_eq!((stats.handler_failed, stats.delivered), (1, 1));
+}
+
+/// The receiver's counters once `settled` holds (a delivery is counted
+/// after its handler returns, just after the handler passed it on), or
+/// after five seconds.
+async fn settled_stats(
+    receiver: &Receiver,
+    settled: impl Fn(&ReceiverStats) -> bool,
+) -> ReceiverStats {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = receiver.stats();
+        if settled(&stats) || tokio::time::Instant::now() > deadline {
+            return stats;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test]
