@@ -886,7 +886,8 @@ impl Dispatcher {
             let claimed = if registry.subscriptions.is_empty() {
                 Claimed::Idle
             } else {
-                self.claim_and_start(&registry, &attempts, &completed).await
+                self.claim_and_start(&registry, &attempts, &completed, &shutdown)
+                    .await
             };
             failed |= claimed == Claimed::Failed;
             tokio::select! {
@@ -987,9 +988,15 @@ impl Dispatcher {
         registry: &Arc<Registry>,
         attempts: &TaskTracker,
         completed: &mpsc::UnboundedSender<Completion>,
+        shutdown: &CancellationToken,
     ) -> Claimed {
         let config = &self.inner.config;
         loop {
+            // While rows keep coming, this loop alone claims them; shutdown
+            // must still be noticed between claims.
+            if shutdown.is_cancelled() {
+                return Claimed::Idle;
+            }
             let room = self.inner.slots.available_permits();
             if room == 0 {
                 return Claimed::WaitingForRoom;
