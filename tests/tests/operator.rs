@@ -189,12 +189,14 @@ async fn operator_api_refuses_bad_requests() {
         .await
         .expect("GET");
     assert_eq!(response.status().as_u16(), 401);
+    // Header names are case-insensitive; the reason names it either way.
     assert!(
         response
             .text()
             .await
             .unwrap_or_default()
-            .contains("X-Internal-API-Key")
+            .to_ascii_lowercase()
+            .contains("x-internal-api-key")
     );
 
     for (method, path, body, reason) in [
