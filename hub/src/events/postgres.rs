@@ -81,6 +81,21 @@ const EXPAND_AGAIN: &str = "INSERT INTO websub_deliveries (event_id, subscriber,
      SELECT $1, subscriber, $2 FROM unnest($3::text[]) AS s(subscriber) \
      ON CONFLICT DO NOTHING";
 
+// Records claimed for their first attempt as they are written. The first
+// try leaves out ON CONFLICT, as EXPAND_FIRST does: nothing conflicts unless
+// the event is being (or was) expanded elsewhere, and then every row was
+// inserted, so none need be returned. On a conflict the statement fails as a
+// whole and EXPAND_CLAIMED_AGAIN runs instead, whose RETURNING reports only
+// the rows it inserted, not those it skipped.
+const EXPAND_CLAIMED_FIRST: &str = "INSERT INTO websub_deliveries \
+     (event_id, subscriber, next_attempt_at, processing_since) \
+     SELECT $1, subscriber, $2, $2 FROM unnest($3::text[]) AS s(subscriber)";
+
+const EXPAND_CLAIMED_AGAIN: &str = "INSERT INTO websub_deliveries \
+     (event_id, subscriber, next_attempt_at, processing_since) \
+     SELECT $1, subscriber, $2, $2 FROM unnest($3::text[]) AS s(subscriber) \
+     ON CONFLICT DO NOTHING RETURNING subscriber::TEXT";
+
 const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
      WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT $1";
 
@@ -417,6 +432,54 @@ impl EventLog for PostgresEventLog {
                 .await
                 .map_err(|error| missing_event(error, event_id))?
                 .rows_affected();
+        }
+        Ok(created)
+    }
+
+    async fn expand_claimed(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        let mut subscribers = subscribers.to_vec();
+        subscribers.sort_unstable();
+        subscribers.dedup();
+        if subscribers.is_empty() {
+            // No insert, so no trigger to find the event missing.
+            let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
+                .bind(event_id)
+                .fetch_one(&self.pool)
+                .await?;
+            return if exists {
+                Ok(Vec::new())
+            } else {
+                Err(EventLogError::UnknownEvent(event_id))
+            };
+        }
+        let mut created = Vec::with_capacity(subscribers.len());
+        for chunk in subscribers.chunks(EXPAND_CHUNK) {
+            // The insert's statement trigger fails it when the event is gone.
+            let first = sqlx::query(EXPAND_CLAIMED_FIRST)
+                .bind(event_id)
+                .bind(now)
+                .bind(chunk)
+                .execute(&self.pool)
+                .await;
+            match first {
+                Ok(_) => created.extend(chunk.iter().map(|subscriber| (*subscriber).to_owned())),
+                Err(error) if is_unique_violation(&error) => {
+                    let rows: Vec<String> = sqlx::query_scalar(EXPAND_CLAIMED_AGAIN)
+                        .bind(event_id)
+                        .bind(now)
+                        .bind(chunk)
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(|error| missing_event(error, event_id))?;
+                    created.extend(rows);
+                }
+                Err(error) => return Err(missing_event(error, event_id)),
+            }
         }
         Ok(created)
     }

@@ -70,6 +70,13 @@ const EXPAND: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_
      SELECT ?1, value, ?2 FROM json_each(?3) WHERE true \
      ON CONFLICT DO NOTHING";
 
+// Records claimed for their first attempt as they are written; RETURNING
+// reports only the rows this statement inserted, not those it skipped.
+const EXPAND_CLAIMED: &str = "INSERT INTO websub_deliveries \
+     (event_id, subscriber, next_attempt_at, processing_since) \
+     SELECT ?1, value, ?2, ?2 FROM json_each(?3) WHERE true \
+     ON CONFLICT DO NOTHING RETURNING subscriber";
+
 const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = ?1)";
 
 const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
@@ -375,6 +382,39 @@ impl EventLog for SqliteEventLog {
                 .rows_affected();
             tx.commit().await?;
         }
+        Ok(created)
+    }
+
+    async fn expand_claimed(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        let mut subscribers = subscribers.to_vec();
+        subscribers.sort_unstable();
+        subscribers.dedup();
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
+            .bind(event_id)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !exists {
+            return Err(EventLogError::UnknownEvent(event_id));
+        }
+        let mut created = Vec::with_capacity(subscribers.len());
+        for chunk in subscribers.chunks(EXPAND_CHUNK) {
+            let chunk = serde_json::to_string(chunk)
+                .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+            let rows: Vec<String> = sqlx::query_scalar(EXPAND_CLAIMED)
+                .bind(event_id)
+                .bind(now.timestamp_micros())
+                .bind(chunk)
+                .fetch_all(&mut *tx)
+                .await?;
+            created.extend(rows);
+        }
+        tx.commit().await?;
         Ok(created)
     }
 
