@@ -249,12 +249,17 @@ impl SubscriptionStore for PostgresStore {
             .bind(limit)
             .bind(after),
         };
-        query
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(subscription_from_row)
-            .collect()
+        // A planner whose statistics predate a large topic (one just
+        // loaded, not yet analysed) believes it holds a few rows, and would
+        // read and sort all the rest of the topic for every page. Sorting
+        // ruled out for this transaction, the walk along the key remains.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET LOCAL enable_sort = off")
+            .execute(&mut *tx)
+            .await?;
+        let rows = query.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        rows.iter().map(subscription_from_row).collect()
     }
 
     async fn topics(&self) -> Result<Vec<String>, StoreError> {
