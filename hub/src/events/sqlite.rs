@@ -22,12 +22,17 @@
 //!   [`SqliteEventLog::from_pool`]).
 //! - **One writer.** Every write in every process queues for the file's write
 //!   lock, waiting up to [`BUSY_TIMEOUT`]. Claims therefore cannot overlap:
-//!   each one holds the lock from choosing its rows to marking them.
+//!   each one holds the lock from choosing its rows to marking them. Within
+//!   one process the log's writes first queue on an async lock of their own,
+//!   so a waiting write starts the moment the previous one commits; left to
+//!   SQLite's busy handler, it would sleep in steps of up to 100 ms, and the
+//!   dispatcher's writes (claimed parts, outcomes) would stall deliveries.
 //! - **JSON parameters.** SQLite has no array type and allows at most 32 766
 //!   bind parameters per statement, so batches (subscribers to expand,
 //!   completions) travel as one JSON array parameter read with `json_each`:
 //!   one statement, prepared once, whatever the batch size.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -165,6 +170,8 @@ const PURGE: &str = "DELETE FROM websub_events WHERE rowid IN ( \
 #[derive(Debug, Clone)]
 pub struct SqliteEventLog {
     pool: SqlitePool,
+    /// Held by every write of this log; see the module doc.
+    writer: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl SqliteEventLog {
@@ -187,7 +194,10 @@ impl SqliteEventLog {
     /// The pool's options are the caller's; foreign keys must be on, or
     /// purging leaves delivery rows behind.
     pub fn from_pool(pool: SqlitePool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            writer: Arc::new(tokio::sync::Mutex::new(())),
+        }
     }
 
     /// Applies the event log's pending migrations.
@@ -341,6 +351,7 @@ impl EventLog for SqliteEventLog {
             body: event.body,
             created_at: websub_store::to_micros(now),
         };
+        let _writing = self.writer.lock().await;
         sqlx::query(INSERT_EVENT)
             .bind(event.id)
             .bind(&event.topic)
@@ -365,6 +376,7 @@ impl EventLog for SqliteEventLog {
         for chunk in subscribers.chunks(EXPAND_CHUNK) {
             let chunk = serde_json::to_string(chunk)
                 .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+            let _writing = self.writer.lock().await;
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
             let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
                 .bind(event_id)
@@ -394,6 +406,12 @@ impl EventLog for SqliteEventLog {
         let mut subscribers = subscribers.to_vec();
         subscribers.sort_unstable();
         subscribers.dedup();
+        let chunks = subscribers
+            .chunks(EXPAND_CHUNK)
+            .map(serde_json::to_string)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+        let _writing = self.writer.lock().await;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
             .bind(event_id)
@@ -403,9 +421,7 @@ impl EventLog for SqliteEventLog {
             return Err(EventLogError::UnknownEvent(event_id));
         }
         let mut created = Vec::with_capacity(subscribers.len());
-        for chunk in subscribers.chunks(EXPAND_CHUNK) {
-            let chunk = serde_json::to_string(chunk)
-                .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+        for chunk in chunks {
             let rows: Vec<String> = sqlx::query_scalar(EXPAND_CLAIMED)
                 .bind(event_id)
                 .bind(now.timestamp_micros())
@@ -426,6 +442,7 @@ impl EventLog for SqliteEventLog {
     ) -> Result<u64, EventLogError> {
         // IMMEDIATE: the write lock is taken (or waited for) at BEGIN, not on
         // the first write, where a stale read snapshot would fail at once.
+        let _writing = self.writer.lock().await;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let created = expand_in(&mut tx, event_id, subscribers, now.timestamp_micros()).await?;
         tx.commit().await?;
@@ -454,6 +471,7 @@ impl EventLog for SqliteEventLog {
         // Under the write lock from the start, so no other claim (from this
         // process or another) can pick rows between this one's choice and
         // its mark; see `expand` for why IMMEDIATE.
+        let _writing = self.writer.lock().await;
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let rows = sqlx::query(CLAIM)
             .bind(now.timestamp_micros())
@@ -483,8 +501,10 @@ impl EventLog for SqliteEventLog {
         if completions.is_empty() {
             return Ok(());
         }
+        let completions = completions_json(completions)?;
+        let _writing = self.writer.lock().await;
         sqlx::query(COMPLETE)
-            .bind(completions_json(completions)?)
+            .bind(completions)
             .bind(now.timestamp_micros())
             .execute(&self.pool)
             .await?;
@@ -561,6 +581,7 @@ impl EventLog for SqliteEventLog {
         filter: FailedFilter<'_>,
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
+        let _writing = self.writer.lock().await;
         Ok(sqlx::query(RETRY_FAILED)
             .bind(filter.topic)
             .bind(filter.subscriber)
@@ -573,6 +594,7 @@ impl EventLog for SqliteEventLog {
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
         let mut deleted = 0;
         loop {
+            let _writing = self.writer.lock().await;
             let chunk = sqlx::query(PURGE)
                 .bind(cutoff.timestamp_micros())
                 .bind(PURGE_CHUNK)
