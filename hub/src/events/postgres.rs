@@ -30,7 +30,7 @@ use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
@@ -48,6 +48,12 @@ const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
 /// `default_transaction_isolation`: expansion and purging rely on each
 /// statement seeing what committed before it (see the migration).
 const READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// Connections [`PostgresEventLog::connect`] keeps open while idle: what a
+/// dispatcher uses at once in a fan-out (the expander, the claim loop and its
+/// outcome writers), each of which would otherwise start a server process
+/// (and plan the log's functions afresh) in the middle of the fan-out.
+pub const WARM_CONNECTIONS: u32 = 6;
 
 /// Subscribers per `INSERT` in [`EventLog::expand`]. The array is one
 /// parameter, so this bounds statement memory, not parameter count.
@@ -171,9 +177,16 @@ impl PostgresEventLog {
     /// an expansion lost leaves its event unexpanded, to be expanded again.
     /// Waiting for a WAL flush on each of them was most of a fan-out's time.
     /// Recording an event, which the hub acknowledges, still waits for it.
+    ///
+    /// The pool keeps [`WARM_CONNECTIONS`] open even when idle, so that a
+    /// fan-out after a quiet spell does not wait for new server processes.
     pub async fn connect(url: &str) -> Result<Self, EventLogError> {
         let options = PgConnectOptions::from_str(url)?.options([("synchronous_commit", "off")]);
-        let log = Self::from_pool(PgPool::connect_with(options).await?);
+        let pool = PgPoolOptions::new()
+            .min_connections(WARM_CONNECTIONS)
+            .connect_with(options)
+            .await?;
+        let log = Self::from_pool(pool);
         log.migrate().await?;
         Ok(log)
     }
