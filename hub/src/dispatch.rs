@@ -228,15 +228,17 @@ impl Dispatcher {
                 })
                 .flatten();
             let read_next = async {
-                match &after {
-                    Some(after) => self
-                        .inner
-                        .store
-                        .list_by_topic_page(topic, Some(after), next_limit)
-                        .await
-                        .map(Some),
-                    None => Ok(None),
-                }
+                let Some(after) = &after else {
+                    return Ok(None);
+                };
+                let started = std::time::Instant::now();
+                let next = self
+                    .inner
+                    .store
+                    .list_by_topic_page(topic, Some(after), next_limit)
+                    .await?;
+                debug!(subscribers = next.len(), took = ?started.elapsed(), "read a page of subscribers");
+                Ok::<_, websub_store::StoreError>(Some(next))
             };
             let (delivered, next) = tokio::join!(
                 self.deliver_page(&outgoing, page, pipeline, shutdown),
@@ -285,11 +287,13 @@ impl Dispatcher {
                 .map(|subscription| subscription.callback.as_str())
                 .collect();
             let now = self.inner.clock.now();
+            let started = std::time::Instant::now();
             let inserted = self
                 .inner
                 .events
                 .expand_claimed(outgoing.event.id, &callbacks, now)
                 .await?;
+            debug!(records = part.len(), created = inserted.len(), took = ?started.elapsed(), "wrote a claimed part");
             created += inserted.len() as u64;
             // Usually every record is new; otherwise only the new ones are
             // this process's to deliver.
@@ -685,13 +689,17 @@ impl Dispatcher {
     async fn write_outcomes(&self, batch: Vec<Completion>) {
         let mut delay = Duration::from_millis(50);
         for attempt in 1..=OUTCOME_WRITE_ATTEMPTS {
+            let started = std::time::Instant::now();
             match self
                 .inner
                 .events
                 .complete(&batch, self.inner.clock.now())
                 .await
             {
-                Ok(()) => break,
+                Ok(()) => {
+                    debug!(records = batch.len(), took = ?started.elapsed(), "recorded outcomes");
+                    break;
+                }
                 Err(error) if attempt < OUTCOME_WRITE_ATTEMPTS => {
                     warn!(%error, records = batch.len(), "recording outcomes failed; retrying");
                     tokio::time::sleep(delay).await;
