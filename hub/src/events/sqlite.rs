@@ -75,9 +75,17 @@ const EXPAND: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_
      SELECT ?1, value, ?2 FROM json_each(?3) WHERE true \
      ON CONFLICT DO NOTHING";
 
-// Records claimed for their first attempt as they are written; RETURNING
-// reports only the rows this statement inserted, not those it skipped.
-const EXPAND_CLAIMED: &str = "INSERT INTO websub_deliveries \
+// Records claimed for their first attempt as they are written. The first try
+// has no ON CONFLICT: nothing conflicts unless the event is being (or was)
+// expanded elsewhere, and then every row went in and none need be read back.
+// On a conflict the statement alone is rolled back and EXPAND_CLAIMED_AGAIN
+// runs in the same transaction; its RETURNING reports only the rows it
+// inserted, not those it skipped.
+const EXPAND_CLAIMED_FIRST: &str = "INSERT INTO websub_deliveries \
+     (event_id, subscriber, next_attempt_at, processing_since) \
+     SELECT ?1, value, ?2, ?2 FROM json_each(?3)";
+
+const EXPAND_CLAIMED_AGAIN: &str = "INSERT INTO websub_deliveries \
      (event_id, subscriber, next_attempt_at, processing_since) \
      SELECT ?1, value, ?2, ?2 FROM json_each(?3) WHERE true \
      ON CONFLICT DO NOTHING RETURNING subscriber";
@@ -272,6 +280,12 @@ fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRecord, EventLogError> {
     })
 }
 
+fn is_unique_violation(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|error| error.is_unique_violation())
+}
+
 /// The completions as the JSON array [`COMPLETE`] reads.
 fn completions_json(completions: &[Completion]) -> Result<String, EventLogError> {
     let rows: Vec<_> = completions
@@ -421,14 +435,26 @@ impl EventLog for SqliteEventLog {
             return Err(EventLogError::UnknownEvent(event_id));
         }
         let mut created = Vec::with_capacity(subscribers.len());
-        for chunk in chunks {
-            let rows: Vec<String> = sqlx::query_scalar(EXPAND_CLAIMED)
+        for (part, json) in subscribers.chunks(EXPAND_CHUNK).zip(chunks) {
+            let first = sqlx::query(EXPAND_CLAIMED_FIRST)
                 .bind(event_id)
                 .bind(now.timestamp_micros())
-                .bind(chunk)
-                .fetch_all(&mut *tx)
-                .await?;
-            created.extend(rows);
+                .bind(&json)
+                .execute(&mut *tx)
+                .await;
+            match first {
+                Ok(_) => created.extend(part.iter().map(|subscriber| (*subscriber).to_owned())),
+                Err(error) if is_unique_violation(&error) => {
+                    let rows: Vec<String> = sqlx::query_scalar(EXPAND_CLAIMED_AGAIN)
+                        .bind(event_id)
+                        .bind(now.timestamp_micros())
+                        .bind(json)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                    created.extend(rows);
+                }
+                Err(error) => return Err(error.into()),
+            }
         }
         tx.commit().await?;
         Ok(created)
