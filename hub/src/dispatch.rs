@@ -110,9 +110,9 @@ struct Pipeline {
     pending: Arc<Semaphore>,
     attempts: TaskTracker,
     completed: mpsc::UnboundedSender<Completion>,
-    /// How much room a claim or an expanded part waits for. Each costs a
-    /// round trip whatever its size, so they are made for half the queue at
-    /// a time rather than one record per finished attempt.
+    /// How much room a claim waits for, and the size of an expanded part.
+    /// Each costs a round trip whatever its size, so they are made for half
+    /// the queue at a time rather than one record per finished attempt.
     batch: usize,
 }
 
@@ -194,9 +194,10 @@ impl Dispatcher {
     /// The first deliveries leave after one small page, not after the whole
     /// list, and no first attempt pays for a claim. The next page is read
     /// while the current one goes out, in pages four times larger each time
-    /// (few round trips for a large topic), and a part is written only when
-    /// the pipeline has room for it, so a claimed record never waits long for
-    /// its attempt. Records that exist already (another replica expanding
+    /// (few round trips for a large topic), and parts are written one ahead
+    /// of the pipeline's room (see [`deliver_page`](Self::deliver_page)), so
+    /// a claimed record never waits long for its attempt. Records that exist
+    /// already (another replica expanding
     /// the same event, a restart after a crash mid-expansion) are left to
     /// whoever holds them or to the claim loop.
     ///
@@ -266,8 +267,17 @@ impl Dispatcher {
     }
 
     /// Writes one page of an event's subscribers as claimed records, a part
-    /// at a time as the pipeline has room, and starts their attempts.
-    /// Returns how many records were created, or `None` on shutdown.
+    /// at a time, and starts their attempts. Returns how many records were
+    /// created, or `None` on shutdown.
+    ///
+    /// A part is written while the previous one is still queued, then waits
+    /// for room in the pipeline: the write's latency (on SQLite, the wait
+    /// for the file's one writer) overlaps with the attempts already queued
+    /// instead of leaving the network idle, and a claimed record waits at
+    /// most for one part's worth of attempts to finish before its own starts.
+    /// A part written is a part delivered, shutdown or not: the pipeline
+    /// drains meanwhile, and its records are not left to wait for the
+    /// visibility timeout.
     async fn deliver_page(
         &self,
         outgoing: &Arc<Outgoing>,
@@ -278,10 +288,10 @@ impl Dispatcher {
         let mut rest = page.into_iter();
         let mut created = 0;
         while rest.len() > 0 {
-            let Some(mut permits) = self.room_for(rest.len(), pipeline, shutdown).await else {
+            if shutdown.is_cancelled() {
                 return Ok(None);
-            };
-            let part: Vec<Subscription> = rest.by_ref().take(permits.num_permits()).collect();
+            }
+            let part: Vec<Subscription> = rest.by_ref().take(pipeline.batch).collect();
             let callbacks: Vec<&str> = part
                 .iter()
                 .map(|subscription| subscription.callback.as_str())
@@ -299,6 +309,7 @@ impl Dispatcher {
             // this process's to deliver.
             let ours: Option<HashSet<String>> =
                 (inserted.len() < part.len()).then(|| inserted.into_iter().collect());
+            let mut deliverable = Vec::with_capacity(part.len());
             for subscription in part {
                 if ours
                     .as_ref()
@@ -316,8 +327,22 @@ impl Dispatcher {
                     });
                     continue;
                 }
+                deliverable.push(subscription);
+            }
+            if deliverable.is_empty() {
+                continue;
+            }
+            let Ok(mut permits) = pipeline
+                .pending
+                .clone()
+                .acquire_many_owned(permit_count(deliverable.len()))
+                .await
+            else {
+                return Ok(None);
+            };
+            for subscription in deliverable {
                 let Some(permit) = permits.split(1) else {
-                    // One permit per subscriber of the part was taken.
+                    // One permit per record of the part was taken.
                     break;
                 };
                 self.spawn_attempt(
@@ -330,33 +355,6 @@ impl Dispatcher {
             }
         }
         Ok(Some(created))
-    }
-
-    /// Room in the pipeline for up to `wanted` records (at most a batch):
-    /// waits until there is room for a batch (or for all of them, if fewer),
-    /// then takes whatever else is free. `None` on shutdown.
-    async fn room_for(
-        &self,
-        wanted: usize,
-        pipeline: &Pipeline,
-        shutdown: &CancellationToken,
-    ) -> Option<OwnedSemaphorePermit> {
-        let wanted = wanted.clamp(1, self.inner.policy.batch_size.max(1));
-        let first = wanted.min(pipeline.batch);
-        let mut permits = tokio::select! {
-            () = shutdown.cancelled() => return None,
-            permits = pipeline.pending.clone().acquire_many_owned(permit_count(first)) => permits.ok()?,
-        };
-        let more = pipeline.pending.available_permits().min(wanted - first);
-        if more > 0
-            && let Ok(extra) = pipeline
-                .pending
-                .clone()
-                .try_acquire_many_owned(permit_count(more))
-        {
-            permits.merge(extra);
-        }
-        Some(permits)
     }
 
     /// Expands whenever [`expand_soon`](Self::expand_soon) asks, apart from
