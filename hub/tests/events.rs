@@ -1458,3 +1458,87 @@ async fn concurrent_claimed_parts_share_the_records(log: &dyn EventLog) {
     );
 }
 both!(concurrent_claimed_parts_share_the_records);
+
+async fn complete_mixes_events_and_ignores_late_deliveries(log: &dyn EventLog) {
+    // One batch of outcomes for two events, interleaved as attempts finish:
+    // each record gets its own outcome, whatever else is in the batch.
+    let t0 = base_time();
+    let first = record(log, &topic(), t0).await;
+    let second = record(log, &topic(), t0).await;
+    let subs = subscribers("mixed", 3);
+    for event in [&first, &second] {
+        assert_eq!(
+            log.expand_claimed(event.id, &strs(&subs), t0)
+                .await
+                .expect("claimed part")
+                .len(),
+            3
+        );
+    }
+    let t1 = t0 + secs(1);
+    let retry_at = t1 + secs(5);
+    log.complete(
+        &[
+            completion(first.id, &subs[0], Outcome::Delivered),
+            completion(second.id, &subs[0], Outcome::Delivered),
+            completion(
+                first.id,
+                &subs[1],
+                Outcome::Retry {
+                    error: "HTTP 502".to_owned(),
+                    next_attempt_at: retry_at,
+                },
+            ),
+            completion(first.id, &subs[2], Outcome::Delivered),
+            completion(second.id, &subs[1], Outcome::Delivered),
+        ],
+        t1,
+    )
+    .await
+    .expect("complete");
+    let delivered = |event_id: Uuid, subscriber: &str| DeliveryRecord {
+        processed_at: Some(t1),
+        next_attempt_at: None,
+        ..pending(event_id, subscriber, t0)
+    };
+    let firsts = log.deliveries(first.id).await.expect("deliveries");
+    assert_eq!(record_of(&firsts, &subs[0]), &delivered(first.id, &subs[0]));
+    assert_eq!(
+        record_of(&firsts, &subs[1]),
+        &DeliveryRecord {
+            retry_count: 1,
+            last_error: Some("HTTP 502".to_owned()),
+            next_attempt_at: Some(retry_at),
+            ..pending(first.id, &subs[1], t0)
+        }
+    );
+    assert_eq!(record_of(&firsts, &subs[2]), &delivered(first.id, &subs[2]));
+    let seconds = log.deliveries(second.id).await.expect("deliveries");
+    assert_eq!(
+        record_of(&seconds, &subs[0]),
+        &delivered(second.id, &subs[0])
+    );
+    assert_eq!(
+        record_of(&seconds, &subs[1]),
+        &delivered(second.id, &subs[1])
+    );
+    assert_eq!(
+        record_of(&seconds, &subs[2]),
+        &DeliveryRecord {
+            processing_since: Some(t0),
+            ..pending(second.id, &subs[2], t0)
+        },
+        "a record with no outcome in the batch is untouched"
+    );
+
+    // A late delivery of a closed record (its claim went stale and another
+    // dispatcher delivered it) keeps the first delivery's time.
+    log.complete(
+        &[completion(first.id, &subs[0], Outcome::Delivered)],
+        t1 + secs(100),
+    )
+    .await
+    .expect("late complete");
+    assert_eq!(log.deliveries(first.id).await.expect("deliveries"), firsts);
+}
+both!(complete_mixes_events_and_ignores_late_deliveries);

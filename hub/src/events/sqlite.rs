@@ -112,6 +112,15 @@ const CLAIM: &str = "UPDATE websub_deliveries SET processing_since = ?1 \
          (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
          subscriber, retry_count";
 
+// The usual outcome, delivered, for one event: `?2` is a JSON array of its
+// subscribers. A third of the general statement's cost per record, which
+// decodes five fields of a JSON row for each. Otherwise as COMPLETE does for
+// a `Delivered` outcome.
+const COMPLETE_DELIVERED: &str = "UPDATE websub_deliveries \
+     SET processed_at = ?3, processing_since = NULL, next_attempt_at = NULL \
+     WHERE event_id = ?1 AND subscriber IN (SELECT value FROM json_each(?2)) \
+       AND processed_at IS NULL";
+
 // One row of `?1` per completion: [event id as hex, subscriber, kind, error,
 // next attempt in µs]. `processed_at IS NULL` keeps a late completion (from a
 // dispatcher whose claim went stale and was taken over) from reopening or
@@ -287,7 +296,7 @@ fn is_unique_violation(error: &sqlx::Error) -> bool {
 }
 
 /// The completions as the JSON array [`COMPLETE`] reads.
-fn completions_json(completions: &[Completion]) -> Result<String, EventLogError> {
+fn completions_json(completions: &[&Completion]) -> Result<String, EventLogError> {
     let rows: Vec<_> = completions
         .iter()
         .map(|completion| {
@@ -527,13 +536,52 @@ impl EventLog for SqliteEventLog {
         if completions.is_empty() {
             return Ok(());
         }
-        let completions = completions_json(completions)?;
+        // Deliveries grouped by event, in the order their events first
+        // appear; every other outcome goes through the general statement.
+        let mut delivered: Vec<(Uuid, Vec<&str>)> = Vec::new();
+        let mut others = Vec::new();
+        for completion in completions {
+            if completion.outcome != Outcome::Delivered {
+                others.push(completion);
+                continue;
+            }
+            match delivered
+                .iter_mut()
+                .find(|(event_id, _)| *event_id == completion.event_id)
+            {
+                Some((_, subscribers)) => subscribers.push(&completion.subscriber),
+                None => delivered.push((completion.event_id, vec![&completion.subscriber])),
+            }
+        }
+        let delivered = delivered
+            .into_iter()
+            .map(|(event_id, subscribers)| Ok((event_id, serde_json::to_string(&subscribers)?)))
+            .collect::<Result<Vec<_>, serde_json::Error>>()
+            .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+        let others = if others.is_empty() {
+            None
+        } else {
+            Some(completions_json(&others)?)
+        };
+        let now = now.timestamp_micros();
         let _writing = self.writer.lock().await;
-        sqlx::query(COMPLETE)
-            .bind(completions)
-            .bind(now.timestamp_micros())
-            .execute(&self.pool)
-            .await?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        for (event_id, subscribers) in delivered {
+            sqlx::query(COMPLETE_DELIVERED)
+                .bind(event_id)
+                .bind(subscribers)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if let Some(others) = others {
+            sqlx::query(COMPLETE)
+                .bind(others)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
