@@ -23,10 +23,13 @@
 //! - **One writer.** Every write in every process queues for the file's write
 //!   lock, waiting up to [`BUSY_TIMEOUT`]. Claims therefore cannot overlap:
 //!   each one holds the lock from choosing its rows to marking them. Within
-//!   one process the log's writes first queue on an async lock of their own,
-//!   so a waiting write starts the moment the previous one commits; left to
-//!   SQLite's busy handler, it would sleep in steps of up to 100 ms, and the
-//!   dispatcher's writes (claimed parts, outcomes) would stall deliveries.
+//!   one process the log's writes all go through one connection of their
+//!   own, queueing for it on an async lock: a waiting write starts the
+//!   moment the previous one commits (left to SQLite's busy handler, it would
+//!   sleep in steps of up to 100 ms, and the dispatcher's claimed parts and
+//!   outcomes would stall deliveries), and that connection's page cache
+//!   stays valid from one write to the next (a write by another connection
+//!   invalidates it, and the next write would read its pages again).
 //! - **JSON parameters.** SQLite has no array type and allows at most 32 766
 //!   bind parameters per statement, so batches (subscribers to expand,
 //!   completions) travel as one JSON array parameter read with `json_each`:
@@ -38,9 +41,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
+use sqlx::{Connection, Row};
+use tokio::sync::{Mutex, MutexGuard, OnceCell};
 use uuid::Uuid;
 
 use super::{
@@ -187,8 +191,9 @@ const PURGE: &str = "DELETE FROM websub_events WHERE rowid IN ( \
 #[derive(Debug, Clone)]
 pub struct SqliteEventLog {
     pool: SqlitePool,
-    /// Held by every write of this log; see the module doc.
-    writer: Arc<tokio::sync::Mutex<()>>,
+    /// The connection every write of this log goes through, taken from the
+    /// pool at the first write; see the module doc.
+    writer: Arc<OnceCell<Mutex<SqliteConnection>>>,
 }
 
 impl SqliteEventLog {
@@ -213,7 +218,7 @@ impl SqliteEventLog {
     pub fn from_pool(pool: SqlitePool) -> Self {
         Self {
             pool,
-            writer: Arc::new(tokio::sync::Mutex::new(())),
+            writer: Arc::new(OnceCell::new()),
         }
     }
 
@@ -231,6 +236,18 @@ impl SqliteEventLog {
     /// The pool the event log runs on.
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// The write connection, for one write: the writes of this log queue
+    /// here, one at a time.
+    async fn writer(&self) -> Result<MutexGuard<'_, SqliteConnection>, EventLogError> {
+        let writer = self
+            .writer
+            .get_or_try_init(|| async {
+                Ok::<_, sqlx::Error>(Mutex::new(self.pool.acquire().await?.detach()))
+            })
+            .await?;
+        Ok(writer.lock().await)
     }
 }
 
@@ -374,14 +391,14 @@ impl EventLog for SqliteEventLog {
             body: event.body,
             created_at: websub_store::to_micros(now),
         };
-        let _writing = self.writer.lock().await;
+        let mut writer = self.writer().await?;
         sqlx::query(INSERT_EVENT)
             .bind(event.id)
             .bind(&event.topic)
             .bind(&event.content_type)
             .bind(event.body.as_ref())
             .bind(event.created_at.timestamp_micros())
-            .execute(&self.pool)
+            .execute(&mut *writer)
             .await?;
         Ok(event)
     }
@@ -399,8 +416,8 @@ impl EventLog for SqliteEventLog {
         for chunk in subscribers.chunks(EXPAND_CHUNK) {
             let chunk = serde_json::to_string(chunk)
                 .map_err(|error| EventLogError::Invalid(error.to_string()))?;
-            let _writing = self.writer.lock().await;
-            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            let mut writer = self.writer().await?;
+            let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
             let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
                 .bind(event_id)
                 .fetch_one(&mut *tx)
@@ -434,8 +451,8 @@ impl EventLog for SqliteEventLog {
             .map(serde_json::to_string)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|error| EventLogError::Invalid(error.to_string()))?;
-        let _writing = self.writer.lock().await;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut writer = self.writer().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
             .bind(event_id)
             .fetch_one(&mut *tx)
@@ -477,8 +494,8 @@ impl EventLog for SqliteEventLog {
     ) -> Result<u64, EventLogError> {
         // IMMEDIATE: the write lock is taken (or waited for) at BEGIN, not on
         // the first write, where a stale read snapshot would fail at once.
-        let _writing = self.writer.lock().await;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut writer = self.writer().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         let created = expand_in(&mut tx, event_id, subscribers, now.timestamp_micros()).await?;
         tx.commit().await?;
         Ok(created)
@@ -506,8 +523,8 @@ impl EventLog for SqliteEventLog {
         // Under the write lock from the start, so no other claim (from this
         // process or another) can pick rows between this one's choice and
         // its mark; see `expand` for why IMMEDIATE.
-        let _writing = self.writer.lock().await;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut writer = self.writer().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         let rows = sqlx::query(CLAIM)
             .bind(now.timestamp_micros())
             .bind(super::stale_bound(now, visibility).map(|bound| bound.timestamp_micros()))
@@ -564,8 +581,8 @@ impl EventLog for SqliteEventLog {
             Some(completions_json(&others)?)
         };
         let now = now.timestamp_micros();
-        let _writing = self.writer.lock().await;
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut writer = self.writer().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         for (event_id, subscribers) in delivered {
             sqlx::query(COMPLETE_DELIVERED)
                 .bind(event_id)
@@ -655,12 +672,12 @@ impl EventLog for SqliteEventLog {
         filter: FailedFilter<'_>,
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
-        let _writing = self.writer.lock().await;
+        let mut writer = self.writer().await?;
         Ok(sqlx::query(RETRY_FAILED)
             .bind(filter.topic)
             .bind(filter.subscriber)
             .bind(now.timestamp_micros())
-            .execute(&self.pool)
+            .execute(&mut *writer)
             .await?
             .rows_affected())
     }
@@ -668,11 +685,11 @@ impl EventLog for SqliteEventLog {
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
         let mut deleted = 0;
         loop {
-            let _writing = self.writer.lock().await;
+            let mut writer = self.writer().await?;
             let chunk = sqlx::query(PURGE)
                 .bind(cutoff.timestamp_micros())
                 .bind(PURGE_CHUNK)
-                .execute(&self.pool)
+                .execute(&mut *writer)
                 .await?
                 .rows_affected();
             deleted += chunk;
