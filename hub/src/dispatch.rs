@@ -819,13 +819,16 @@ async fn post(
     };
     let status = response.status();
     // Drain a small body so the connection goes back to the pool; a large one
-    // is abandoned rather than read (the spec says the body is ignored).
-    let mut body = response.bytes_stream();
-    let mut read = 0usize;
-    while read < 64 * 1024 {
-        match tokio::time::timeout(timeout, body.next()).await {
-            Ok(Some(Ok(chunk))) => read += chunk.len(),
-            _ => break,
+    // is abandoned rather than read (the spec says the body is ignored). An
+    // empty one (a 204, say) is complete already: no timer for it.
+    if response.content_length() != Some(0) {
+        let mut body = response.bytes_stream();
+        let mut read = 0usize;
+        while read < 64 * 1024 {
+            match tokio::time::timeout(timeout, body.next()).await {
+                Ok(Some(Ok(chunk))) => read += chunk.len(),
+                _ => break,
+            }
         }
     }
     if status.is_success() {
