@@ -200,12 +200,13 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     ) -> Result<u64, EventLogError>;
 
     /// Writes delivery records for some of an event's subscribers, due at
-    /// `now`, without marking the event expanded: a large fan-out is written
-    /// in several commits so that delivery starts after the first, and
-    /// [`EventLog::expand`] marks it once every part is in. Records that
-    /// exist are left as they are; after a crash the event is still
-    /// unexpanded and is expanded again in full. Returns how many records
-    /// were created.
+    /// `now` and unclaimed, without marking the event expanded: a large
+    /// fan-out is written in several commits so that delivery starts after
+    /// the first, and [`EventLog::expand`] marks it once every part is in.
+    /// Records that exist are left as they are; after a crash the event is
+    /// still unexpanded and is expanded again in full. Returns how many
+    /// records were created. (The dispatcher writes its parts already
+    /// claimed, with [`EventLog::expand_claimed`].)
     async fn expand_part(
         &self,
         event_id: Uuid,
