@@ -197,9 +197,9 @@ impl Dispatcher {
     /// (few round trips for a large topic), and parts are written one ahead
     /// of the pipeline's room (see [`deliver_page`](Self::deliver_page)), so
     /// a claimed record never waits long for its attempt. Records that exist
-    /// already (another replica expanding
-    /// the same event, a restart after a crash mid-expansion) are left to
-    /// whoever holds them or to the claim loop.
+    /// already (another replica expanding the same event, a restart after a
+    /// crash mid-expansion) are left to whoever holds them or to the claim
+    /// loop.
     ///
     /// Returns how many records were created, or `None` if `shutdown`
     /// interrupted it (the event stays unexpanded and is expanded again).
