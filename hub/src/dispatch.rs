@@ -4,16 +4,20 @@
 //!
 //! Delivery is at least once. A record is claimed before its attempt and
 //! completed after it; a process killed in between leaves a claim that
-//! becomes claimable again after the visibility timeout. One slow or dead
-//! subscriber never delays another: attempts run concurrently, bounded
-//! overall and per callback host, and each carries its own timeout.
+//! becomes claimable again after the visibility timeout. A first attempt
+//! needs no separate claim: the expander writes its record already claimed
+//! and hands it straight to the attempts, while retries (and records another
+//! process left) are claimed from the log. One slow or dead subscriber never
+//! delays another: attempts run concurrently, bounded overall and per
+//! callback host, and each carries its own timeout.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::{Notify, Semaphore, mpsc};
+use http::HeaderValue;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, debug_span, info, warn};
@@ -95,6 +99,23 @@ struct Inner {
     hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
+/// What the claim loop and the expander share to start attempts.
+#[derive(Debug, Clone)]
+struct Pipeline {
+    /// One permit per record claimed and not yet through its attempt: the
+    /// attempts in flight plus a queue waiting for a network slot, so the
+    /// network never waits for the log. The queue is short enough (eight
+    /// rounds of attempts) that nothing claimed waits in it anywhere near
+    /// the visibility timeout.
+    pending: Arc<Semaphore>,
+    attempts: TaskTracker,
+    completed: mpsc::UnboundedSender<Completion>,
+    /// How much room a claim waits for, and the size of an expanded part.
+    /// Each costs a round trip whatever its size, so they are made for half
+    /// the queue at a time rather than one record per finished attempt.
+    batch: usize,
+}
+
 impl Dispatcher {
     /// A dispatcher delivering `events` to the subscriptions in `store`,
     /// announcing `hub_url` in its `Link` headers.
@@ -140,14 +161,15 @@ impl Dispatcher {
         self.inner.subscribers.forget(topic);
     }
 
-    /// Expands every recorded but unexpanded event into delivery records for
-    /// the current subscribers of its topic. Returns how many records were
-    /// created.
-    ///
-    /// A large fan-out is written in parts of growing size, each its own
-    /// commit, and the claim loop is woken after each: the first deliveries
-    /// leave after the first part instead of after the whole expansion.
-    pub async fn expand_pending(&self) -> Result<u64, DispatchError> {
+    /// Expands every recorded but unexpanded event and starts the first
+    /// attempts of the records it writes. Returns how many records were
+    /// created; stops early, leaving the event it was on unexpanded, when
+    /// `shutdown` is cancelled.
+    async fn expand_pending(
+        &self,
+        pipeline: &Pipeline,
+        shutdown: &CancellationToken,
+    ) -> Result<u64, DispatchError> {
         let mut created = 0;
         loop {
             let pending = self.inner.events.unexpanded(64).await?;
@@ -155,39 +177,196 @@ impl Dispatcher {
                 return Ok(created);
             }
             for event in pending {
-                let (known, _) = self.subscribers(&event.topic, true).await?;
-                let mut callbacks: Vec<String> = known.by_callback.keys().cloned().collect();
-                // Parts in key order: each part's rows append to the index.
-                callbacks.sort_unstable();
-                self.inner.bodies.insert(Arc::new(event.clone()));
-                let mut rest = callbacks.as_slice();
-                let mut part = self.inner.policy.batch_size.max(1);
-                while rest.len() > part * 2 {
-                    let (head, tail) = rest.split_at(part);
-                    let now = self.inner.clock.now();
-                    created += self.inner.events.expand_part(event.id, head, now).await?;
-                    self.wake();
-                    rest = tail;
-                    part *= 4;
+                match self.expand_event(event, pipeline, shutdown).await? {
+                    Some(records) => created += records,
+                    None => return Ok(created),
                 }
-                let now = self.inner.clock.now();
-                created += self.inner.events.expand(event.id, rest, now).await?;
-                self.wake();
-                debug!(event = %event.id, topic = %event.topic, subscribers = callbacks.len(), "expanded");
             }
         }
     }
 
+    /// Expands one event: reads its topic's subscribers page by page, writes
+    /// each part of a page as delivery records already claimed by this
+    /// process ([`EventLog::expand_claimed`]), starts the first attempt of
+    /// every record it created, and marks the event expanded after the last
+    /// page.
+    ///
+    /// The first deliveries leave after one small page, not after the whole
+    /// list, and no first attempt pays for a claim. The next page is read
+    /// while the current one goes out, in pages four times larger each time
+    /// (few round trips for a large topic), and parts are written one ahead
+    /// of the pipeline's room (see [`deliver_page`](Self::deliver_page)), so
+    /// a claimed record never waits long for its attempt. Records that exist
+    /// already (another replica expanding the same event, a restart after a
+    /// crash mid-expansion) are left to whoever holds them or to the claim
+    /// loop.
+    ///
+    /// Returns how many records were created, or `None` if `shutdown`
+    /// interrupted it (the event stays unexpanded and is expanded again).
+    async fn expand_event(
+        &self,
+        event: Event,
+        pipeline: &Pipeline,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<u64>, DispatchError> {
+        let outgoing = Arc::new(Outgoing::new(event, &self.inner.hub_url));
+        self.inner.bodies.insert(outgoing.clone());
+        let topic = outgoing.event.topic.as_str();
+        let mut limit = self.inner.policy.concurrency.clamp(1, MAX_PAGE);
+        let mut page = self
+            .inner
+            .store
+            .list_by_topic_page(topic, None, limit)
+            .await?;
+        let (mut created, mut subscribers) = (0, 0);
+        loop {
+            subscribers += page.len();
+            let next_limit = (limit * 4).min(MAX_PAGE);
+            let after = (page.len() == limit)
+                .then(|| {
+                    page.last()
+                        .map(|subscription| subscription.callback.clone())
+                })
+                .flatten();
+            let read_next = async {
+                let Some(after) = &after else {
+                    return Ok(None);
+                };
+                let started = std::time::Instant::now();
+                let next = self
+                    .inner
+                    .store
+                    .list_by_topic_page(topic, Some(after), next_limit)
+                    .await?;
+                debug!(subscribers = next.len(), took = ?started.elapsed(), "read a page of subscribers");
+                Ok::<_, websub_store::StoreError>(Some(next))
+            };
+            let (delivered, next) = tokio::join!(
+                self.deliver_page(&outgoing, page, pipeline, shutdown),
+                read_next
+            );
+            let Some(delivered) = delivered? else {
+                return Ok(None);
+            };
+            created += delivered;
+            match next? {
+                Some(next) => {
+                    page = next;
+                    limit = next_limit;
+                }
+                None => break,
+            }
+        }
+        let id = outgoing.event.id;
+        self.inner
+            .events
+            .expand(id, &[], self.inner.clock.now())
+            .await?;
+        debug!(event = %id, %topic, subscribers, created, "expanded");
+        Ok(Some(created))
+    }
+
+    /// Writes one page of an event's subscribers as claimed records, a part
+    /// at a time, and starts their attempts. Returns how many records were
+    /// created, or `None` on shutdown.
+    ///
+    /// A part is written while the previous one is still queued, then waits
+    /// for room in the pipeline: the write's latency (on SQLite, the wait
+    /// for the file's one writer) overlaps with the attempts already queued
+    /// instead of leaving the network idle, and a claimed record waits at
+    /// most for one part's worth of attempts to finish before its own starts.
+    /// A part written is a part delivered, shutdown or not: the pipeline
+    /// drains meanwhile, and its records are not left to wait for the
+    /// visibility timeout.
+    async fn deliver_page(
+        &self,
+        outgoing: &Arc<Outgoing>,
+        page: Vec<Subscription>,
+        pipeline: &Pipeline,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<u64>, DispatchError> {
+        let mut rest = page.into_iter();
+        let mut created = 0;
+        while rest.len() > 0 {
+            if shutdown.is_cancelled() {
+                return Ok(None);
+            }
+            let part: Vec<Subscription> = rest.by_ref().take(pipeline.batch).collect();
+            let callbacks: Vec<&str> = part
+                .iter()
+                .map(|subscription| subscription.callback.as_str())
+                .collect();
+            let now = self.inner.clock.now();
+            let started = std::time::Instant::now();
+            let inserted = self
+                .inner
+                .events
+                .expand_claimed(outgoing.event.id, &callbacks, now)
+                .await?;
+            debug!(records = part.len(), created = inserted.len(), took = ?started.elapsed(), "wrote a claimed part");
+            created += inserted.len() as u64;
+            // Usually every record is new; otherwise only the new ones are
+            // this process's to deliver.
+            let ours: Option<HashSet<String>> =
+                (inserted.len() < part.len()).then(|| inserted.into_iter().collect());
+            let mut deliverable = Vec::with_capacity(part.len());
+            for subscription in part {
+                if ours
+                    .as_ref()
+                    .is_some_and(|ours| !ours.contains(&subscription.callback))
+                {
+                    continue;
+                }
+                if subscription.is_expired(now) {
+                    let _ = pipeline.completed.send(Completion {
+                        event_id: outgoing.event.id,
+                        subscriber: subscription.callback,
+                        outcome: Outcome::Dropped {
+                            reason: LEASE_EXPIRED.to_owned(),
+                        },
+                    });
+                    continue;
+                }
+                deliverable.push(subscription);
+            }
+            if deliverable.is_empty() {
+                continue;
+            }
+            let Ok(mut permits) = pipeline
+                .pending
+                .clone()
+                .acquire_many_owned(permit_count(deliverable.len()))
+                .await
+            else {
+                return Ok(None);
+            };
+            for subscription in deliverable {
+                let Some(permit) = permits.split(1) else {
+                    // One permit per record of the part was taken.
+                    break;
+                };
+                self.spawn_attempt(
+                    pipeline,
+                    permit,
+                    outgoing.clone(),
+                    Arc::new(subscription),
+                    0,
+                );
+            }
+        }
+        Ok(Some(created))
+    }
+
     /// Expands whenever [`expand_soon`](Self::expand_soon) asks, apart from
-    /// the claim loop, so that claims and deliveries go on while a large
+    /// the claim loop, so that claims and retries go on while a large
     /// fan-out is being written.
-    async fn run_expander(self, shutdown: CancellationToken) {
+    async fn run_expander(self, pipeline: Pipeline, shutdown: CancellationToken) {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = self.inner.expand.notified() => {}
             }
-            if let Err(error) = self.expand_pending().await {
+            if let Err(error) = self.expand_pending(&pipeline, &shutdown).await {
                 warn!(%error, "expanding events failed; retrying at the next poll");
             }
         }
@@ -201,24 +380,23 @@ impl Dispatcher {
     /// flight and records their outcomes before returning.
     pub async fn run(self, shutdown: CancellationToken) {
         let policy = self.inner.policy;
-        // Records claimed and not yet completed: the attempts in flight plus
-        // a queue waiting for a slot, so the network never waits for a claim.
-        // The queue is short enough (eight rounds of attempts) that nothing
-        // waits in it anywhere near the visibility timeout.
         let queue = policy.batch_size.min(policy.concurrency * 8);
-        let pending = Arc::new(Semaphore::new(policy.concurrency + queue));
-        let attempts = TaskTracker::new();
         let (completed, completions) = mpsc::unbounded_channel();
+        let pipeline = Pipeline {
+            pending: Arc::new(Semaphore::new(policy.concurrency + queue)),
+            attempts: TaskTracker::new(),
+            completed,
+            batch: (queue / 2).max(1),
+        };
         let recorder = tokio::spawn(self.clone().record_outcomes(completions));
-
-        // Claim in batches, not one row per finished attempt: a claim costs
-        // a round trip whatever its size, so claim once half the queue is free.
-        let claim_threshold = (queue / 2).max(1);
-        let expander = tokio::spawn(self.clone().run_expander(shutdown.clone()));
+        let expander = tokio::spawn(
+            self.clone()
+                .run_expander(pipeline.clone(), shutdown.clone()),
+        );
         self.expand_soon();
         while !shutdown.is_cancelled() {
-            let room = pending.available_permits();
-            if room < claim_threshold {
+            let room = pipeline.pending.available_permits();
+            if room < pipeline.batch {
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     () = self.inner.room.notified() => {}
@@ -245,9 +423,7 @@ impl Dispatcher {
             let more_due = claimed.len() == limit;
             debug!(claimed = claimed.len(), limit, "claimed");
             if !claimed.is_empty()
-                && let Err(error) = self
-                    .start_attempts(claimed, &pending, &attempts, &completed)
-                    .await
+                && let Err(error) = self.start_attempts(claimed, &pipeline).await
             {
                 warn!(%error, "preparing deliveries failed; they are retried after the visibility timeout");
             }
@@ -264,6 +440,11 @@ impl Dispatcher {
         if let Err(error) = expander.await {
             warn!(%error, "the expander stopped abnormally");
         }
+        let Pipeline {
+            attempts,
+            completed,
+            ..
+        } = pipeline;
         attempts.close();
         attempts.wait().await;
         drop(completed);
@@ -275,14 +456,12 @@ impl Dispatcher {
     async fn start_attempts(
         &self,
         claimed: Vec<Claimed>,
-        pending: &Arc<Semaphore>,
-        attempts: &TaskTracker,
-        completed: &mpsc::UnboundedSender<Completion>,
+        pipeline: &Pipeline,
     ) -> Result<(), DispatchError> {
         // Per topic: its subscribers, and whether they were read for this
         // batch (then a missing callback is really gone).
         let mut subscribers: HashMap<String, (Arc<Subscribers>, bool)> = HashMap::new();
-        let mut events: HashMap<Uuid, Arc<Event>> = HashMap::new();
+        let mut events: HashMap<Uuid, Arc<Outgoing>> = HashMap::new();
         for claim in &claimed {
             let (known, fresh) = match subscribers.get(&claim.topic) {
                 Some(known) => known.clone(),
@@ -314,45 +493,63 @@ impl Dispatcher {
             let event = events.get(&claim.event_id).cloned();
             let (subscription, event) = match (subscription, event) {
                 (Some(subscription), _) if subscription.is_expired(now) => {
-                    let _ = completed.send(dropped(&claim, "the subscription's lease has expired"));
+                    let _ = pipeline.completed.send(dropped(&claim, LEASE_EXPIRED));
                     continue;
                 }
                 (Some(subscription), Some(event)) => (subscription, event),
                 (None, _) => {
-                    let _ = completed.send(dropped(&claim, "no longer subscribed"));
+                    let _ = pipeline
+                        .completed
+                        .send(dropped(&claim, "no longer subscribed"));
                     continue;
                 }
                 (Some(_), None) => {
-                    let _ = completed.send(dropped(&claim, "the event was purged"));
+                    let _ = pipeline
+                        .completed
+                        .send(dropped(&claim, "the event was purged"));
                     continue;
                 }
             };
-            let Ok(permit) = pending.clone().acquire_owned().await else {
+            let Ok(permit) = pipeline.pending.clone().acquire_owned().await else {
                 return Ok(());
             };
-            let dispatcher = self.clone();
-            let completed = completed.clone();
-            // Debug level: an enabled span per delivery costs measurable
-            // CPU at tens of thousands of deliveries a second.
-            let span = debug_span!("deliver", topic = %claim.topic, callback = %claim.subscriber, event = %claim.event_id);
-            attempts.spawn(
-                async move {
-                    let completion = dispatcher.attempt(claim, subscription, event).await;
-                    let _ = completed.send(completion);
-                    drop(permit);
-                    dispatcher.inner.room.notify_one();
-                }
-                .instrument(span),
-            );
+            self.spawn_attempt(pipeline, permit, event, subscription, claim.retry_count);
         }
         Ok(())
+    }
+
+    /// Starts one attempt, holding `permit` until its outcome is sent.
+    fn spawn_attempt(
+        &self,
+        pipeline: &Pipeline,
+        permit: OwnedSemaphorePermit,
+        outgoing: Arc<Outgoing>,
+        subscription: Arc<Subscription>,
+        retry_count: u32,
+    ) {
+        let dispatcher = self.clone();
+        let completed = pipeline.completed.clone();
+        // Debug level: an enabled span per delivery costs measurable CPU at
+        // tens of thousands of deliveries a second.
+        let span = debug_span!("deliver", topic = %subscription.topic, callback = %subscription.callback, event = %outgoing.event.id);
+        pipeline.attempts.spawn(
+            async move {
+                let completion = dispatcher
+                    .attempt(retry_count, subscription, outgoing)
+                    .await;
+                let _ = completed.send(completion);
+                drop(permit);
+                dispatcher.inner.room.notify_one();
+            }
+            .instrument(span),
+        );
     }
 
     /// The subscribers of `topic`, from a short-lived cache unless
     /// `refresh`. Each claimed batch needs them, and reading 100 000
     /// subscriptions per batch of a few hundred deliveries would make a
-    /// fan-out quadratic. See [`SUBSCRIBERS_TTL`] for how fresh it is.
-    /// Returns the list and whether it was read just now.
+    /// retried fan-out quadratic. See [`SUBSCRIBERS_TTL`] for how fresh it
+    /// is. Returns the list and whether it was read just now.
     async fn subscribers(
         &self,
         topic: &str,
@@ -365,16 +562,16 @@ impl Dispatcher {
         Ok((self.inner.subscribers.put(topic, listed), true))
     }
 
-    async fn event(&self, id: Uuid) -> Result<Option<Arc<Event>>, DispatchError> {
-        if let Some(event) = self.inner.bodies.get(id) {
-            return Ok(Some(event));
+    async fn event(&self, id: Uuid) -> Result<Option<Arc<Outgoing>>, DispatchError> {
+        if let Some(outgoing) = self.inner.bodies.get(id) {
+            return Ok(Some(outgoing));
         }
         let Some(event) = self.inner.events.event(id).await? else {
             return Ok(None);
         };
-        let event = Arc::new(event);
-        self.inner.bodies.insert(event.clone());
-        Ok(Some(event))
+        let outgoing = Arc::new(Outgoing::new(event, &self.inner.hub_url));
+        self.inner.bodies.insert(outgoing.clone());
+        Ok(Some(outgoing))
     }
 
     fn host_limit(&self, callback: &str) -> Arc<Semaphore> {
@@ -394,11 +591,11 @@ impl Dispatcher {
 
     async fn attempt(
         &self,
-        claim: Claimed,
+        retry_count: u32,
         subscription: Arc<Subscription>,
-        event: Arc<Event>,
+        outgoing: Arc<Outgoing>,
     ) -> Completion {
-        let host = self.host_limit(&claim.subscriber);
+        let host = self.host_limit(&subscription.callback);
         // The host's slot first: waiting for a saturated host must not hold
         // one of the slots other hosts' deliveries need.
         let slots = (host.acquire().await, self.inner.http_slots.acquire().await);
@@ -406,9 +603,8 @@ impl Dispatcher {
             (Ok(_host_slot), Ok(_http_slot)) => {
                 post(
                     &self.inner.client,
-                    &self.inner.hub_url,
                     &subscription,
-                    &event,
+                    &outgoing,
                     self.inner.policy.timeout,
                 )
                 .await
@@ -439,13 +635,13 @@ impl Dispatcher {
             }
             Answer::Failed(error) => {
                 self.inner.counters.failed.increment(1);
-                info!(%error, retry_count = claim.retry_count, "delivery failed");
-                after_failure(claim.retry_count, error, &self.inner.policy, now)
+                info!(%error, retry_count, "delivery failed");
+                after_failure(retry_count, error, &self.inner.policy, now)
             }
         };
         Completion {
-            event_id: claim.event_id,
-            subscriber: claim.subscriber,
+            event_id: outgoing.event.id,
+            subscriber: subscription.callback.clone(),
             outcome,
         }
     }
@@ -491,13 +687,17 @@ impl Dispatcher {
     async fn write_outcomes(&self, batch: Vec<Completion>) {
         let mut delay = Duration::from_millis(50);
         for attempt in 1..=OUTCOME_WRITE_ATTEMPTS {
+            let started = std::time::Instant::now();
             match self
                 .inner
                 .events
                 .complete(&batch, self.inner.clock.now())
                 .await
             {
-                Ok(()) => break,
+                Ok(()) => {
+                    debug!(records = batch.len(), took = ?started.elapsed(), "recorded outcomes");
+                    break;
+                }
                 Err(error) if attempt < OUTCOME_WRITE_ATTEMPTS => {
                     warn!(%error, records = batch.len(), "recording outcomes failed; retrying");
                     tokio::time::sleep(delay).await;
@@ -561,22 +761,54 @@ pub fn link_header(hub_url: &str, topic: &str) -> String {
     format!("<{hub_url}>; rel=\"hub\", <{topic}>; rel=\"self\"")
 }
 
+/// An event ready to go out, with the headers every subscriber gets built
+/// once rather than once per delivery.
+#[derive(Debug)]
+struct Outgoing {
+    event: Event,
+    /// The content type, link and event-id headers, or why they cannot be
+    /// sent (a stored value no header can hold: every attempt fails with it).
+    headers: Result<[HeaderValue; 3], String>,
+}
+
+impl Outgoing {
+    fn new(event: Event, hub_url: &str) -> Self {
+        let headers = [
+            HeaderValue::from_str(&event.content_type),
+            HeaderValue::from_str(&link_header(hub_url, &event.topic)),
+            HeaderValue::from_str(&event.id.to_string()),
+        ];
+        let headers = match headers {
+            [Ok(content_type), Ok(link), Ok(event_id)] => Ok([content_type, link, event_id]),
+            _ => Err(format!(
+                "the event's content type or topic cannot be sent in a header: {:?}, {:?}",
+                event.content_type, event.topic
+            )),
+        };
+        Self { event, headers }
+    }
+}
+
 /// One delivery POST: the exact callback, the exact body and Content-Type,
 /// the Link header, the signature when the subscription has a secret, and
 /// the event id.
 async fn post(
     client: &reqwest::Client,
-    hub_url: &str,
     subscription: &Subscription,
-    event: &Event,
+    outgoing: &Outgoing,
     timeout: Duration,
 ) -> Answer {
+    let [content_type, link, event_id] = match &outgoing.headers {
+        Ok(headers) => headers.clone(),
+        Err(error) => return Answer::Failed(error.clone()),
+    };
+    let event = &outgoing.event;
     let mut request = client
         .post(&subscription.callback)
         .timeout(timeout)
-        .header(http::header::CONTENT_TYPE, &event.content_type)
-        .header(http::header::LINK, link_header(hub_url, &event.topic))
-        .header(EVENT_ID_HEADER, event.id.to_string());
+        .header(http::header::CONTENT_TYPE, content_type)
+        .header(http::header::LINK, link)
+        .header(EVENT_ID_HEADER, event_id);
     if let Some(secret) = &subscription.secret {
         request = request.header(HUB_SIGNATURE_HEADER, sign(secret.as_bytes(), &event.body));
     }
@@ -587,13 +819,16 @@ async fn post(
     };
     let status = response.status();
     // Drain a small body so the connection goes back to the pool; a large one
-    // is abandoned rather than read (the spec says the body is ignored).
-    let mut body = response.bytes_stream();
-    let mut read = 0usize;
-    while read < 64 * 1024 {
-        match tokio::time::timeout(timeout, body.next()).await {
-            Ok(Some(Ok(chunk))) => read += chunk.len(),
-            _ => break,
+    // is abandoned rather than read (the spec says the body is ignored). An
+    // empty one (a 204, say) is complete already: no timer for it.
+    if response.content_length() != Some(0) {
+        let mut body = response.bytes_stream();
+        let mut read = 0usize;
+        while read < 64 * 1024 {
+            match tokio::time::timeout(timeout, body.next()).await {
+                Ok(Some(Ok(chunk))) => read += chunk.len(),
+                _ => break,
+            }
         }
     }
     if status.is_success() {
@@ -628,7 +863,7 @@ struct EventCache {
 /// The cached events, and their ids oldest first for eviction.
 #[derive(Debug, Default)]
 struct CachedEvents {
-    by_id: HashMap<Uuid, Arc<Event>>,
+    by_id: HashMap<Uuid, Arc<Outgoing>>,
     order: VecDeque<Uuid>,
 }
 
@@ -640,7 +875,7 @@ impl EventCache {
         }
     }
 
-    fn get(&self, id: Uuid) -> Option<Arc<Event>> {
+    fn get(&self, id: Uuid) -> Option<Arc<Outgoing>> {
         let entries = self
             .entries
             .lock()
@@ -648,14 +883,15 @@ impl EventCache {
         entries.by_id.get(&id).cloned()
     }
 
-    fn insert(&self, event: Arc<Event>) {
+    fn insert(&self, outgoing: Arc<Outgoing>) {
+        let id = outgoing.event.id;
         let mut guard = self
             .entries
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let cached = &mut *guard;
-        if cached.by_id.insert(event.id, event.clone()).is_none() {
-            cached.order.push_back(event.id);
+        if cached.by_id.insert(id, outgoing).is_none() {
+            cached.order.push_back(id);
         }
         while cached.order.len() > self.capacity {
             if let Some(oldest) = cached.order.pop_front() {
@@ -681,6 +917,18 @@ impl Counters {
             failed: metrics::counter!("websub_deliveries_total", "outcome" => "failed"),
         }
     }
+}
+
+/// The largest page of subscribers an expansion reads at once: a 100 000
+/// fan-out takes a dozen reads, and two pages in memory stay a few MB.
+const MAX_PAGE: usize = 10_000;
+
+/// Why a record of an expired subscription is closed undelivered.
+const LEASE_EXPIRED: &str = "the subscription's lease has expired";
+
+/// A permit count for the semaphore API; batches are far below `u32::MAX`.
+fn permit_count(records: usize) -> u32 {
+    u32::try_from(records).unwrap_or(u32::MAX)
 }
 
 /// How long outcomes are gathered into one write after the first arrives.

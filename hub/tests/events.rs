@@ -1251,3 +1251,294 @@ async fn expansion_in_parts_survives_a_crash_between_parts(log: &dyn EventLog) {
     }
 }
 both!(expansion_in_parts_survives_a_crash_between_parts);
+
+fn strs(subscribers: &[String]) -> Vec<&str> {
+    subscribers.iter().map(String::as_str).collect()
+}
+
+fn sorted(mut subscribers: Vec<String>) -> Vec<String> {
+    subscribers.sort();
+    subscribers
+}
+
+fn is_unexpanded(unexpanded: &[Event], event_id: Uuid) -> bool {
+    unexpanded.iter().any(|event| event.id == event_id)
+}
+
+async fn claimed_parts_return_only_the_records_they_create(log: &dyn EventLog) {
+    let t0 = base_time();
+    let t1 = t0 + secs(1);
+    let event = record(log, &topic(), t0).await;
+    let subs = subscribers("claimed", 20);
+
+    let first = log
+        .expand_claimed(event.id, &strs(&subs[..10]), t0)
+        .await
+        .expect("first part");
+    assert_eq!(sorted(first), sorted(subs[..10].to_vec()));
+    // Overlapping the first part, with a subscriber listed twice: only the
+    // ten new records come back.
+    let mut second_part = strs(&subs[5..20]);
+    second_part.push(subs[15].as_str());
+    let second = log
+        .expand_claimed(event.id, &second_part, t1)
+        .await
+        .expect("second part");
+    assert_eq!(sorted(second), sorted(subs[10..20].to_vec()));
+    assert_eq!(
+        log.expand_claimed(event.id, &strs(&subs), t1)
+            .await
+            .expect("a part of existing records"),
+        Vec::<String>::new()
+    );
+
+    // Each record is claimed as of the call that created it, due at once,
+    // with no attempt counted; the overlap kept its first claim.
+    let records = log.deliveries(event.id).await.expect("deliveries");
+    assert_eq!(records.len(), 20);
+    for (index, subscriber) in subs.iter().enumerate() {
+        let created = if index < 10 { t0 } else { t1 };
+        assert_eq!(
+            record_of(&records, subscriber),
+            &DeliveryRecord {
+                processing_since: Some(created),
+                ..pending(event.id, subscriber, created)
+            }
+        );
+    }
+    // Claimed, so not claimable until the visibility timeout passes.
+    assert!(claim_own(log, event.id, t1 + secs(1)).await.is_empty());
+
+    // Parts leave the event unexpanded; an expansion with no subscribers
+    // marks it and creates nothing.
+    assert!(is_unexpanded(
+        &log.unexpanded(1000).await.expect("unexpanded"),
+        event.id
+    ));
+    assert_eq!(log.expand(event.id, &[], t1).await.expect("mark"), 0);
+    assert!(!is_unexpanded(
+        &log.unexpanded(1000).await.expect("unexpanded"),
+        event.id
+    ));
+    assert_eq!(
+        log.deliveries(event.id).await.expect("deliveries").len(),
+        20
+    );
+
+    for part in [strs(&subs[..1]), Vec::new()] {
+        match log.expand_claimed(Uuid::now_v7(), &part, t0).await {
+            Err(EventLogError::UnknownEvent(_)) => {}
+            other => panic!("expand_claimed of a missing event: {other:?}"),
+        }
+    }
+}
+both!(claimed_parts_return_only_the_records_they_create);
+
+async fn claimed_parts_never_take_over_existing_records(log: &dyn EventLog) {
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    let subs = subscribers("existing", 4);
+    // Records another process wrote and left in every state: due and
+    // unclaimed, claimed, delivered, and failed once.
+    assert_eq!(log.expand_part(event.id, &subs, t0).await.expect("part"), 4);
+    let claimed = claim_own(log, event.id, t0).await;
+    assert_eq!(claimed.len(), 4);
+    let t1 = t0 + secs(1);
+    log.complete(
+        &[
+            completion(event.id, &subs[1], Outcome::Delivered),
+            completion(
+                event.id,
+                &subs[2],
+                Outcome::Retry {
+                    error: "HTTP 500".to_owned(),
+                    next_attempt_at: t1,
+                },
+            ),
+            completion(
+                event.id,
+                &subs[3],
+                Outcome::Retry {
+                    error: "HTTP 503".to_owned(),
+                    next_attempt_at: t1,
+                },
+            ),
+        ],
+        t1,
+    )
+    .await
+    .expect("complete");
+    let before = log.deliveries(event.id).await.expect("deliveries");
+
+    // Expanded again (a restart, or another replica): nothing is this
+    // caller's to deliver, and no record changes.
+    let t2 = t1 + secs(1);
+    assert_eq!(
+        log.expand_claimed(event.id, &strs(&subs), t2)
+            .await
+            .expect("claimed part"),
+        Vec::<String>::new()
+    );
+    assert_eq!(log.deliveries(event.id).await.expect("deliveries"), before);
+    // The retried ones are still the claim path's to take.
+    let mut due: Vec<String> = claim_own(log, event.id, t2)
+        .await
+        .into_iter()
+        .map(|claimed| claimed.subscriber)
+        .collect();
+    due.sort();
+    assert_eq!(due, sorted(subs[2..].to_vec()));
+}
+both!(claimed_parts_never_take_over_existing_records);
+
+async fn claimed_records_of_a_dead_process_become_claimable(log: &dyn EventLog) {
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    let subs = subscribers("dead", 5);
+    assert_eq!(
+        log.expand_claimed(event.id, &strs(&subs), t0)
+            .await
+            .expect("claimed part")
+            .len(),
+        5
+    );
+    // The process that wrote them died before any attempt finished.
+    assert!(claim_own(log, event.id, t0 + secs(29)).await.is_empty());
+    let after_timeout = t0 + TimeDelta::from_std(VISIBILITY).expect("visibility") + secs(1);
+    let mut taken: Vec<(String, u32)> = claim_own(log, event.id, after_timeout)
+        .await
+        .into_iter()
+        .map(|claimed| (claimed.subscriber, claimed.retry_count))
+        .collect();
+    taken.sort();
+    assert_eq!(
+        taken,
+        sorted(subs.clone())
+            .into_iter()
+            .map(|subscriber| (subscriber, 0))
+            .collect::<Vec<_>>()
+    );
+}
+both!(claimed_records_of_a_dead_process_become_claimable);
+
+async fn concurrent_claimed_parts_share_the_records(log: &dyn EventLog) {
+    // Four expanders of one event at once (replicas, or a restart racing a
+    // slow process), each writing overlapping parts: every record is
+    // created, and handed to exactly one of them.
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    let subs = subscribers("shared", 400);
+    let expanders = (0..4).map(|expander| {
+        let subs = &subs;
+        async move {
+            let mut mine = Vec::new();
+            // Each starts at another place and walks round the whole list
+            // in parts of 50.
+            for part in 0..8 {
+                let start = (expander * 100 + part * 50) % subs.len();
+                let slice = &subs[start..start + 50];
+                mine.extend(
+                    log.expand_claimed(event.id, &strs(slice), t0)
+                        .await
+                        .expect("claimed part"),
+                );
+            }
+            mine
+        }
+    });
+    let handed: Vec<Vec<String>> = futures::future::join_all(expanders).await;
+    let mut all: Vec<String> = handed.iter().flatten().cloned().collect();
+    all.sort();
+    let unique: HashSet<&String> = all.iter().collect();
+    assert_eq!(unique.len(), all.len(), "a record was handed out twice");
+    assert_eq!(all, sorted(subs.clone()));
+    assert_eq!(
+        log.deliveries(event.id).await.expect("deliveries").len(),
+        400
+    );
+}
+both!(concurrent_claimed_parts_share_the_records);
+
+async fn complete_mixes_events_and_ignores_late_deliveries(log: &dyn EventLog) {
+    // One batch of outcomes for two events, interleaved as attempts finish:
+    // each record gets its own outcome, whatever else is in the batch.
+    let t0 = base_time();
+    let first = record(log, &topic(), t0).await;
+    let second = record(log, &topic(), t0).await;
+    let subs = subscribers("mixed", 3);
+    for event in [&first, &second] {
+        assert_eq!(
+            log.expand_claimed(event.id, &strs(&subs), t0)
+                .await
+                .expect("claimed part")
+                .len(),
+            3
+        );
+    }
+    let t1 = t0 + secs(1);
+    let retry_at = t1 + secs(5);
+    log.complete(
+        &[
+            completion(first.id, &subs[0], Outcome::Delivered),
+            completion(second.id, &subs[0], Outcome::Delivered),
+            completion(
+                first.id,
+                &subs[1],
+                Outcome::Retry {
+                    error: "HTTP 502".to_owned(),
+                    next_attempt_at: retry_at,
+                },
+            ),
+            completion(first.id, &subs[2], Outcome::Delivered),
+            completion(second.id, &subs[1], Outcome::Delivered),
+        ],
+        t1,
+    )
+    .await
+    .expect("complete");
+    let delivered = |event_id: Uuid, subscriber: &str| DeliveryRecord {
+        processed_at: Some(t1),
+        next_attempt_at: None,
+        ..pending(event_id, subscriber, t0)
+    };
+    let firsts = log.deliveries(first.id).await.expect("deliveries");
+    assert_eq!(record_of(&firsts, &subs[0]), &delivered(first.id, &subs[0]));
+    assert_eq!(
+        record_of(&firsts, &subs[1]),
+        &DeliveryRecord {
+            retry_count: 1,
+            last_error: Some("HTTP 502".to_owned()),
+            next_attempt_at: Some(retry_at),
+            ..pending(first.id, &subs[1], t0)
+        }
+    );
+    assert_eq!(record_of(&firsts, &subs[2]), &delivered(first.id, &subs[2]));
+    let seconds = log.deliveries(second.id).await.expect("deliveries");
+    assert_eq!(
+        record_of(&seconds, &subs[0]),
+        &delivered(second.id, &subs[0])
+    );
+    assert_eq!(
+        record_of(&seconds, &subs[1]),
+        &delivered(second.id, &subs[1])
+    );
+    assert_eq!(
+        record_of(&seconds, &subs[2]),
+        &DeliveryRecord {
+            processing_since: Some(t0),
+            ..pending(second.id, &subs[2], t0)
+        },
+        "a record with no outcome in the batch is untouched"
+    );
+
+    // A late delivery of a closed record (its claim went stale and another
+    // dispatcher delivered it) keeps the first delivery's time.
+    log.complete(
+        &[completion(first.id, &subs[0], Outcome::Delivered)],
+        t1 + secs(100),
+    )
+    .await
+    .expect("late complete");
+    assert_eq!(log.deliveries(first.id).await.expect("deliveries"), firsts);
+}
+both!(complete_mixes_events_and_ignores_late_deliveries);

@@ -72,6 +72,16 @@ pub use subscription::{OwnerQuota, Subscription, expiry_bound_micros, to_micros}
 ///   unsubscribing is idempotent and a hub may retry it.
 /// - **`list_by_topic` is the hot path**: it runs on every publish, so it is
 ///   served from an index on the topic, never a scan.
+/// - **`list_by_topic_page` walks a topic in pages.** A backend orders a
+///   topic's callbacks in an order of its own, the same on every call (byte
+///   order, a database collation, a digest of the pair). A page holds the
+///   first `limit` subscriptions whose callbacks come after `after` in that
+///   order (from the start when `after` is `None`), in that order. `after`
+///   need not be subscribed any more: a walk goes on past a callback deleted
+///   under it. Walking from `None`, each call passing the previous page's
+///   last callback, returns every subscription that exists for the whole walk
+///   exactly once; one saved or deleted during the walk may or may not be
+///   returned. A page shorter than `limit` is the last one.
 /// - **`topics`** lists each topic that has at least one subscription, once.
 ///   A topic disappears with its last subscription.
 /// - **`list_expiring(before)` is strictly before**: a subscription expiring
@@ -103,6 +113,33 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug {
 
     /// Every subscription of the topic, in no particular order.
     async fn list_by_topic(&self, topic: &str) -> Result<Vec<Subscription>, StoreError>;
+
+    /// Up to `limit` subscriptions of the topic whose callbacks come after
+    /// `after` in the backend's order (see the contract), in that order: one
+    /// page of a walk that starts at `None` and passes each page's last
+    /// callback on to the next call. A page shorter than `limit` is the last.
+    ///
+    /// Every backend of this crate serves a page from an index, without
+    /// reading the rest of the topic (Redis reads the topic's member ids, not
+    /// their subscriptions). The provided body is for stores outside this
+    /// crate, such as wrappers around one of these: it is correct, in byte
+    /// order of the callbacks, but reads the whole topic for every page.
+    async fn list_by_topic_page(
+        &self,
+        topic: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Subscription>, StoreError> {
+        let mut page: Vec<Subscription> = self
+            .list_by_topic(topic)
+            .await?
+            .into_iter()
+            .filter(|subscription| after.is_none_or(|after| subscription.callback.as_str() > after))
+            .collect();
+        page.sort_unstable_by(|a, b| a.callback.cmp(&b.callback));
+        page.truncate(limit);
+        Ok(page)
+    }
 
     /// Every topic with at least one subscription, each once, in no
     /// particular order.
@@ -145,6 +182,14 @@ impl<S: SubscriptionStore + ?Sized> SubscriptionStore for std::sync::Arc<S> {
     }
     async fn list_by_topic(&self, topic: &str) -> Result<Vec<Subscription>, StoreError> {
         (**self).list_by_topic(topic).await
+    }
+    async fn list_by_topic_page(
+        &self,
+        topic: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Subscription>, StoreError> {
+        (**self).list_by_topic_page(topic, after, limit).await
     }
     async fn topics(&self) -> Result<Vec<String>, StoreError> {
         (**self).topics().await

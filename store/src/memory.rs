@@ -1,7 +1,8 @@
 //! The in-memory backend: always compiled, for tests, development and hubs
 //! that run as one process and may lose their subscriptions on restart.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use async_trait::async_trait;
@@ -22,7 +23,9 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct State {
-    by_topic: HashMap<String, HashMap<String, Subscription>>,
+    /// A topic's subscriptions by callback, in byte order of the callbacks:
+    /// the order `list_by_topic_page` walks.
+    by_topic: HashMap<String, BTreeMap<String, Subscription>>,
     /// (expires_at, topic, callback) of every subscription with a lease, so
     /// `list_expiring` is a range scan rather than a full one.
     expiry: BTreeSet<(DateTime<Utc>, String, String)>,
@@ -130,6 +133,24 @@ impl SubscriptionStore for MemoryStore {
             .unwrap_or_default())
     }
 
+    async fn list_by_topic_page(
+        &self,
+        topic: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Subscription>, StoreError> {
+        let state = self.read();
+        let Some(callbacks) = state.by_topic.get(topic) else {
+            return Ok(Vec::new());
+        };
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        Ok(callbacks
+            .range::<str, _>((start, Bound::Unbounded))
+            .take(limit)
+            .map(|(_, subscription)| subscription.clone())
+            .collect())
+    }
+
     async fn topics(&self) -> Result<Vec<String>, StoreError> {
         Ok(self.read().by_topic.keys().cloned().collect())
     }
@@ -158,7 +179,7 @@ impl SubscriptionStore for MemoryStore {
         Ok(state
             .by_topic
             .values()
-            .flat_map(HashMap::values)
+            .flat_map(BTreeMap::values)
             .filter(|subscription| subscription.owner.as_deref() == Some(owner))
             .cloned()
             .collect())

@@ -22,6 +22,11 @@
 //! microseconds since the Unix epoch. It also keeps `owner_id`, the owner's
 //! digest, so a script that only has the hash can find the owner's set.
 //!
+//! [`list_by_topic_page`](SubscriptionStore::list_by_topic_page) walks a
+//! topic in the order of its members' ids: a page reads and sorts every id of
+//! the topic's set (in the server, without decoding any subscription) and
+//! fetches only its own hashes. Walks in large pages keep that cheap.
+//!
 //! Redis TTLs are deliberately not used for leases: a hub has to see an
 //! expired subscription to remove and report it, and an evaporated key
 //! cannot be reported.
@@ -384,6 +389,37 @@ return result
     )
 });
 
+/// KEYS: the topic set. ARGV: subscription key prefix, the id after which
+/// the page starts ("" for the first page), the page size. A page follows
+/// the order of the ids (hex digests of the pairs): the script reads every
+/// member id of the topic, but only the page's hashes. An id whose hash is
+/// missing is passed over, so a short page is still the last.
+static LIST_PAGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local ids = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if id > ARGV[2] then
+    ids[#ids + 1] = id
+  end
+end
+table.sort(ids)
+local limit = tonumber(ARGV[3])
+local result = {}
+for _, id in ipairs(ids) do
+  if #result >= limit then
+    break
+  end
+  local hash = redis.call('HGETALL', ARGV[1] .. id)
+  if #hash > 0 then
+    result[#result + 1] = hash
+  end
+end
+return result
+"#,
+    )
+});
+
 /// KEYS: the expiry zset. ARGV: the score bound as ZRANGEBYSCORE takes it,
 /// subscription key prefix.
 static LIST_EXPIRING: LazyLock<Script> = LazyLock::new(|| {
@@ -456,6 +492,28 @@ impl SubscriptionStore for RedisStore {
         let hashes: Vec<RawHash> = LIST_MEMBERS
             .key(self.keys.topic(topic))
             .arg(self.keys.subscription_prefix())
+            .invoke_async(&mut self.connection.clone())
+            .await?;
+        hashes.into_iter().map(decode).collect()
+    }
+
+    async fn list_by_topic_page(
+        &self,
+        topic: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Subscription>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // The order is the ids', and the id of `after` is computed from the
+        // pair, so a walk goes on past a callback deleted under it.
+        let after = after.map(|callback| subscription_id(topic, callback));
+        let hashes: Vec<RawHash> = LIST_PAGE
+            .key(self.keys.topic(topic))
+            .arg(self.keys.subscription_prefix())
+            .arg(after.as_deref().unwrap_or(""))
+            .arg(limit)
             .invoke_async(&mut self.connection.clone())
             .await?;
         hashes.into_iter().map(decode).collect()

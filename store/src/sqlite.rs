@@ -340,6 +340,43 @@ impl SubscriptionStore for SqliteStore {
         .collect()
     }
 
+    async fn list_by_topic_page(
+        &self,
+        topic: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Subscription>, StoreError> {
+        // Byte order (the column's BINARY collation), walked along the
+        // primary key from `after`: a page costs its own rows, wherever it
+        // starts. Two statements rather than `?2 IS NULL OR`, which would
+        // keep the planner from seeking to `after`.
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let query = match after {
+            None => sqlx::query(concat!(
+                "SELECT ",
+                columns!(),
+                " FROM websub_subscriptions WHERE topic = ?1 ORDER BY callback LIMIT ?2"
+            ))
+            .bind(topic)
+            .bind(limit),
+            Some(after) => sqlx::query(concat!(
+                "SELECT ",
+                columns!(),
+                " FROM websub_subscriptions WHERE topic = ?1 AND callback > ?3 \
+                 ORDER BY callback LIMIT ?2"
+            ))
+            .bind(topic)
+            .bind(limit)
+            .bind(after),
+        };
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(subscription_from_row)
+            .collect()
+    }
+
     async fn topics(&self) -> Result<Vec<String>, StoreError> {
         Ok(
             sqlx::query_scalar("SELECT DISTINCT topic FROM websub_subscriptions")

@@ -188,6 +188,10 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// left as they are. Set-based, in chunks: 100 000 subscribers take a
     /// handful of statements. Returns how many records were created; an
     /// event not in the log is [`EventLogError::UnknownEvent`].
+    ///
+    /// With no subscribers it only marks the event: the way to finish an
+    /// expansion written in parts ([`EventLog::expand_part`],
+    /// [`EventLog::expand_claimed`]).
     async fn expand(
         &self,
         event_id: Uuid,
@@ -196,18 +200,42 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     ) -> Result<u64, EventLogError>;
 
     /// Writes delivery records for some of an event's subscribers, due at
-    /// `now`, without marking the event expanded: a large fan-out is written
-    /// in several commits so that delivery starts after the first, and
-    /// [`EventLog::expand`] marks it once every part is in. Records that
-    /// exist are left as they are; after a crash the event is still
-    /// unexpanded and is expanded again in full. Returns how many records
-    /// were created.
+    /// `now` and unclaimed, without marking the event expanded: a large
+    /// fan-out is written in several commits so that delivery starts after
+    /// the first, and [`EventLog::expand`] marks it once every part is in.
+    /// Records that exist are left as they are; after a crash the event is
+    /// still unexpanded and is expanded again in full. Returns how many
+    /// records were created. (The dispatcher writes its parts already
+    /// claimed, with [`EventLog::expand_claimed`].)
     async fn expand_part(
         &self,
         event_id: Uuid,
         subscribers: &[String],
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError>;
+
+    /// Writes delivery records for some of an event's subscribers, claimed
+    /// for their first attempt by the caller: due at `now`, with
+    /// `processing_since = now`, so that the caller delivers them without a
+    /// claim and no other claimer takes them until the visibility timeout.
+    /// The event stays unexpanded, as with [`EventLog::expand_part`].
+    ///
+    /// Returns the subscribers whose records this call created, in no
+    /// particular order; only those are the caller's to deliver. A record
+    /// that exists (an earlier expansion's, another replica's expanding the
+    /// same event, or one left by a process that crashed mid-expansion) is
+    /// left exactly as it is and not returned: it stays with whoever claimed
+    /// it, or goes through [`EventLog::claim`]. So replicas expanding one
+    /// event at once share its records without delivering any twice, and a
+    /// record claimed by a process that died is delivered once its claim is
+    /// older than the visibility timeout. An event not in the log is
+    /// [`EventLogError::UnknownEvent`].
+    async fn expand_claimed(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError>;
 
     /// Events recorded but not yet expanded (a crash between the two), oldest
     /// first, at most `limit`.

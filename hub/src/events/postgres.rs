@@ -30,7 +30,7 @@ use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
@@ -48,6 +48,12 @@ const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
 /// `default_transaction_isolation`: expansion and purging rely on each
 /// statement seeing what committed before it (see the migration).
 const READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// Connections [`PostgresEventLog::connect`] keeps open while idle: what a
+/// dispatcher uses at once in a fan-out (the expander, the claim loop and its
+/// outcome writers), each of which would otherwise start a server process
+/// (and plan the log's functions afresh) in the middle of the fan-out.
+pub const WARM_CONNECTIONS: u32 = 6;
 
 /// Subscribers per `INSERT` in [`EventLog::expand`]. The array is one
 /// parameter, so this bounds statement memory, not parameter count.
@@ -80,6 +86,21 @@ const EXPAND_FIRST: &str = "INSERT INTO websub_deliveries (event_id, subscriber,
 const EXPAND_AGAIN: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
      SELECT $1, subscriber, $2 FROM unnest($3::text[]) AS s(subscriber) \
      ON CONFLICT DO NOTHING";
+
+// Records claimed for their first attempt as they are written. The first
+// try leaves out ON CONFLICT, as EXPAND_FIRST does: nothing conflicts unless
+// the event is being (or was) expanded elsewhere, and then every row was
+// inserted, so none need be returned. On a conflict the statement fails as a
+// whole and EXPAND_CLAIMED_AGAIN runs instead, whose RETURNING reports only
+// the rows it inserted, not those it skipped.
+const EXPAND_CLAIMED_FIRST: &str = "INSERT INTO websub_deliveries \
+     (event_id, subscriber, next_attempt_at, processing_since) \
+     SELECT $1, subscriber, $2, $2 FROM unnest($3::text[]) AS s(subscriber)";
+
+const EXPAND_CLAIMED_AGAIN: &str = "INSERT INTO websub_deliveries \
+     (event_id, subscriber, next_attempt_at, processing_since) \
+     SELECT $1, subscriber, $2, $2 FROM unnest($3::text[]) AS s(subscriber) \
+     ON CONFLICT DO NOTHING RETURNING subscriber::TEXT";
 
 const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
      WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT $1";
@@ -156,9 +177,16 @@ impl PostgresEventLog {
     /// an expansion lost leaves its event unexpanded, to be expanded again.
     /// Waiting for a WAL flush on each of them was most of a fan-out's time.
     /// Recording an event, which the hub acknowledges, still waits for it.
+    ///
+    /// The pool keeps [`WARM_CONNECTIONS`] open even when idle, so that a
+    /// fan-out after a quiet spell does not wait for new server processes.
     pub async fn connect(url: &str) -> Result<Self, EventLogError> {
         let options = PgConnectOptions::from_str(url)?.options([("synchronous_commit", "off")]);
-        let log = Self::from_pool(PgPool::connect_with(options).await?);
+        let pool = PgPoolOptions::new()
+            .min_connections(WARM_CONNECTIONS)
+            .connect_with(options)
+            .await?;
+        let log = Self::from_pool(pool);
         log.migrate().await?;
         Ok(log)
     }
@@ -417,6 +445,54 @@ impl EventLog for PostgresEventLog {
                 .await
                 .map_err(|error| missing_event(error, event_id))?
                 .rows_affected();
+        }
+        Ok(created)
+    }
+
+    async fn expand_claimed(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        let mut subscribers = subscribers.to_vec();
+        subscribers.sort_unstable();
+        subscribers.dedup();
+        if subscribers.is_empty() {
+            // No insert, so no trigger to find the event missing.
+            let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
+                .bind(event_id)
+                .fetch_one(&self.pool)
+                .await?;
+            return if exists {
+                Ok(Vec::new())
+            } else {
+                Err(EventLogError::UnknownEvent(event_id))
+            };
+        }
+        let mut created = Vec::with_capacity(subscribers.len());
+        for chunk in subscribers.chunks(EXPAND_CHUNK) {
+            // The insert's statement trigger fails it when the event is gone.
+            let first = sqlx::query(EXPAND_CLAIMED_FIRST)
+                .bind(event_id)
+                .bind(now)
+                .bind(chunk)
+                .execute(&self.pool)
+                .await;
+            match first {
+                Ok(_) => created.extend(chunk.iter().map(|subscriber| (*subscriber).to_owned())),
+                Err(error) if is_unique_violation(&error) => {
+                    let rows: Vec<String> = sqlx::query_scalar(EXPAND_CLAIMED_AGAIN)
+                        .bind(event_id)
+                        .bind(now)
+                        .bind(chunk)
+                        .fetch_all(&self.pool)
+                        .await
+                        .map_err(|error| missing_event(error, event_id))?;
+                    created.extend(rows);
+                }
+                Err(error) => return Err(missing_event(error, event_id)),
+            }
         }
         Ok(created)
     }
