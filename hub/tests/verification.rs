@@ -719,6 +719,14 @@ impl SubscriptionStore for FullStore {
     async fn list_by_owner(&self, owner: &str) -> Result<Vec<Subscription>, StoreError> {
         self.0.list_by_owner(owner).await
     }
+    async fn list_by_topic_page(
+        &self,
+        topic: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Subscription>, StoreError> {
+        self.0.list_by_topic_page(topic, after, limit).await
+    }
     async fn save_within_limit(
         &self,
         subscription: &Subscription,
