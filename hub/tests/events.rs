@@ -1203,13 +1203,10 @@ async fn expansion_in_parts_survives_a_crash_between_parts(log: &dyn EventLog) {
     let t0 = base_time();
     let event = record(log, &topic(), t0).await;
     let subs = subscribers("parts", 30);
-    assert_eq!(
-        log.expand_part(event.id, &subs[..10], t0)
-            .await
-            .expect("part"),
-        10
-    );
-    // Parts leave the event unexpanded, and their records are due at once.
+    let refs: Vec<&str> = subs.iter().map(String::as_str).collect();
+    let first = log.expand_claimed(event.id, &refs[..10], t0).await;
+    assert_eq!(first.expect("part").len(), 10);
+    // Parts leave the event unexpanded.
     assert!(
         log.unexpanded(1000)
             .await
@@ -1217,14 +1214,9 @@ async fn expansion_in_parts_survives_a_crash_between_parts(log: &dyn EventLog) {
             .iter()
             .any(|unexpanded| unexpanded.id == event.id)
     );
-    assert_eq!(claim_own(log, event.id, t0).await.len(), 10);
     // A part repeated, overlapping the next: existing records stay as they are.
-    assert_eq!(
-        log.expand_part(event.id, &subs[5..20], t0)
-            .await
-            .expect("part"),
-        10
-    );
+    let overlapping = log.expand_claimed(event.id, &refs[5..20], t0).await;
+    assert_eq!(overlapping.expect("part").len(), 10);
     // The process "crashed"; the event is expanded again in full, which
     // creates only what is missing and marks it.
     assert_eq!(log.expand(event.id, &subs, t0).await.expect("expand"), 10);
@@ -1242,12 +1234,12 @@ async fn expansion_in_parts_survives_a_crash_between_parts(log: &dyn EventLog) {
             .iter()
             .filter(|record| record.processing_since.is_some())
             .count(),
-        10,
+        20,
         "the claimed records were not reset"
     );
-    match log.expand_part(Uuid::now_v7(), &subs, t0).await {
+    match log.expand_claimed(Uuid::now_v7(), &refs, t0).await {
         Err(EventLogError::UnknownEvent(_)) => {}
-        other => panic!("expand_part of a missing event: {other:?}"),
+        other => panic!("expand_claimed of a missing event: {other:?}"),
     }
 }
 both!(expansion_in_parts_survives_a_crash_between_parts);
@@ -1340,7 +1332,7 @@ async fn claimed_parts_never_take_over_existing_records(log: &dyn EventLog) {
     let subs = subscribers("existing", 4);
     // Records another process wrote and left in every state: due and
     // unclaimed, claimed, delivered, and failed once.
-    assert_eq!(log.expand_part(event.id, &subs, t0).await.expect("part"), 4);
+    assert_eq!(log.expand(event.id, &subs, t0).await.expect("expand"), 4);
     let claimed = claim_own(log, event.id, t0).await;
     assert_eq!(claimed.len(), 4);
     let t1 = t0 + secs(1);

@@ -190,24 +190,8 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// event not in the log is [`EventLogError::UnknownEvent`].
     ///
     /// With no subscribers it only marks the event: the way to finish an
-    /// expansion written in parts ([`EventLog::expand_part`],
-    /// [`EventLog::expand_claimed`]).
+    /// expansion written in parts ([`EventLog::expand_claimed`]).
     async fn expand(
-        &self,
-        event_id: Uuid,
-        subscribers: &[String],
-        now: DateTime<Utc>,
-    ) -> Result<u64, EventLogError>;
-
-    /// Writes delivery records for some of an event's subscribers, due at
-    /// `now` and unclaimed, without marking the event expanded: a large
-    /// fan-out is written in several commits so that delivery starts after
-    /// the first, and [`EventLog::expand`] marks it once every part is in.
-    /// Records that exist are left as they are; after a crash the event is
-    /// still unexpanded and is expanded again in full. Returns how many
-    /// records were created. (The dispatcher writes its parts already
-    /// claimed, with [`EventLog::expand_claimed`].)
-    async fn expand_part(
         &self,
         event_id: Uuid,
         subscribers: &[String],
@@ -218,7 +202,9 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// for their first attempt by the caller: due at `now`, with
     /// `processing_since = now`, so that the caller delivers them without a
     /// claim and no other claimer takes them until the visibility timeout.
-    /// The event stays unexpanded, as with [`EventLog::expand_part`].
+    /// The event stays unexpanded until [`EventLog::expand`] marks it (with
+    /// no further subscribers, once every part is in); after a crash it is
+    /// expanded again.
     ///
     /// Returns the subscribers whose records this call created, in no
     /// particular order; only those are the caller's to deliver. A record
@@ -319,6 +305,18 @@ fn stale_bound(now: DateTime<Utc>, visibility: std::time::Duration) -> Option<Da
 /// not a failure of the database.
 fn invalid(error: sqlx::Error) -> EventLogError {
     EventLogError::Invalid(error.to_string())
+}
+
+/// Subscribers sorted and each once: sorted, the rows go into the primary
+/// key's b-tree in key order (byte order on both backends), mostly
+/// appending to one leaf rather than splitting pages all over the index;
+/// deduplicated, because an insert without ON CONFLICT would fail on a
+/// subscriber listed twice.
+fn sorted_unique<'a>(subscribers: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut subscribers: Vec<&str> = subscribers.into_iter().collect();
+    subscribers.sort_unstable();
+    subscribers.dedup();
+    subscribers
 }
 
 /// A database count as the unsigned number it is.

@@ -351,13 +351,7 @@ async fn expand_in(
         }
         EXPAND_AGAIN
     };
-    // Sorted, the rows go into the primary key's b-tree in key order (byte
-    // order, the column's collation), mostly appending to one leaf rather
-    // than splitting pages all over the index. Deduplicated, because without
-    // ON CONFLICT a subscriber listed twice would violate the primary key.
-    let mut subscribers: Vec<&str> = subscribers.iter().map(String::as_str).collect();
-    subscribers.sort_unstable();
-    subscribers.dedup();
+    let subscribers = super::sorted_unique(subscribers.iter().map(String::as_str));
     let mut created = 0;
     for chunk in subscribers.chunks(EXPAND_CHUNK) {
         created += sqlx::query(insert)
@@ -425,39 +419,13 @@ impl EventLog for PostgresEventLog {
         }
     }
 
-    async fn expand_part(
-        &self,
-        event_id: Uuid,
-        subscribers: &[String],
-        now: DateTime<Utc>,
-    ) -> Result<u64, EventLogError> {
-        let mut subscribers: Vec<&str> = subscribers.iter().map(String::as_str).collect();
-        subscribers.sort_unstable();
-        subscribers.dedup();
-        let mut created = 0;
-        for chunk in subscribers.chunks(EXPAND_CHUNK) {
-            // The insert's statement trigger fails it when the event is gone.
-            created += sqlx::query(EXPAND_AGAIN)
-                .bind(event_id)
-                .bind(now)
-                .bind(chunk)
-                .execute(&self.pool)
-                .await
-                .map_err(|error| missing_event(error, event_id))?
-                .rows_affected();
-        }
-        Ok(created)
-    }
-
     async fn expand_claimed(
         &self,
         event_id: Uuid,
         subscribers: &[&str],
         now: DateTime<Utc>,
     ) -> Result<Vec<String>, EventLogError> {
-        let mut subscribers = subscribers.to_vec();
-        subscribers.sort_unstable();
-        subscribers.dedup();
+        let subscribers = super::sorted_unique(subscribers.iter().copied());
         if subscribers.is_empty() {
             // No insert, so no trigger to find the event missing.
             let exists: bool = sqlx::query_scalar(EVENT_EXISTS)

@@ -360,12 +360,7 @@ async fn expand_in(
     if marked == 0 {
         return Err(EventLogError::UnknownEvent(event_id));
     }
-    // Sorted, the rows go into the primary key's b-tree in key order (the
-    // column's BINARY collation is byte order, as `str`'s is), appending to
-    // one page after another rather than splitting pages all over the index.
-    let mut subscribers: Vec<&str> = subscribers.iter().map(String::as_str).collect();
-    subscribers.sort_unstable();
-    subscribers.dedup();
+    let subscribers = super::sorted_unique(subscribers.iter().map(String::as_str));
     let mut created = 0;
     for chunk in subscribers.chunks(EXPAND_CHUNK) {
         let chunk = serde_json::to_string(chunk)
@@ -403,49 +398,13 @@ impl EventLog for SqliteEventLog {
         Ok(event)
     }
 
-    async fn expand_part(
-        &self,
-        event_id: Uuid,
-        subscribers: &[String],
-        now: DateTime<Utc>,
-    ) -> Result<u64, EventLogError> {
-        let mut subscribers: Vec<&str> = subscribers.iter().map(String::as_str).collect();
-        subscribers.sort_unstable();
-        subscribers.dedup();
-        let mut created = 0;
-        for chunk in subscribers.chunks(EXPAND_CHUNK) {
-            let chunk = serde_json::to_string(chunk)
-                .map_err(|error| EventLogError::Invalid(error.to_string()))?;
-            let mut writer = self.writer().await?;
-            let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
-            let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
-                .bind(event_id)
-                .fetch_one(&mut *tx)
-                .await?;
-            if !exists {
-                return Err(EventLogError::UnknownEvent(event_id));
-            }
-            created += sqlx::query(EXPAND)
-                .bind(event_id)
-                .bind(now.timestamp_micros())
-                .bind(chunk)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            tx.commit().await?;
-        }
-        Ok(created)
-    }
-
     async fn expand_claimed(
         &self,
         event_id: Uuid,
         subscribers: &[&str],
         now: DateTime<Utc>,
     ) -> Result<Vec<String>, EventLogError> {
-        let mut subscribers = subscribers.to_vec();
-        subscribers.sort_unstable();
-        subscribers.dedup();
+        let subscribers = super::sorted_unique(subscribers.iter().copied());
         let chunks = subscribers
             .chunks(EXPAND_CHUNK)
             .map(serde_json::to_string)
