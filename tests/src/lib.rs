@@ -416,6 +416,10 @@ pub async fn serve_on_loopback(app: Router) -> LoopbackServer {
     LoopbackServer { address, stop }
 }
 
+/// The internal API key test hubs are given (`config.internal_api_key`), and
+/// that [`TestHub::fat_ping`] sends.
+pub const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
+
 /// A hub running in this process on a free loopback port.
 #[derive(Debug)]
 pub struct TestHub {
@@ -547,6 +551,28 @@ impl TestHub {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// Sends a fat ping: `body` as the content of `topic`, with the
+    /// [`INTERNAL_KEY`]. Returns the status and the body text.
+    pub async fn fat_ping(
+        &self,
+        topic: &str,
+        content_type: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> (u16, String) {
+        let query = serde_urlencoded::to_string([("hub.mode", "publish"), ("hub.topic", topic)])
+            .unwrap_or_default();
+        let response = http_client()
+            .post(format!("{}?{query}", self.url))
+            .header("content-type", content_type)
+            .header("X-Internal-API-Key", INTERNAL_KEY)
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("fat ping: {error}"));
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap_or_default())
     }
 
     /// Sends a thin publish ping for `topics`.

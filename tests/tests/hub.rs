@@ -5,36 +5,16 @@ use std::time::Duration;
 
 use websub_hub::signature::{EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, sign};
 use websub_tests::{
-    Backend, DeliveryAnswer, TestHub, TestPublisher, TestSubscriber, VerifyAnswer, http_client,
-    test_config,
+    Backend, DeliveryAnswer, INTERNAL_KEY, TestHub, TestPublisher, TestSubscriber, VerifyAnswer,
+    http_client, test_config,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
-const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
 
 async fn hub_on(backend: Backend) -> Option<TestHub> {
     let mut config = test_config(backend).await?;
     config.internal_api_key = Some(INTERNAL_KEY.to_owned());
     Some(TestHub::start(config).await)
-}
-
-async fn fat_ping(hub: &TestHub, topic: &str, content_type: &str, body: Vec<u8>) -> (u16, String) {
-    let url = format!(
-        "{}?{}",
-        hub.url,
-        serde_urlencoded::to_string([("hub.mode", "publish"), ("hub.topic", topic)])
-            .unwrap_or_default()
-    );
-    let response = http_client()
-        .post(url)
-        .header("content-type", content_type)
-        .header("X-Internal-API-Key", INTERNAL_KEY)
-        .body(body)
-        .send()
-        .await
-        .expect("fat ping");
-    let status = response.status().as_u16();
-    (status, response.text().await.unwrap_or_default())
 }
 
 async fn subscribe_publish_deliver(backend: Backend) {
@@ -113,10 +93,10 @@ async fn resubscribe_gives_one_delivery_per_publish() {
     hub.subscribe(topic, &callback, &[]).await;
     assert_eq!(hub.store.list_by_topic(topic).await.expect("list").len(), 1);
 
-    let (status, _) = fat_ping(&hub, topic, "text/plain", b"one".to_vec()).await;
+    let (status, _) = hub.fat_ping(topic, "text/plain", b"one".to_vec()).await;
     assert_eq!(status, 202);
     subscriber.wait_for_deliveries("twice", 1, WAIT).await;
-    let (status, _) = fat_ping(&hub, topic, "text/plain", b"two".to_vec()).await;
+    let (status, _) = hub.fat_ping(topic, "text/plain", b"two".to_vec()).await;
     assert_eq!(status, 202);
     subscriber.wait_for_deliveries("twice", 2, WAIT).await;
     // Stopping drains the dispatcher: a duplicate would have arrived by now.
@@ -177,7 +157,7 @@ async fn failed_renewal_keeps_the_old_secret() {
     assert_eq!(status, 202);
     subscriber.wait_for_verifications(2, WAIT).await;
 
-    let (status, _) = fat_ping(&hub, topic, "text/plain", b"signed".to_vec()).await;
+    let (status, _) = hub.fat_ping(topic, "text/plain", b"signed".to_vec()).await;
     assert_eq!(status, 202);
     let deliveries = subscriber.wait_for_deliveries("renewing", 1, WAIT).await;
     assert_eq!(
@@ -197,7 +177,7 @@ async fn gone_callback_loses_its_subscription() {
     let callback = subscriber.callback("leaving");
     hub.subscribe(topic, &callback, &[]).await;
     subscriber.answer_delivery("leaving", DeliveryAnswer::Status(410));
-    let (status, _) = fat_ping(&hub, topic, "text/plain", b"bye".to_vec()).await;
+    let (status, _) = hub.fat_ping(topic, "text/plain", b"bye".to_vec()).await;
     assert_eq!(status, 202);
     assert!(hub.wait_for_subscription(topic, &callback, false).await);
     assert_eq!(subscriber.attempts("leaving"), 1, "a 410 is not retried");
@@ -214,7 +194,9 @@ async fn server_error_is_retried_until_delivered() {
     let callback = subscriber.callback("flaky");
     hub.subscribe(topic, &callback, &[]).await;
     subscriber.answer_delivery("flaky", DeliveryAnswer::Sequence(vec![500, 503, 204]));
-    let (status, _) = fat_ping(&hub, topic, "text/plain", b"eventually".to_vec()).await;
+    let (status, _) = hub
+        .fat_ping(topic, "text/plain", b"eventually".to_vec())
+        .await;
     assert_eq!(status, 202);
     let deliveries = subscriber.wait_for_deliveries("flaky", 1, WAIT).await;
     assert_eq!(deliveries.len(), 1);
@@ -234,7 +216,7 @@ async fn hanging_callback_does_not_delay_its_neighbour() {
     hub.subscribe(topic, &slow, &[]).await;
     hub.subscribe(topic, &quick, &[]).await;
     subscriber.answer_delivery("slow", DeliveryAnswer::Hang(Duration::from_secs(20)));
-    let (status, _) = fat_ping(&hub, topic, "text/plain", b"news".to_vec()).await;
+    let (status, _) = hub.fat_ping(topic, "text/plain", b"news".to_vec()).await;
     assert_eq!(status, 202);
     // Within 3 s of a 20 s hang: the quick one is delivered while the slow
     // one is still being attempted.
@@ -276,7 +258,9 @@ async fn many_subscribers_each_get_one(backend: Backend) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (status, _) = fat_ping(&hub, topic, "application/json", b"{\"n\":1}".to_vec()).await;
+    let (status, _) = hub
+        .fat_ping(topic, "application/json", b"{\"n\":1}".to_vec())
+        .await;
     assert_eq!(status, 202);
     assert!(
         subscriber
@@ -322,7 +306,9 @@ async fn one_mebibyte_binary_body_arrives_byte_identical() {
         verification.raw_query
     );
     let body: Vec<u8> = (0..1024 * 1024).map(|index| (index % 251) as u8).collect();
-    let (status, text) = fat_ping(&hub, topic, "application/octet-stream", body.clone()).await;
+    let (status, text) = hub
+        .fat_ping(topic, "application/octet-stream", body.clone())
+        .await;
     assert_eq!(status, 202, "{text}");
     let deliveries = subscriber.wait_for_deliveries("binary", 1, WAIT).await;
     assert_eq!(deliveries[0].body.len(), body.len());
@@ -497,7 +483,7 @@ async fn renewal_with_a_new_secret_signs_the_next_delivery_with_it() {
     let callback = subscriber.callback("rotating");
     hub.subscribe(topic, &callback, &[("hub.secret", "first")])
         .await;
-    let (status, _) = fat_ping(&hub, topic, "text/plain", b"one".to_vec()).await;
+    let (status, _) = hub.fat_ping(topic, "text/plain", b"one".to_vec()).await;
     assert_eq!(status, 202);
     subscriber.wait_for_deliveries("rotating", 1, WAIT).await;
 
@@ -521,7 +507,7 @@ async fn renewal_with_a_new_secret_signs_the_next_delivery_with_it() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (status, _) = fat_ping(&hub, topic, "text/plain", b"two".to_vec()).await;
+    let (status, _) = hub.fat_ping(topic, "text/plain", b"two".to_vec()).await;
     assert_eq!(status, 202);
     let deliveries = subscriber.wait_for_deliveries("rotating", 2, WAIT).await;
     assert_eq!(

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use websub_tests::{Backend, DeliveryAnswer, TestHub, TestSubscriber, http_client, test_config};
+use websub_tests::{
+    Backend, DeliveryAnswer, INTERNAL_KEY, TestHub, TestSubscriber, http_client, test_config,
+};
 
 const WAIT: Duration = Duration::from_secs(10);
-const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
 
 async fn hub_on(backend: Backend) -> Option<TestHub> {
     let mut config = test_config(backend).await?;
@@ -41,22 +42,12 @@ async fn operator(
     (status, json)
 }
 
-async fn fat_ping(hub: &TestHub, topic: &str, body: &str) {
-    let url = format!(
-        "{}?{}",
-        hub.url,
-        serde_urlencoded::to_string([("hub.mode", "publish"), ("hub.topic", topic)])
-            .unwrap_or_default()
-    );
-    let response = http_client()
-        .post(url)
-        .header("content-type", "application/json")
-        .header("X-Internal-API-Key", INTERNAL_KEY)
-        .body(body.to_owned())
-        .send()
-        .await
-        .expect("fat ping");
-    assert_eq!(response.status().as_u16(), 202);
+/// A fat ping of JSON content, accepted.
+async fn publish(hub: &TestHub, topic: &str, body: &str) {
+    let (status, answer) = hub
+        .fat_ping(topic, "application/json", body.to_owned())
+        .await;
+    assert_eq!(status, 202, "{answer}");
 }
 
 async fn operator_api_lists_and_retries(backend: Backend) {
@@ -108,7 +99,7 @@ async fn operator_api_lists_and_retries(backend: Backend) {
 
     // "two" fails every attempt until told otherwise.
     subscriber.answer_delivery("two", DeliveryAnswer::Status(500));
-    fat_ping(&hub, busy, "{\"n\":1}").await;
+    publish(&hub, busy, "{\"n\":1}").await;
     assert_eq!(
         subscriber.wait_for_deliveries("one", 1, WAIT).await.len(),
         1
@@ -251,8 +242,8 @@ async fn hub_topics_answer_discovery_with_their_latest_content() {
         Some(link.as_str())
     );
 
-    fat_ping(&hub, &topic, "{\"order\":1}").await;
-    fat_ping(&hub, &topic, "{\"order\":2}").await;
+    publish(&hub, &topic, "{\"order\":1}").await;
+    publish(&hub, &topic, "{\"order\":2}").await;
     let response = http_client().get(&topic).send().await.expect("GET topic");
     assert_eq!(response.status().as_u16(), 200);
     assert_eq!(

@@ -12,12 +12,11 @@ use websub_hub::auth::issue_token;
 use websub_hub::quota::Quota;
 use websub_hub::quota::fake::FakeQuotaServer;
 use websub_tests::{
-    Backend, DeliveryAnswer, LoopbackServer, TestHub, TestSubscriber, http_client,
+    Backend, DeliveryAnswer, INTERNAL_KEY, LoopbackServer, TestHub, TestSubscriber, http_client,
     serve_on_loopback, test_config,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
-const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
 const TOKEN_KEY: &str = "the-user-token-signing-key";
 const QUOTA_TYPE: &str = "websub_subscriptions";
 
@@ -439,21 +438,7 @@ async fn subscriber_api_lists_removes_and_reports_usage() {
     );
 
     subscriber.answer_delivery("broken", DeliveryAnswer::Status(500));
-    let url = format!(
-        "{}?{}",
-        hub.url,
-        serde_urlencoded::to_string([("hub.mode", "publish"), ("hub.topic", topic)])
-            .unwrap_or_default()
-    );
-    let published = http_client()
-        .post(url)
-        .header("content-type", "text/plain")
-        .header("X-Internal-API-Key", INTERNAL_KEY)
-        .body("news")
-        .send()
-        .await
-        .expect("fat ping");
-    assert_eq!(published.status().as_u16(), 202);
+    assert_eq!(hub.fat_ping(topic, "text/plain", "news").await.0, 202);
     assert_eq!(subscriber.wait_for_deliveries("ok", 1, WAIT).await.len(), 1);
     assert!(
         subscriber
