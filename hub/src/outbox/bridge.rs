@@ -643,12 +643,15 @@ impl Feed {
         // re-checked predicate instead of failing the statement), whatever
         // the producer's database default. Claims and outcomes lost in a
         // crash only mean a delivery made again, so they need not wait for
-        // the WAL to be flushed.
+        // the WAL to be flushed. The dispatcher's statements take arrays,
+        // which lead the planner to plan them afresh at every call (costing
+        // more than running them); their generic plans are as good.
         let options = PgConnectOptions::from_str(&config.database_url)
             .map_err(database)?
             .options([
                 ("default_transaction_isolation", "read committed"),
                 ("synchronous_commit", "off"),
+                ("plan_cache_mode", "force_generic_plan"),
             ]);
         let pool = PgPoolOptions::new()
             .max_connections(8)

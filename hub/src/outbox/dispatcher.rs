@@ -38,7 +38,7 @@ use url::Url;
 use uuid::Uuid;
 
 use super::envelope::Envelope;
-use super::sql::{ClaimedRow, Completion, Outcome, Queries, Subscriptions};
+use super::sql::{ClaimedRow, Completion, Outcome, Queries, Rooms, Subscriptions};
 use super::{OutboxError, OutboxTables, check_channel, purge_expired};
 use crate::config::ConfigError;
 use crate::dispatch::{backoff, error_chain};
@@ -106,7 +106,10 @@ pub struct DispatcherConfig {
     /// Attempts in flight at once, over all subscribers (64).
     pub concurrency: usize,
     /// Attempts in flight at once to one subscriber (16), so that a slow one
-    /// cannot take every slot.
+    /// cannot take every slot. A subscriber's rows are claimed up to four
+    /// times this many ahead (fewer when the visibility timeout leaves less
+    /// than four delivery timeouts of patience), so that its next attempt is
+    /// ready the moment one finishes.
     pub per_subscriber_concurrency: usize,
     /// How far before the previous scan a polling scan starts looking (60 s):
     /// an event's `created_at` is its transaction's start, so one committed
@@ -396,6 +399,8 @@ struct Registry {
     catch_all: Option<Arc<dyn Handler>>,
     webhooks: BTreeMap<String, HashMap<String, WebhookSubscriber>>,
     subscriptions: Subscriptions,
+    /// Every subscriber in `subscriptions`, once each, sorted.
+    names: Vec<String>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -429,6 +434,7 @@ impl Registry {
                 subscriptions.event_names.push(event_name.clone());
             }
         }
+        self.names = subscriptions.names();
         self.subscriptions = subscriptions;
         self
     }
@@ -439,6 +445,7 @@ impl Registry {
             catch_all: self.catch_all.clone(),
             webhooks: self.webhooks.clone(),
             subscriptions: Subscriptions::default(),
+            names: Vec::new(),
         }
     }
 }
@@ -512,6 +519,45 @@ struct Pending {
     /// Events announced by `NOTIFY`.
     ids: Vec<Uuid>,
     scan: Scan,
+    /// Whether rows may be due that no expansion hands over claimed:
+    /// unclaimed ones written by a scan, retries, stale claims, rows other
+    /// dispatchers left.
+    claim: bool,
+}
+
+/// How a scan ended.
+#[derive(Debug)]
+struct ScanResult {
+    scan: Scan,
+    since: NaiveDateTime,
+    /// Rows written, and the database time the scan ran at.
+    outcome: Result<(u64, NaiveDateTime), sqlx::Error>,
+}
+
+/// What an expansion of notified events did.
+#[derive(Debug)]
+struct Expanded {
+    /// Every statement succeeded.
+    succeeded: bool,
+    /// It may have written rows it did not claim.
+    left_unclaimed: bool,
+}
+
+/// The rows this dispatcher holds claimed.
+#[derive(Debug, Default)]
+struct Lanes {
+    by_subscriber: HashMap<String, Lane>,
+    /// In all.
+    held: usize,
+}
+
+/// The rows one subscriber holds claimed in this dispatcher.
+#[derive(Debug)]
+struct Lane {
+    /// Claimed and not done: attempting, or waiting for a turn.
+    held: usize,
+    /// One permit per attempt the subscriber may have in flight.
+    turns: Arc<Semaphore>,
 }
 
 /// How much of the outbox a pass expands, least to most.
@@ -615,7 +661,13 @@ struct Inner {
     /// Signalled when an attempt finishes and frees a slot.
     room: Notify,
     slots: Arc<Semaphore>,
-    in_flight: Mutex<HashMap<String, usize>>,
+    lanes: Mutex<Lanes>,
+    /// How many waves of attempts may be held claimed: see [`waves`].
+    waves: usize,
+    /// How many rows one subscriber may hold claimed: its concurrency times
+    /// `waves`; the dispatcher as a whole holds at most its concurrency
+    /// times `waves`.
+    hold: usize,
     listening: AtomicBool,
 }
 
@@ -637,6 +689,8 @@ impl Dispatcher {
             .build()
             .map_err(DispatcherError::Client)?;
         let headers = static_headers(&config.webhook_headers)?;
+        let waves = waves(&config);
+        let hold = config.per_subscriber_concurrency.saturating_mul(waves);
         Ok(Self {
             inner: Arc::new(Inner {
                 channel: config.channel(),
@@ -650,16 +704,18 @@ impl Dispatcher {
                 pending: Mutex::new(Pending::default()),
                 wake: Notify::new(),
                 room: Notify::new(),
-                in_flight: Mutex::new(HashMap::new()),
+                lanes: Mutex::new(Lanes::default()),
+                waves,
+                hold,
                 listening: AtomicBool::new(false),
             }),
         })
     }
 
     /// Replaces the webhook HTTP client (its own transport, timeout or
-    /// instrumentation). Whatever the client, an attempt is abandoned after
-    /// three quarters of the visibility timeout, so that its claim never goes
-    /// stale while it runs.
+    /// instrumentation). Whatever the client, an attempt is abandoned three
+    /// quarters of the visibility timeout after its row was claimed, so that
+    /// its claim never goes stale while it runs.
     pub fn with_http_client(self, client: reqwest::Client) -> Self {
         *self
             .inner
@@ -830,6 +886,7 @@ impl Dispatcher {
         {
             let mut pending = self.pending();
             pending.scan = pending.scan.max(scan);
+            pending.claim = true;
         }
         self.inner.wake.notify_one();
     }
@@ -847,6 +904,13 @@ impl Dispatcher {
         self.inner.wake.notify_one();
     }
 
+    /// Whether the next pass has nothing to do but expand notified events,
+    /// and not so many that they should go at once.
+    fn only_notified(&self) -> bool {
+        let pending = self.pending();
+        pending.scan == Scan::None && !pending.claim && pending.ids.len() < PASS_GATHERING_LIMIT
+    }
+
     /// The listener connected (again): notifications may have been missed.
     pub(crate) fn listener_connected(&self, connected: bool) {
         self.inner.listening.store(connected, Ordering::Relaxed);
@@ -856,7 +920,8 @@ impl Dispatcher {
     }
 
     /// Runs until `shutdown` is cancelled, then lets the attempts in flight
-    /// finish and records their outcomes before returning.
+    /// finish (rows still waiting for their turn are handed back) and
+    /// records their outcomes before returning.
     pub async fn run(self, shutdown: CancellationToken) {
         let config = &self.inner.config;
         let background = TaskTracker::new();
@@ -872,39 +937,118 @@ impl Dispatcher {
         let mut next_poll = Instant::now() + config.poll_interval;
         self.request(Scan::Full);
         let retry_after_error = config.poll_interval.min(ERROR_RETRY);
+        let mut waiting_for_room = false;
+        let mut last_pass = Instant::now();
+        // A scan reads every recent event, which takes a while on a busy
+        // outbox: it runs beside the passes, so that notified events are not
+        // held up behind it. One at a time; what is asked for meanwhile
+        // waits in `scan_wanted`.
+        let mut scan_wanted = Scan::None;
+        let mut scanning: Option<tokio::task::JoinHandle<ScanResult>> = None;
+        // After a failed scan, when the next may start.
+        let mut scan_retry: Option<Instant> = None;
         while !shutdown.is_cancelled() {
+            // Under a stream of notifications, passes are spaced so that
+            // each expands several events in its one statement rather than
+            // one each; an event arriving after a quiet spell goes at once.
+            let spaced = last_pass + PASS_SPACING;
+            if Instant::now() < spaced && self.only_notified() {
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep_until(spaced) => {}
+                }
+            }
+            last_pass = Instant::now();
             let work = std::mem::take(&mut *self.pending());
             let registry = self.registry();
             // Whether a statement failed in this pass: the next pass comes
             // soon rather than at the next poll.
             let mut failed = false;
             if !registry.subscriptions.is_empty() {
-                failed = !self
-                    .expand(work, &registry, &mut expansion, &attempts, &completed)
-                    .await;
+                scan_wanted = scan_wanted.max(work.scan);
+                if expansion.last_full_scan.elapsed() >= config.catch_up_interval {
+                    scan_wanted = Scan::Full;
+                }
+                if scanning.is_none()
+                    && scan_retry.is_none()
+                    && let Some(since) = expansion.since(scan_wanted, config.expand_lookback)
+                {
+                    scanning = Some(tokio::spawn(self.clone().scan(
+                        registry.clone(),
+                        std::mem::take(&mut scan_wanted),
+                        since,
+                    )));
+                }
+                // Notified events come back claimed; a claim runs only when
+                // something else may be due.
+                let mut claim = work.claim;
+                if !work.ids.is_empty() {
+                    let expanded = self
+                        .expand_notified(
+                            &work.ids, &registry, &expansion, &attempts, &completed, &shutdown,
+                        )
+                        .await;
+                    failed = !expanded.succeeded;
+                    claim |= expanded.left_unclaimed;
+                }
+                if claim {
+                    match self
+                        .claim_and_start(&registry, &attempts, &completed, &shutdown)
+                        .await
+                    {
+                        Claimed::Idle => waiting_for_room = false,
+                        Claimed::WaitingForRoom => waiting_for_room = true,
+                        Claimed::Failed => failed = true,
+                    }
+                }
             }
-            let claimed = if registry.subscriptions.is_empty() {
-                Claimed::Idle
-            } else {
-                self.claim_and_start(&registry, &attempts, &completed, &shutdown)
-                    .await
-            };
-            failed |= claimed == Claimed::Failed;
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 () = self.inner.wake.notified() => {}
-                () = self.inner.room.notified(), if claimed == Claimed::WaitingForRoom => {}
+                scanned = async { scanning.as_mut().expect("guarded").await }, if scanning.is_some() => {
+                    scanning = None;
+                    match scanned {
+                        Ok(ScanResult { scan, since, outcome: Ok((written, scanned_at)) }) => {
+                            debug!(written, ?scan, "expanded");
+                            expansion.scanned(since, scanned_at);
+                            // Rows a scan writes are unclaimed.
+                            self.pending().claim |= written > 0;
+                        }
+                        Ok(ScanResult { scan, outcome: Err(error), .. }) => {
+                            warn!(%error, "expanding outbox events failed; retrying shortly");
+                            scan_wanted = scan_wanted.max(scan);
+                            scan_retry = Some(Instant::now() + retry_after_error);
+                        }
+                        Err(error) => {
+                            warn!(%error, "an outbox expansion scan stopped abnormally");
+                            scan_wanted = scan_wanted.max(Scan::Full);
+                            scan_retry = Some(Instant::now() + retry_after_error);
+                        }
+                    }
+                }
+                () = self.inner.room.notified(), if waiting_for_room => {
+                    self.pending().claim = true;
+                }
+                () = sleep_until_or_never(scan_retry), if scan_retry.is_some() => {
+                    scan_retry = None;
+                }
                 () = tokio::time::sleep(retry_after_error), if failed => {
                     let mut pending = self.pending();
                     pending.scan = pending.scan.max(Scan::Recent);
+                    pending.claim = true;
                 }
                 () = tokio::time::sleep_until(next_poll) => {
                     next_poll = Instant::now() + config.poll_interval;
                     let mut pending = self.pending();
                     pending.scan = pending.scan.max(Scan::Recent);
+                    pending.claim = true;
                 }
             }
+        }
+        if let Some(scan) = scanning {
+            scan.abort();
         }
         attempts.close();
         attempts.wait().await;
@@ -916,73 +1060,67 @@ impl Dispatcher {
         background.wait().await;
     }
 
-    /// Expands what `work` asks for: notified events (their rows come back
-    /// claimed and their attempts start at once), then a recent or full
-    /// scan. Returns whether every statement succeeded; what failed is asked
-    /// for again.
-    async fn expand(
-        &self,
-        work: Pending,
-        registry: &Registry,
-        expansion: &mut Expansion,
-        attempts: &TaskTracker,
-        completed: &mpsc::UnboundedSender<Completion>,
-    ) -> bool {
-        let config = &self.inner.config;
-        let mut succeeded = true;
-        if !work.ids.is_empty() {
-            match self
-                .inner
-                .queries
-                .expand_and_claim(
-                    &self.inner.pool,
-                    &registry.subscriptions,
-                    expansion.start_from,
-                    &work.ids,
-                    self.inner.slots.available_permits(),
-                )
-                .await
-            {
-                Ok(claimed) => {
-                    self.start(claimed, attempts, completed);
-                }
-                Err(error) => {
-                    warn!(%error, "expanding notified events failed; retrying shortly");
-                    succeeded = false;
-                    let mut pending = self.pending();
-                    pending.scan = pending.scan.max(Scan::Recent);
-                }
-            }
-        }
-        let mut scan = work.scan;
-        if expansion.last_full_scan.elapsed() >= config.catch_up_interval {
-            scan = Scan::Full;
-        }
-        let Some(since) = expansion.since(scan, config.expand_lookback) else {
-            return succeeded;
-        };
-        match self
+    /// Writes the missing delivery rows of the events created since
+    /// `since`, unclaimed.
+    async fn scan(self, registry: Arc<Registry>, scan: Scan, since: NaiveDateTime) -> ScanResult {
+        let outcome = self
             .inner
             .queries
             .expand(&self.inner.pool, &registry.subscriptions, since)
-            .await
-        {
-            Ok((written, scanned_at)) => {
-                debug!(written, ?scan, "expanded");
-                expansion.scanned(since, scanned_at);
-            }
-            Err(error) => {
-                warn!(%error, "expanding outbox events failed; retrying shortly");
-                succeeded = false;
-                let mut pending = self.pending();
-                pending.scan = pending.scan.max(scan);
-            }
+            .await;
+        ScanResult {
+            scan,
+            since,
+            outcome,
         }
-        succeeded
     }
 
-    /// Claims due rows while there are free slots and starts an attempt per
-    /// row.
+    /// Expands notified events: their rows come back claimed, as many as
+    /// the subscribers have room for, and their attempts start at once.
+    /// What failed is scanned for shortly.
+    async fn expand_notified(
+        &self,
+        ids: &[Uuid],
+        registry: &Registry,
+        expansion: &Expansion,
+        attempts: &TaskTracker,
+        completed: &mpsc::UnboundedSender<Completion>,
+        shutdown: &CancellationToken,
+    ) -> Expanded {
+        let (rooms, _) = self.rooms(registry);
+        match self
+            .inner
+            .queries
+            .expand_and_claim(
+                &self.inner.pool,
+                &registry.subscriptions,
+                expansion.start_from,
+                ids,
+                &rooms,
+            )
+            .await
+        {
+            Ok((claimed, unclaimed)) => {
+                self.start(claimed, attempts, completed, shutdown);
+                Expanded {
+                    succeeded: true,
+                    left_unclaimed: unclaimed > 0,
+                }
+            }
+            Err(error) => {
+                warn!(%error, "expanding notified events failed; retrying shortly");
+                let mut pending = self.pending();
+                pending.scan = pending.scan.max(Scan::Recent);
+                Expanded {
+                    succeeded: false,
+                    left_unclaimed: false,
+                }
+            }
+        }
+    }
+
+    /// Claims due rows, each subscriber up to its room, and starts an
+    /// attempt per row.
     async fn claim_and_start(
         &self,
         registry: &Arc<Registry>,
@@ -997,17 +1135,15 @@ impl Dispatcher {
             if shutdown.is_cancelled() {
                 return Claimed::Idle;
             }
-            let room = self.inner.slots.available_permits();
-            if room == 0 {
-                return Claimed::WaitingForRoom;
+            let (rooms, saturated) = self.rooms(registry);
+            if rooms.total == 0 {
+                return if saturated {
+                    Claimed::WaitingForRoom
+                } else {
+                    Claimed::Idle
+                };
             }
-            let limit = room.min(config.batch_size);
-            let saturated: Vec<String> = self
-                .in_flight()
-                .iter()
-                .filter(|(_, count)| **count >= config.per_subscriber_concurrency)
-                .map(|(subscriber, _)| subscriber.clone())
-                .collect();
+            let asked = rooms.total.min(config.batch_size);
             let claimed = match self
                 .inner
                 .queries
@@ -1016,8 +1152,8 @@ impl Dispatcher {
                     &registry.subscriptions,
                     config.max_delivery_retries,
                     config.visibility_timeout,
-                    &saturated,
-                    limit,
+                    &rooms,
+                    asked,
                 )
                 .await
             {
@@ -1027,55 +1163,74 @@ impl Dispatcher {
                     return Claimed::Failed;
                 }
             };
-            let full = claimed.len() == limit;
-            let released = self.start(claimed, attempts, completed);
-            if !full {
-                return if released || !saturated.is_empty() {
-                    Claimed::WaitingForRoom
-                } else {
-                    Claimed::Idle
-                };
+            let more = claimed.len() == asked;
+            self.start(claimed, attempts, completed, shutdown);
+            // A subscriber given its whole room may have more due: it is
+            // claimed for again once enough of its rows are done.
+            let (_, saturated) = self.rooms(registry);
+            if saturated {
+                return Claimed::WaitingForRoom;
+            }
+            if !more {
+                return Claimed::Idle;
             }
         }
     }
 
-    /// Starts an attempt per claimed row, within the slots. A row over its
-    /// subscriber's limit is handed back uncounted (it is claimed again when
-    /// a slot frees); returns whether any was.
+    /// What each registered subscriber may still be given and in all,
+    /// and whether any subscriber, or the dispatcher as a whole, has no
+    /// room left.
+    fn rooms(&self, registry: &Registry) -> (Rooms, bool) {
+        let hold = self.inner.hold;
+        let lanes = self.lanes();
+        let overall = (self.inner.config.concurrency * self.inner.waves).saturating_sub(lanes.held);
+        let default = hold.min(overall);
+        let names = &registry.names;
+        let mut rooms = Rooms {
+            default: i64::try_from(default).unwrap_or(i64::MAX),
+            ..Rooms::default()
+        };
+        let mut saturated = overall == 0;
+        let mut listed = 0;
+        let mut total = 0usize;
+        for (name, lane) in &lanes.by_subscriber {
+            if names.binary_search(name).is_err() {
+                continue;
+            }
+            let room = hold.saturating_sub(lane.held).min(overall);
+            saturated |= room == 0;
+            listed += 1;
+            total = total.saturating_add(room);
+            rooms.subscribers.push(name.clone());
+            rooms.rows.push(i64::try_from(room).unwrap_or(i64::MAX));
+        }
+        total = total.saturating_add(default.saturating_mul(names.len() - listed));
+        rooms.total = total.min(overall);
+        (rooms, saturated)
+    }
+
+    /// Starts a task per claimed row: it waits for its subscriber's turn and
+    /// a slot, then attempts. A row whose turn has not come by three
+    /// quarters of the visibility timeout (or by shutdown) is handed back
+    /// uncounted, so that its claim never goes stale while it waits.
     fn start(
         &self,
         claimed: Vec<ClaimedRow>,
         attempts: &TaskTracker,
         completed: &mpsc::UnboundedSender<Completion>,
-    ) -> bool {
-        let config = &self.inner.config;
-        let mut released = false;
+        shutdown: &CancellationToken,
+    ) {
+        let deadline = Instant::now() + self.inner.config.visibility_timeout * 3 / 4;
         let mut envelopes: HashMap<Uuid, Arc<Prepared>> = HashMap::new();
         for row in claimed {
-            let permit = {
-                let mut in_flight = self.in_flight();
-                let count = in_flight.entry(row.subscriber.clone()).or_default();
-                let permit = (*count < config.per_subscriber_concurrency)
-                    .then(|| self.inner.slots.clone().try_acquire_owned().ok())
-                    .flatten();
-                if permit.is_some() {
-                    *count += 1;
-                } else if *count == 0 {
-                    in_flight.remove(&row.subscriber);
-                }
-                permit
-            };
-            let Some(permit) = permit else {
-                released = true;
-                let _ = completed.send(completion(&row, Outcome::Released));
-                continue;
-            };
+            let turns = self.hold(&row.subscriber);
             let prepared = envelopes
                 .entry(row.event_id)
                 .or_insert_with(|| Arc::new(Prepared::new(&row)))
                 .clone();
             let dispatcher = self.clone();
             let completed = completed.clone();
+            let shutdown = shutdown.clone();
             let span = info_span!(
                 "outbox_deliver",
                 event = %row.event_id,
@@ -1084,39 +1239,90 @@ impl Dispatcher {
             );
             attempts.spawn(
                 async move {
-                    let subscriber = row.subscriber.clone();
-                    let outcome = dispatcher.attempt(&row, &prepared).await;
+                    let outcome = dispatcher
+                        .in_turn(&row, &prepared, turns, deadline, &shutdown)
+                        .await;
                     let _ = completed.send(completion(&row, outcome));
-                    dispatcher.finished(&subscriber);
-                    drop(permit);
-                    dispatcher.inner.room.notify_one();
+                    dispatcher.finished(&row.subscriber);
                 }
                 .instrument(span),
             );
         }
-        released
     }
 
-    fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+    async fn in_turn(
+        &self,
+        row: &ClaimedRow,
+        prepared: &Prepared,
+        turns: Arc<Semaphore>,
+        deadline: Instant,
+        shutdown: &CancellationToken,
+    ) -> Outcome {
+        let turn = async {
+            let own = turns.acquire_owned().await.ok()?;
+            let slot = self.inner.slots.clone().acquire_owned().await.ok()?;
+            Some((own, slot))
+        };
+        let permits = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => None,
+            permits = tokio::time::timeout_at(deadline, turn) => permits.ok().flatten(),
+        };
+        match permits {
+            Some(_permits) => self.attempt(row, prepared, deadline).await,
+            None => Outcome::Released,
+        }
+    }
+
+    fn lanes(&self) -> std::sync::MutexGuard<'_, Lanes> {
         self.inner
-            .in_flight
+            .lanes
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Counts one more row held for `subscriber`; returns its turns.
+    fn hold(&self, subscriber: &str) -> Arc<Semaphore> {
+        let mut lanes = self.lanes();
+        lanes.held += 1;
+        let lane = lanes
+            .by_subscriber
+            .entry(subscriber.to_owned())
+            .or_insert_with(|| Lane {
+                held: 0,
+                turns: Arc::new(Semaphore::new(self.inner.config.per_subscriber_concurrency)),
+            });
+        lane.held += 1;
+        lane.turns.clone()
+    }
+
+    /// One row of `subscriber` is done. Once half the room of the
+    /// subscriber, or of the dispatcher, is free, the run loop may claim
+    /// again: refilling in halves rather than one row at a time keeps claims
+    /// few, and what is still held covers the attempts in the meantime.
     fn finished(&self, subscriber: &str) {
-        let mut in_flight = self.in_flight();
-        if let Some(count) = in_flight.get_mut(subscriber) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                in_flight.remove(subscriber);
+        let refill_at = |hold: usize| hold - (hold / 2).max(1);
+        let overall = self.inner.config.concurrency * self.inner.waves;
+        let mut lanes = self.lanes();
+        lanes.held = lanes.held.saturating_sub(1);
+        let mut refill = lanes.held == refill_at(overall);
+        if let Some(lane) = lanes.by_subscriber.get_mut(subscriber) {
+            lane.held = lane.held.saturating_sub(1);
+            refill |= lane.held == refill_at(self.inner.hold);
+            if lane.held == 0 {
+                lanes.by_subscriber.remove(subscriber);
             }
+        }
+        drop(lanes);
+        if refill {
+            self.inner.room.notify_one();
         }
     }
 
     /// One attempt: the handler or webhook registered now for the row's
-    /// (subscriber, event name), and what its answer means for the row.
-    async fn attempt(&self, row: &ClaimedRow, prepared: &Prepared) -> Outcome {
+    /// (subscriber, event name), and what its answer means for the row. It
+    /// is abandoned at `deadline`, before its claim could go stale.
+    async fn attempt(&self, row: &ClaimedRow, prepared: &Prepared, deadline: Instant) -> Outcome {
         let config = &self.inner.config;
         let registry = self.registry();
         let result = if config.subscriber_name.as_deref() == Some(row.subscriber.as_str()) {
@@ -1125,7 +1331,10 @@ impl Dispatcher {
                 .get(&row.event_name)
                 .or(registry.catch_all.as_ref());
             match handler {
-                Some(handler) => self.call(handler.as_ref(), &prepared.envelope).await,
+                Some(handler) => {
+                    self.call(handler.as_ref(), &prepared.envelope, deadline)
+                        .await
+                }
                 None => return Outcome::Released,
             }
         } else {
@@ -1134,7 +1343,7 @@ impl Dispatcher {
                 .get(&row.event_name)
                 .and_then(|subscribers| subscribers.get(&row.subscriber));
             match subscriber {
-                Some(subscriber) => self.post(subscriber, prepared).await,
+                Some(subscriber) => self.post(subscriber, prepared, deadline).await,
                 // Unregistered since the claim: its rows wait, untouched,
                 // for it to come back.
                 None => return Outcome::Released,
@@ -1172,8 +1381,17 @@ impl Dispatcher {
         }
     }
 
-    async fn call(&self, handler: &dyn Handler, envelope: &Envelope) -> Result<(), String> {
-        let timeout = self.inner.config.delivery_timeout;
+    async fn call(
+        &self,
+        handler: &dyn Handler,
+        envelope: &Envelope,
+        deadline: Instant,
+    ) -> Result<(), String> {
+        let timeout = self
+            .inner
+            .config
+            .delivery_timeout
+            .min(deadline.saturating_duration_since(Instant::now()));
         let call = std::panic::AssertUnwindSafe(handler.handle(envelope)).catch_unwind();
         match tokio::time::timeout(timeout, call).await {
             Ok(Ok(Ok(()))) => Ok(()),
@@ -1190,6 +1408,7 @@ impl Dispatcher {
         &self,
         subscriber: &WebhookSubscriber,
         prepared: &Prepared,
+        deadline: Instant,
     ) -> Result<(), String> {
         let client = self
             .inner
@@ -1208,7 +1427,6 @@ impl Dispatcher {
                 sign(secret.as_bytes(), &prepared.body),
             );
         }
-        let guard = self.inner.config.visibility_timeout * 3 / 4;
         let exchange = async {
             let response = request.body(prepared.body.clone()).send().await?;
             let status = response.status();
@@ -1224,12 +1442,12 @@ impl Dispatcher {
             }
             Ok::<_, reqwest::Error>(status)
         };
-        match tokio::time::timeout(guard, exchange).await {
+        match tokio::time::timeout_at(deadline, exchange).await {
             Ok(Ok(status)) if status.is_success() => Ok(()),
             Ok(Ok(status)) => Err(format!("HTTP {status}")),
             Ok(Err(error)) if error.is_timeout() => Err("timed out".to_owned()),
             Ok(Err(error)) => Err(format!("request failed: {}", error_chain(&error))),
-            Err(_) => Err(format!("no answer within {guard:?}")),
+            Err(_) => Err("no answer before the claim would have gone stale".to_owned()),
         }
     }
 
@@ -1265,6 +1483,7 @@ impl Dispatcher {
                 let dispatcher = self.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(wait).await;
+                    dispatcher.pending().claim = true;
                     dispatcher.inner.wake.notify_one();
                 });
             }
@@ -1364,6 +1583,23 @@ fn completion(row: &ClaimedRow, outcome: Outcome) -> Completion {
     }
 }
 
+/// How many waves of attempts rows are claimed for: as many (at most four)
+/// as fit, each taking up to the delivery timeout, before a waiting row's
+/// claim must be handed back. Holding more than one wave means the next
+/// attempts are ready the moment a slot frees, without a claim in between.
+fn waves(config: &DispatcherConfig) -> usize {
+    let patience = config.visibility_timeout * 3 / 4;
+    let waves = patience.as_nanos() / config.delivery_timeout.as_nanos().max(1);
+    usize::try_from(waves.clamp(1, 4)).unwrap_or(1)
+}
+
+async fn sleep_until_or_never(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// The lower bound of a scan without `start_from`: before any event.
 fn beginning_of_time() -> NaiveDateTime {
     NaiveDate::from_ymd_opt(1, 1, 1)
@@ -1371,8 +1607,15 @@ fn beginning_of_time() -> NaiveDateTime {
         .unwrap_or_else(|| unreachable!("1 January of year 1 is a date"))
 }
 
+/// The least time between the starts of two passes that only expand
+/// notified events; see [`Dispatcher::run`].
+const PASS_SPACING: Duration = Duration::from_millis(2);
+
+/// Notified events that start a pass at once, however soon after the last.
+const PASS_GATHERING_LIMIT: usize = 64;
+
 /// How long outcomes are gathered into one write after the first arrives.
-const OUTCOME_GATHERING: Duration = Duration::from_millis(1);
+const OUTCOME_GATHERING: Duration = Duration::from_millis(20);
 
 /// Tries of one outcome write before its rows are left to the visibility
 /// timeout.

@@ -45,6 +45,44 @@ impl Subscriptions {
     pub(crate) fn is_empty(&self) -> bool {
         self.subscribers.is_empty() && self.every_event.is_empty()
     }
+
+    /// Every subscriber named, once each, sorted.
+    pub(crate) fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .subscribers
+            .iter()
+            .chain(&self.every_event)
+            .cloned()
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+}
+
+/// How many rows each subscriber may be given by a claim, and how many in
+/// all. Only subscribers already holding rows have a room of their own
+/// (parallel arrays, zero for none), so the arrays stay small however many
+/// subscribers there are.
+#[derive(Debug, Default)]
+pub(crate) struct Rooms {
+    /// The room of every subscriber not listed.
+    pub(crate) default: i64,
+    pub(crate) subscribers: Vec<String>,
+    pub(crate) rows: Vec<i64>,
+    pub(crate) total: usize,
+}
+
+impl Rooms {
+    /// The listed subscribers with no room.
+    pub(crate) fn saturated(&self) -> Vec<&str> {
+        self.subscribers
+            .iter()
+            .zip(&self.rows)
+            .filter(|(_, rows)| **rows <= 0)
+            .map(|(subscriber, _)| subscriber.as_str())
+            .collect()
+    }
 }
 
 /// One claimed delivery row, with its event.
@@ -109,7 +147,7 @@ impl Queries {
                      CROSS JOIN unnest($4::text[]) AS c (subscriber) \
                      WHERE {scope} \
                  ), fresh AS ( \
-                     SELECT c.id, c.subscriber, row_number() OVER () AS n \
+                     SELECT c.id, c.subscriber \
                      FROM candidates AS c \
                      WHERE NOT EXISTS ( \
                          SELECT 1 FROM {deliveries} AS d \
@@ -129,33 +167,51 @@ impl Queries {
              SELECT (SELECT count(*) FROM inserted), {NOW}",
             fresh("o.created_at >= $5")
         );
-        // Notified events ($6): the first $7 new rows are written already
-        // claimed and come back with their event, ready to attempt, so that
-        // a notified event costs one round trip before its delivery starts.
+        // Notified events ($6): new rows are written already claimed,
+        // within each subscriber's room ($7, $8: name and rows, $9 for the
+        // rest) and $10 in all, and come back with their event, ready to attempt, so that a
+        // notified event costs one round trip before its delivery starts.
+        // Rows left unclaimed come back without their event.
         let expand_ids = format!(
-            "WITH {}, inserted AS ( \
-                 INSERT INTO {deliveries} (event_id, subscriber, next_attempt_at, processing_since) \
-                 SELECT f.id, f.subscriber, {NOW}, CASE WHEN f.n <= $7 THEN {NOW} END \
+            "WITH {}, ranked AS ( \
+                 SELECT f.id, f.subscriber, \
+                     row_number() OVER (PARTITION BY f.subscriber) <= COALESCE(r.room, $9) \
+                         AS within_room \
                  FROM fresh AS f \
+                 LEFT JOIN unnest($7::text[], $8::int8[]) AS r (subscriber, room) \
+                   ON r.subscriber = f.subscriber \
+             ), chosen AS ( \
+                 SELECT k.id, k.subscriber, k.within_room \
+                     AND sum(k.within_room::int) OVER (ROWS UNBOUNDED PRECEDING) <= $10 AS claimed \
+                 FROM ranked AS k \
+             ), inserted AS ( \
+                 INSERT INTO {deliveries} (event_id, subscriber, next_attempt_at, processing_since) \
+                 SELECT c.id, c.subscriber, {NOW}, CASE WHEN c.claimed THEN {NOW} END \
+                 FROM chosen AS c \
                  ON CONFLICT DO NOTHING \
                  RETURNING event_id, subscriber, retry_count, processing_since \
              ) \
              SELECT i.event_id, i.subscriber, i.retry_count, i.processing_since, \
                  o.event_name, o.resource_type, o.resource_id, o.event_type, o.app, \
                  o.payload::text AS payload, o.created_at \
-             FROM inserted AS i JOIN {outbox} AS o ON o.id = i.event_id \
-             WHERE i.processing_since IS NOT NULL",
+             FROM inserted AS i \
+             LEFT JOIN {outbox} AS o ON o.id = i.event_id AND i.processing_since IS NOT NULL",
             fresh("o.id = ANY($6::uuid[]) AND o.created_at >= $5")
         );
 
-        // The claim: due rows of registered (subscriber, event name) pairs,
-        // most overdue first, locked with SKIP LOCKED so that concurrent
-        // claimers (other tasks, other processes) never take the same row;
-        // a row another claimer has just committed fails the re-checked
-        // predicate. Exhausted rows (retry_count past $1) are never due.
+        // The claim: the most overdue due rows ($6 at most) of registered
+        // (subscriber, event name) pairs ($3 subscribes to every name; $4,
+        // $5 pair by pair) whose subscriber has room ($7 have none), locked
+        // with SKIP LOCKED so that concurrent claimers (other tasks, other
+        // processes) never take the same row; a row another claimer has
+        // just committed fails the re-checked predicate. Of those, each
+        // subscriber's share is cut to its room ($8, $9: name and rows, $10
+        // for the rest): the rows past it stay as they are, unlocked at the
+        // end of the statement. Exhausted rows (retry_count past $1) are
+        // never due.
         let claim = format!(
             "WITH due AS ( \
-                 SELECT d.event_id, d.subscriber \
+                 SELECT d.event_id, d.subscriber, d.next_attempt_at \
                  FROM {deliveries} AS d \
                  JOIN {outbox} AS o ON o.id = d.event_id \
                  WHERE d.processed_at IS NULL \
@@ -166,15 +222,23 @@ impl Queries {
                    AND (d.subscriber = ANY($3::text[]) \
                         OR (d.subscriber, o.event_name) IN ( \
                             SELECT s, e FROM unnest($4::text[], $5::text[]) AS r (s, e))) \
-                   AND NOT (d.subscriber = ANY($6::text[])) \
+                   AND NOT (d.subscriber = ANY($7::text[])) \
                  ORDER BY d.next_attempt_at \
-                 LIMIT $7 \
+                 LIMIT $6 \
                  FOR UPDATE OF d SKIP LOCKED \
+             ), shares AS ( \
+                 SELECT s.event_id, s.subscriber \
+                 FROM (SELECT due.event_id, due.subscriber, row_number() OVER ( \
+                           PARTITION BY due.subscriber ORDER BY due.next_attempt_at) AS n \
+                       FROM due) AS s \
+                 LEFT JOIN unnest($8::text[], $9::int8[]) AS r (subscriber, room) \
+                   ON r.subscriber = s.subscriber \
+                 WHERE s.n <= COALESCE(r.room, $10) \
              ) \
              UPDATE {deliveries} AS d \
              SET processing_since = {NOW} \
-             FROM due, {outbox} AS o \
-             WHERE d.event_id = due.event_id AND d.subscriber = due.subscriber \
+             FROM shares, {outbox} AS o \
+             WHERE d.event_id = shares.event_id AND d.subscriber = shares.subscriber \
                AND o.id = d.event_id \
              RETURNING d.event_id, d.subscriber, d.retry_count, d.processing_since, \
                  o.event_name, o.resource_type, o.resource_id, o.event_type, o.app, \
@@ -232,15 +296,16 @@ impl Queries {
     }
 
     /// Writes the missing delivery rows of the events `ids` (created at or
-    /// after `since`), the first `claim` of them claimed, and returns those.
+    /// after `since`), claiming those within `rooms`. Returns the claimed
+    /// rows and how many were left unclaimed.
     pub(crate) async fn expand_and_claim(
         &self,
         pool: &PgPool,
         subscriptions: &Subscriptions,
         since: NaiveDateTime,
         ids: &[Uuid],
-        claim: usize,
-    ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+        rooms: &Rooms,
+    ) -> Result<(Vec<ClaimedRow>, usize), sqlx::Error> {
         let rows = sqlx::query(AssertSqlSafe(self.expand_ids.clone()))
             .bind(&subscriptions.subscribers)
             .bind(&subscriptions.apps)
@@ -248,20 +313,34 @@ impl Queries {
             .bind(&subscriptions.every_event)
             .bind(since)
             .bind(ids)
-            .bind(i64::try_from(claim).unwrap_or(i64::MAX))
+            .bind(&rooms.subscribers)
+            .bind(&rooms.rows)
+            .bind(rooms.default)
+            .bind(i64::try_from(rooms.total).unwrap_or(i64::MAX))
             .fetch_all(pool);
         let rows = bounded(self.timeout, rows).await?;
-        rows.iter().map(claimed_row).collect()
+        let mut claimed = Vec::with_capacity(rows.len());
+        let mut unclaimed = 0;
+        for row in &rows {
+            let claimed_at: Option<NaiveDateTime> = row.try_get("processing_since")?;
+            if claimed_at.is_some() {
+                claimed.push(claimed_row(row)?);
+            } else {
+                unclaimed += 1;
+            }
+        }
+        Ok((claimed, unclaimed))
     }
 
-    /// Claims up to `limit` due rows; see the statement for the rules.
+    /// Claims up to `limit` due rows, no more of each subscriber than its
+    /// room in `rooms`; see the statement for the rules.
     pub(crate) async fn claim(
         &self,
         pool: &PgPool,
         subscriptions: &Subscriptions,
         max_retries: u32,
         visibility: Duration,
-        saturated: &[String],
+        rooms: &Rooms,
         limit: usize,
     ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
         let rows = sqlx::query(AssertSqlSafe(self.claim.clone()))
@@ -270,8 +349,11 @@ impl Queries {
             .bind(&subscriptions.every_event)
             .bind(&subscriptions.subscribers)
             .bind(&subscriptions.event_names)
-            .bind(saturated)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(rooms.saturated())
+            .bind(&rooms.subscribers)
+            .bind(&rooms.rows)
+            .bind(rooms.default)
             .fetch_all(pool);
         let rows = bounded(self.timeout, rows).await?;
         rows.iter().map(claimed_row).collect()
