@@ -4,6 +4,11 @@
 //! validates once, binds, and runs the hub until Ctrl-C or SIGTERM, then
 //! drains. SIGHUP reloads the feeds' webhooks files.
 
+/// Delivery allocates and frees many small buffers per request; mimalloc
+/// serves them with less contention and less CPU than the system allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::process::ExitCode;
 

@@ -33,7 +33,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, debug_span, info, warn};
 use url::Url;
 use uuid::Uuid;
 
@@ -1063,10 +1063,19 @@ impl Dispatcher {
     /// Writes the missing delivery rows of the events created since
     /// `since`, unclaimed.
     async fn scan(self, registry: Arc<Registry>, scan: Scan, since: NaiveDateTime) -> ScanResult {
+        // While the listener is up, the newest events are left to their
+        // notifications; the next scan looks at them, the lookback covering
+        // the gap.
+        let config = &self.inner.config;
+        let spare = if self.is_listening() {
+            config.poll_interval.min(config.expand_lookback / 4)
+        } else {
+            Duration::ZERO
+        };
         let outcome = self
             .inner
             .queries
-            .expand(&self.inner.pool, &registry.subscriptions, since)
+            .expand(&self.inner.pool, &registry.subscriptions, since, spare)
             .await;
         ScanResult {
             scan,
@@ -1231,7 +1240,7 @@ impl Dispatcher {
             let dispatcher = self.clone();
             let completed = completed.clone();
             let shutdown = shutdown.clone();
-            let span = info_span!(
+            let span = debug_span!(
                 "outbox_deliver",
                 event = %row.event_id,
                 event_name = %row.event_name,

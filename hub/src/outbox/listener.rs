@@ -16,10 +16,12 @@
 //! through the pool: when the previous one has not come back by the time the
 //! next is due, the connection is given up.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgListener, PgPoolOptions};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -127,17 +129,22 @@ async fn serve(
 ) -> Option<String> {
     // Receiving runs in a task of its own, so that giving up on a silent
     // connection is dropping that task, never interrupting a read halfway.
-    let (forward, mut received) = mpsc::unbounded_channel::<String>();
-    let receiver = AbortOnDrop(tokio::spawn(async move {
-        loop {
-            match listener.try_recv().await {
-                Ok(Some(notification)) => {
-                    if forward.send(notification.payload().to_owned()).is_err() {
-                        return "stopped".to_owned();
+    // It hands notifications to the dispatcher itself (one hop, however
+    // many arrive) and marks the connection heard from.
+    let heard = Arc::new(AtomicBool::new(false));
+    let mut receiver = AbortOnDrop(tokio::spawn({
+        let dispatcher = dispatcher.clone();
+        let heard = heard.clone();
+        async move {
+            loop {
+                match listener.try_recv().await {
+                    Ok(Some(notification)) => {
+                        heard.store(true, Ordering::Relaxed);
+                        forward_notification(&dispatcher, notification.payload());
                     }
+                    Ok(None) => return "the connection was closed".to_owned(),
+                    Err(error) => return error.to_string(),
                 }
-                Ok(None) => return "the connection was closed".to_owned(),
-                Err(error) => return error.to_string(),
             }
         }
     }));
@@ -151,16 +158,11 @@ async fn serve(
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return None,
-            payload = received.recv() => {
-                let Some(payload) = payload else {
-                    return Some(receiver.reason().await);
-                };
-                // Anything heard proves the connection alive.
-                unanswered = None;
-                forward_notification(dispatcher, &payload);
-                while let Ok(payload) = received.try_recv() {
-                    forward_notification(dispatcher, &payload);
-                }
+            reason = &mut receiver.0 => {
+                return Some(match reason {
+                    Ok(reason) => reason,
+                    Err(error) => format!("the receiving task failed: {error}"),
+                });
             }
             sent = async {
                 match sending.as_mut() {
@@ -172,11 +174,17 @@ async fn serve(
                 // Not sent (the pool failed or was too slow): there is
                 // nothing to compare with, and the next check decides.
                 if sent.is_ok() {
+                    heard.store(false, Ordering::Relaxed);
                     unanswered = Some(Instant::now() + interval);
                 }
             }
             () = tokio::time::sleep_until(next_ping) => {
                 next_ping = Instant::now() + interval;
+                // Anything heard since the check was sent proves the
+                // connection alive.
+                if heard.swap(false, Ordering::Relaxed) {
+                    unanswered = None;
+                }
                 match unanswered {
                     Some(deadline) if deadline <= Instant::now() => {
                         return Some(format!(
@@ -225,15 +233,6 @@ fn send_check(dispatcher: &Dispatcher, limit: Duration) -> oneshot::Receiver<()>
 
 /// The receiving task, aborted when the connection is given up.
 struct AbortOnDrop(tokio::task::JoinHandle<String>);
-
-impl AbortOnDrop {
-    async fn reason(mut self) -> String {
-        match (&mut self.0).await {
-            Ok(reason) => reason,
-            Err(error) => format!("the receiving task failed: {error}"),
-        }
-    }
-}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

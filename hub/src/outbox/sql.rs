@@ -156,7 +156,10 @@ impl Queries {
             )
         };
         // A scan: writes the rows, returns how many and the database time
-        // the statement ran at (the next scan's watermark).
+        // the statement ran at (the next scan's watermark). Events younger
+        // than $6 seconds are left to their notification (and the next
+        // scan): a scan writing a row first would leave it unclaimed, and
+        // hold up the notified expansion of the same event until it ends.
         let expand_since = format!(
             "WITH {}, inserted AS ( \
                  INSERT INTO {deliveries} (event_id, subscriber, next_attempt_at) \
@@ -165,7 +168,9 @@ impl Queries {
                  RETURNING 1 \
              ) \
              SELECT (SELECT count(*) FROM inserted), {NOW}",
-            fresh("o.created_at >= $5")
+            fresh(&format!(
+                "o.created_at >= $5 AND o.created_at < {NOW} - make_interval(secs => $6)"
+            ))
         );
         // Notified events ($6): new rows are written already claimed,
         // within each subscriber's room ($7, $8: name and rows, $9 for the
@@ -276,12 +281,14 @@ impl Queries {
     }
 
     /// Writes the missing delivery rows for events created at or after
-    /// `since`. Returns how many and the database time the statement ran at.
+    /// `since` and at least `spare` ago. Returns how many and the database
+    /// time the statement ran at.
     pub(crate) async fn expand(
         &self,
         pool: &PgPool,
         subscriptions: &Subscriptions,
         since: NaiveDateTime,
+        spare: Duration,
     ) -> Result<(u64, NaiveDateTime), sqlx::Error> {
         let row = sqlx::query(AssertSqlSafe(self.expand_since.clone()))
             .bind(&subscriptions.subscribers)
@@ -289,6 +296,7 @@ impl Queries {
             .bind(&subscriptions.event_names)
             .bind(&subscriptions.every_event)
             .bind(since)
+            .bind(spare.as_secs_f64())
             .fetch_one(pool);
         let row = bounded(self.timeout, row).await?;
         let written: i64 = row.try_get(0)?;

@@ -247,10 +247,21 @@ async fn end_to_end(
     let app = axum::Router::new()
         .route("/hook", axum::routing::post(receive))
         .with_state(receipts.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    // The receiver is another service: it runs on a thread and runtime of
+    // its own, so that its work does not queue behind the producers' tasks
+    // (nor theirs behind it), as it would sharing their runtime.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
     let hook = format!("http://{}/hook", listener.local_addr()?);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
+    let receiver = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::spawn(move || {
+        receiver.block_on(async move {
+            if let Ok(listener) = tokio::net::TcpListener::from_std(listener) {
+                let _ = axum::serve(listener, app).await;
+            }
+        });
     });
 
     let scratch = std::env::temp_dir().join(format!("websub-bench-outbox-{}", std::process::id()));
