@@ -41,6 +41,7 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use url::Url;
@@ -217,6 +218,9 @@ pub struct WebSubBridge {
     wake: Arc<dyn Fn() + Send + Sync>,
     public_url: Url,
     template: TopicTemplate,
+    /// The runtime the event log's connections belong to, when the bridge
+    /// runs on another (a feed's own).
+    log_runtime: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for WebSubBridge {
@@ -243,7 +247,15 @@ impl WebSubBridge {
             wake,
             public_url,
             template,
+            log_runtime: None,
         }
+    }
+
+    /// Records on `runtime`, the one the event log's connections belong
+    /// to, while the bridge itself is called on another.
+    pub fn recording_on(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.log_runtime = Some(runtime);
+        self
     }
 
     /// The topic an envelope is recorded on.
@@ -260,7 +272,18 @@ impl Handler for WebSubBridge {
             content_type: ENVELOPE_CONTENT_TYPE.to_owned(),
             body: Bytes::from(envelope.to_json()),
         };
-        self.events.record(event, SystemClock.now()).await?;
+        let now = SystemClock.now();
+        match &self.log_runtime {
+            Some(runtime) => {
+                let events = self.events.clone();
+                runtime
+                    .spawn(async move { events.record(event, now).await })
+                    .await??;
+            }
+            None => {
+                self.events.record(event, now).await?;
+            }
+        }
         (self.wake)();
         Ok(())
     }
@@ -596,6 +619,9 @@ pub enum FeedError {
     /// A webhook registration was refused.
     #[error(transparent)]
     Registration(#[from] RegistrationError),
+    /// The feed's thread or runtime could not be started.
+    #[error("could not start the feed's thread: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 impl From<ReloadError<RegistrationError>> for FeedError {
@@ -618,6 +644,13 @@ impl Feed {
     /// recording into `events` and calling `wake` — and the webhooks file's
     /// subscribers, then runs the dispatcher and watches the file until
     /// `shutdown`.
+    ///
+    /// The feed runs on a thread and single-threaded runtime of its own: a
+    /// feed's work is a stream of small steps (a notification, a statement,
+    /// a POST) whose latency suffers from hopping between worker threads,
+    /// and it is kept apart from the hub's own deliveries, which cannot
+    /// starve it, nor it them. The bridge records on the calling runtime,
+    /// where the event log's connections live.
     pub async fn start(
         config: FeedConfig,
         events: Arc<dyn EventLog>,
@@ -625,6 +658,61 @@ impl Feed {
         public_url: &Url,
         shutdown: CancellationToken,
     ) -> Result<FeedHandle, FeedError> {
+        let hub_runtime = tokio::runtime::Handle::current();
+        let public_url = public_url.clone();
+        let (started, start_result) = oneshot::channel();
+        let (finished, stopped) = oneshot::channel();
+        std::thread::Builder::new()
+            .name("outbox-feed".to_owned())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(error) => {
+                        let _ = started.send(Err(FeedError::Thread(error)));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let set_up = Self::set_up(config, events, wake, &public_url, hub_runtime).await;
+                    let state = match set_up {
+                        Ok(state) => state,
+                        Err(error) => {
+                            let _ = started.send(Err(error));
+                            return;
+                        }
+                    };
+                    let _ = started.send(Ok(state.clone()));
+                    let watcher = state
+                        .webhooks_file
+                        .is_some()
+                        .then(|| tokio::spawn(state.clone().watch(shutdown.clone())));
+                    state.dispatcher.clone().run(shutdown).await;
+                    if let Some(watcher) = watcher {
+                        let _ = watcher.await;
+                    }
+                });
+                let _ = finished.send(());
+            })
+            .map_err(FeedError::Thread)?;
+        let state = start_result.await.map_err(|_| {
+            FeedError::Thread(std::io::Error::other(
+                "the feed's thread stopped while starting",
+            ))
+        })??;
+        Ok(FeedHandle { state, stopped })
+    }
+
+    /// Everything [`Feed::start`] does before running.
+    async fn set_up(
+        config: FeedConfig,
+        events: Arc<dyn EventLog>,
+        wake: Arc<dyn Fn() + Send + Sync>,
+        public_url: &Url,
+        hub_runtime: tokio::runtime::Handle,
+    ) -> Result<Arc<FeedState>, FeedError> {
         let dispatcher_config = config.dispatcher_config()?;
         let template = TopicTemplate::parse(&config.topic_template)?;
         template.check(public_url).map_err(|error| {
@@ -668,7 +756,8 @@ impl Feed {
             .map_err(database)?;
         }
         let dispatcher = Dispatcher::new(pool, dispatcher_config)?;
-        let bridge = WebSubBridge::new(events, wake, public_url.clone(), template);
+        let bridge =
+            WebSubBridge::new(events, wake, public_url.clone(), template).recording_on(hub_runtime);
         match &config.events {
             Some(names) => {
                 for name in names {
@@ -683,17 +772,8 @@ impl Feed {
             seen: Mutex::new(None),
         });
         state.reload()?;
-        let run = tokio::spawn(dispatcher.clone().run(shutdown.clone()));
-        let watcher = state
-            .webhooks_file
-            .is_some()
-            .then(|| tokio::spawn(state.clone().watch(shutdown)));
         info!(tables = %tables, channel = dispatcher.channel(), "outbox feed started");
-        Ok(FeedHandle {
-            state,
-            run,
-            watcher,
-        })
+        Ok(state)
     }
 }
 
@@ -760,8 +840,9 @@ impl FeedState {
 #[derive(Debug)]
 pub struct FeedHandle {
     state: Arc<FeedState>,
-    run: tokio::task::JoinHandle<()>,
-    watcher: Option<tokio::task::JoinHandle<()>>,
+    /// Resolved (or dropped, if its thread panicked) when the feed's thread
+    /// is done.
+    stopped: oneshot::Receiver<()>,
 }
 
 impl FeedHandle {
@@ -784,11 +865,8 @@ impl FeedHandle {
     /// Waits until the feed has stopped (after its shutdown token is
     /// cancelled) and its in-flight deliveries are recorded.
     pub async fn stopped(self) {
-        if let Err(error) = self.run.await {
-            warn!(%error, "the outbox feed stopped abnormally");
-        }
-        if let Some(watcher) = self.watcher {
-            let _ = watcher.await;
+        if self.stopped.await.is_err() {
+            warn!("the outbox feed stopped abnormally");
         }
     }
 }
