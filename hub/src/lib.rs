@@ -30,6 +30,7 @@ pub mod clock;
 pub mod config;
 pub mod dispatch;
 pub mod events;
+mod future;
 pub mod intake;
 pub mod lease;
 pub mod net;

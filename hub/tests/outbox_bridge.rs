@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Db, Receiver, eventually, eventually_async};
+use common::{Db, EVENT, Receiver, eventually, eventually_async};
 use tokio_util::sync::CancellationToken;
 use url::Url;
 use uuid::Uuid;
@@ -26,7 +26,6 @@ use websub_hub::signature::{HUB_SIGNATURE_HEADER, verify};
 use websub_store::memory::MemoryStore;
 use websub_store::{Subscription, SubscriptionStore};
 
-const EVENT: &str = "auth-api.user.authenticated";
 const WAIT: Duration = Duration::from_secs(10);
 
 fn hub_url() -> Url {

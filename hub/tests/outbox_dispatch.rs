@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{NaiveDateTime, Utc};
-use common::{Db, Receiver, Running, config, eventually_async, pool, webhook};
+use common::{
+    Db, EVENT, Receiver, Running, config, eventually_async, pool, run_with_hook, webhook,
+};
 use sqlx::AssertSqlSafe;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,7 +23,6 @@ use websub_hub::outbox::{
     MESSAGING_SIGNATURE_HEADER, RegistrationError, verify,
 };
 
-const EVENT: &str = "auth-api.user.authenticated";
 const WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,11 +36,7 @@ async fn a_committed_event_wakes_the_dispatcher_through_notify_within_millisecon
         poll_interval: Duration::from_secs(60),
         ..config(&db.tables)
     };
-    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
-    dispatcher
-        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
-        .expect("register");
-    let running = Running::start(dispatcher);
+    let running = run_with_hook(db.pool.clone(), config, &receiver);
     running.listening().await;
 
     let mut latencies = Vec::new();
@@ -154,11 +151,7 @@ async fn start_from_bounds_expansion_but_existing_rows_are_always_delivered() {
         start_from: Some(Utc::now() - chrono::Duration::hours(1)),
         ..config(&db.tables)
     };
-    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
-    dispatcher
-        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
-        .expect("register");
-    let running = Running::start(dispatcher);
+    let running = run_with_hook(db.pool.clone(), config, &receiver);
     let recent = db.produce(EVENT, None, true).await;
 
     assert!(receiver.wait_for("/hook", 2, WAIT).await);
@@ -177,11 +170,7 @@ async fn events_nobody_subscribes_to_get_no_rows() {
         return;
     };
     let receiver = Receiver::start().await;
-    let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
-    dispatcher
-        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
-        .expect("register");
-    let running = Running::start(dispatcher);
+    let running = run_with_hook(db.pool.clone(), config(&db.tables), &receiver);
     let ignored = db.produce("billing.invoice.paid", None, true).await;
     let wanted = db.produce(EVENT, None, true).await;
     assert!(receiver.wait_for("/hook", 1, WAIT).await);
@@ -476,11 +465,7 @@ async fn webhooks_get_the_exact_envelope_signature_and_headers() {
         ],
         ..config(&db.tables)
     };
-    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
-    dispatcher
-        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
-        .expect("register");
-    let running = Running::start(dispatcher);
+    let running = run_with_hook(db.pool.clone(), config, &receiver);
     let with_app = db.produce(EVENT, Some("ush"), true).await;
     let without_app = db.produce(EVENT, None, true).await;
     assert!(receiver.wait_for("/hook", 2, WAIT).await);
@@ -658,11 +643,7 @@ async fn polling_delivers_without_any_notify() {
         return;
     };
     let receiver = Receiver::start().await;
-    let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
-    dispatcher
-        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
-        .expect("register");
-    let running = Running::start(dispatcher);
+    let running = run_with_hook(db.pool.clone(), config(&db.tables), &receiver);
     running.listening().await;
     let started = Instant::now();
     let id = db.produce(EVENT, None, false).await;

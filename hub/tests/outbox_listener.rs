@@ -9,15 +9,13 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{
-    Db, PrivateCluster, Receiver, Running, config, eventually, eventually_async, webhook,
+    Db, EVENT, PrivateCluster, Receiver, config, eventually, eventually_async, run_with_hook,
 };
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio::time::Instant;
 use uuid::Uuid;
-use websub_hub::outbox::{Dispatcher, DispatcherConfig, Outbox, OutboxTables, ddl};
-
-const EVENT: &str = "auth-api.user.authenticated";
+use websub_hub::outbox::{DispatcherConfig, Outbox, OutboxTables, ddl};
 
 /// Produces one notified event and returns how long it took to arrive.
 async fn notified_delivery(db: &Db, receiver: &Receiver) -> Duration {
@@ -52,11 +50,7 @@ async fn a_terminated_listener_comes_back_and_notify_is_fast_again() {
         poll_interval: Duration::from_secs(60),
         ..config(&db.tables)
     };
-    let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
-    dispatcher
-        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
-        .expect("register");
-    let running = Running::start(dispatcher);
+    let running = run_with_hook(db.pool.clone(), config, &receiver);
     running.listening().await;
     assert!(notified_delivery(&db, &receiver).await < Duration::from_secs(1));
 
@@ -116,11 +110,7 @@ async fn polling_carries_on_while_the_listener_cannot_reconnect() {
     .expect("admin");
     let name = database_name(&db.url);
 
-    let dispatcher = Dispatcher::new(dispatcher_pool, config(&db.tables)).expect("dispatcher");
-    dispatcher
-        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
-        .expect("register");
-    let running = Running::start(dispatcher);
+    let running = run_with_hook(dispatcher_pool, config(&db.tables), &receiver);
     running.listening().await;
 
     let listener = db.listener_pid().await.expect("a LISTEN connection");
@@ -221,11 +211,7 @@ async fn a_database_restart_mid_flow_loses_nothing() {
         per_subscriber_concurrency: 2,
         ..config(&tables)
     };
-    let dispatcher = Dispatcher::new(dispatcher_pool, config).expect("dispatcher");
-    dispatcher
-        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
-        .expect("register");
-    let running = Running::start(dispatcher);
+    let running = run_with_hook(dispatcher_pool, config, &receiver);
     running.listening().await;
 
     let outbox = Outbox::new(tables.clone());
@@ -310,11 +296,7 @@ async fn a_silently_dead_listener_is_found_by_its_liveness_check() {
         query_timeout: Duration::from_secs(1),
         ..config(&db.tables)
     };
-    let dispatcher = Dispatcher::new(dispatcher_pool, config).expect("dispatcher");
-    dispatcher
-        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
-        .expect("register");
-    let running = Running::start(dispatcher);
+    let running = run_with_hook(dispatcher_pool, config, &receiver);
     running.listening().await;
     let first = db.listener_pid().await.expect("a LISTEN connection");
 

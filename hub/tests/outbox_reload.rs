@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
-use common::{Db, Receiver, Running, config, eventually, eventually_async, webhook};
+use common::{Db, EVENT, Receiver, Running, config, eventually, eventually_async, webhook};
 use url::Url;
 use uuid::Uuid;
 use websub_hub::outbox::{
@@ -20,7 +20,6 @@ use websub_hub::outbox::{
     WebhookRegistrar, WebhookSubscriber,
 };
 
-const EVENT: &str = "auth-api.user.authenticated";
 const WAIT: Duration = Duration::from_secs(10);
 
 /// Subscribers as a service would read them from its file: one event name,

@@ -42,6 +42,7 @@ use super::sql::{ClaimedRow, Completion, Outcome, Queries, Rooms, Subscriptions}
 use super::{OutboxError, OutboxTables, check_channel, purge_expired};
 use crate::config::ConfigError;
 use crate::dispatch::{backoff, error_chain};
+use crate::future::or_never;
 use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, sign};
 
 /// Everything a dispatcher needs besides its pool. [`Default`] gives the
@@ -662,12 +663,12 @@ struct Inner {
     room: Notify,
     slots: Arc<Semaphore>,
     lanes: Mutex<Lanes>,
-    /// How many waves of attempts may be held claimed: see [`waves`].
-    waves: usize,
     /// How many rows one subscriber may hold claimed: its concurrency times
-    /// `waves`; the dispatcher as a whole holds at most its concurrency
-    /// times `waves`.
+    /// [`waves`].
     hold: usize,
+    /// How many rows the dispatcher may hold claimed in all: its concurrency
+    /// times [`waves`].
+    hold_overall: usize,
     listening: AtomicBool,
 }
 
@@ -691,6 +692,7 @@ impl Dispatcher {
         let headers = static_headers(&config.webhook_headers)?;
         let waves = waves(&config);
         let hold = config.per_subscriber_concurrency.saturating_mul(waves);
+        let hold_overall = config.concurrency.saturating_mul(waves);
         Ok(Self {
             inner: Arc::new(Inner {
                 channel: config.channel(),
@@ -705,8 +707,8 @@ impl Dispatcher {
                 wake: Notify::new(),
                 room: Notify::new(),
                 lanes: Mutex::new(Lanes::default()),
-                waves,
                 hold,
+                hold_overall,
                 listening: AtomicBool::new(false),
             }),
         })
@@ -1007,7 +1009,7 @@ impl Dispatcher {
                 biased;
                 () = shutdown.cancelled() => break,
                 () = self.inner.wake.notified() => {}
-                scanned = async { scanning.as_mut().expect("guarded").await }, if scanning.is_some() => {
+                scanned = or_never(scanning.as_mut()), if scanning.is_some() => {
                     scanning = None;
                     match scanned {
                         Ok(ScanResult { scan, since, outcome: Ok((written, scanned_at)) }) => {
@@ -1031,7 +1033,7 @@ impl Dispatcher {
                 () = self.inner.room.notified(), if waiting_for_room => {
                     self.pending().claim = true;
                 }
-                () = sleep_until_or_never(scan_retry), if scan_retry.is_some() => {
+                () = or_never(scan_retry.map(tokio::time::sleep_until)), if scan_retry.is_some() => {
                     scan_retry = None;
                 }
                 () = tokio::time::sleep(retry_after_error), if failed => {
@@ -1192,7 +1194,7 @@ impl Dispatcher {
     fn rooms(&self, registry: &Registry) -> (Rooms, bool) {
         let hold = self.inner.hold;
         let lanes = self.lanes();
-        let overall = (self.inner.config.concurrency * self.inner.waves).saturating_sub(lanes.held);
+        let overall = self.inner.hold_overall.saturating_sub(lanes.held);
         let default = hold.min(overall);
         let names = &registry.names;
         let mut rooms = Rooms {
@@ -1229,7 +1231,7 @@ impl Dispatcher {
         completed: &mpsc::UnboundedSender<Completion>,
         shutdown: &CancellationToken,
     ) {
-        let deadline = Instant::now() + self.inner.config.visibility_timeout * 3 / 4;
+        let deadline = Instant::now() + patience(&self.inner.config);
         let mut envelopes: HashMap<Uuid, Arc<Prepared>> = HashMap::new();
         for row in claimed {
             let turns = self.hold(&row.subscriber);
@@ -1311,10 +1313,9 @@ impl Dispatcher {
     /// few, and what is still held covers the attempts in the meantime.
     fn finished(&self, subscriber: &str) {
         let refill_at = |hold: usize| hold - (hold / 2).max(1);
-        let overall = self.inner.config.concurrency * self.inner.waves;
         let mut lanes = self.lanes();
         lanes.held = lanes.held.saturating_sub(1);
-        let mut refill = lanes.held == refill_at(overall);
+        let mut refill = lanes.held == refill_at(self.inner.hold_overall);
         if let Some(lane) = lanes.by_subscriber.get_mut(subscriber) {
             lane.held = lane.held.saturating_sub(1);
             refill |= lane.held == refill_at(self.inner.hold);
@@ -1492,8 +1493,7 @@ impl Dispatcher {
                 let dispatcher = self.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(wait).await;
-                    dispatcher.pending().claim = true;
-                    dispatcher.inner.wake.notify_one();
+                    dispatcher.request(Scan::None);
                 });
             }
         }
@@ -1597,16 +1597,15 @@ fn completion(row: &ClaimedRow, outcome: Outcome) -> Completion {
 /// claim must be handed back. Holding more than one wave means the next
 /// attempts are ready the moment a slot frees, without a claim in between.
 fn waves(config: &DispatcherConfig) -> usize {
-    let patience = config.visibility_timeout * 3 / 4;
-    let waves = patience.as_nanos() / config.delivery_timeout.as_nanos().max(1);
+    let waves = patience(config).as_nanos() / config.delivery_timeout.as_nanos().max(1);
     usize::try_from(waves.clamp(1, 4)).unwrap_or(1)
 }
 
-async fn sleep_until_or_never(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
+/// How long after its claim a row may still be attempting, or waiting for
+/// its turn: three quarters of the visibility timeout, so that the claim
+/// never goes stale meanwhile.
+fn patience(config: &DispatcherConfig) -> Duration {
+    config.visibility_timeout * 3 / 4
 }
 
 /// The lower bound of a scan without `start_from`: before any event.

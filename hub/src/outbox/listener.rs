@@ -29,6 +29,7 @@ use uuid::Uuid;
 
 use super::dispatcher::Dispatcher;
 use crate::dispatch::backoff;
+use crate::future::or_never;
 
 /// Payload prefix of the listener's own liveness checks; never an event id.
 const PING_PREFIX: &str = "ping:";
@@ -164,12 +165,7 @@ async fn serve(
                     Err(error) => format!("the receiving task failed: {error}"),
                 });
             }
-            sent = async {
-                match sending.as_mut() {
-                    Some(pending) => pending.await,
-                    None => std::future::pending().await,
-                }
-            }, if sending.is_some() => {
+            sent = or_never(sending.as_mut()), if sending.is_some() => {
                 sending = None;
                 // Not sent (the pool failed or was too slow): there is
                 // nothing to compare with, and the next check decides.

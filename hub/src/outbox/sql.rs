@@ -172,20 +172,29 @@ impl Queries {
                 "o.created_at >= $5 AND o.created_at < {NOW} - make_interval(secs => $6)"
             ))
         );
+        // Each of `rows` (with a `subscriber` column), and whether it is
+        // within its subscriber's room: the room listed for it in ${p},
+        // ${p + 1} (names and rows), or ${p + 2}, its rows taken in `order`.
+        let within_room = |rows: &str, order: &str, p: usize| {
+            format!(
+                "SELECT x.*, \
+                     row_number() OVER (PARTITION BY x.subscriber {order}) \
+                         <= COALESCE(r.room, ${}) AS within_room \
+                 FROM {rows} AS x \
+                 LEFT JOIN unnest(${p}::text[], ${}::int8[]) AS r (subscriber, room) \
+                   ON r.subscriber = x.subscriber",
+                p + 2,
+                p + 1
+            )
+        };
         // Notified events ($6): new rows are written already claimed,
         // within each subscriber's room ($7, $8: name and rows, $9 for the
-        // rest) and $10 in all, and come back with their event, ready to attempt, so that a
-        // notified event costs one round trip before its delivery starts.
-        // Rows left unclaimed come back without their event.
+        // rest) and $10 in all, and come back with their event, ready to
+        // attempt, so that a notified event costs one round trip before its
+        // delivery starts. Rows left unclaimed come back without their
+        // event.
         let expand_ids = format!(
-            "WITH {}, ranked AS ( \
-                 SELECT f.id, f.subscriber, \
-                     row_number() OVER (PARTITION BY f.subscriber) <= COALESCE(r.room, $9) \
-                         AS within_room \
-                 FROM fresh AS f \
-                 LEFT JOIN unnest($7::text[], $8::int8[]) AS r (subscriber, room) \
-                   ON r.subscriber = f.subscriber \
-             ), chosen AS ( \
+            "WITH {}, ranked AS ({}), chosen AS ( \
                  SELECT k.id, k.subscriber, k.within_room \
                      AND sum(k.within_room::int) OVER (ROWS UNBOUNDED PRECEDING) <= $10 AS claimed \
                  FROM ranked AS k \
@@ -201,7 +210,8 @@ impl Queries {
                  o.payload::text AS payload, o.created_at \
              FROM inserted AS i \
              LEFT JOIN {outbox} AS o ON o.id = i.event_id AND i.processing_since IS NOT NULL",
-            fresh("o.id = ANY($6::uuid[]) AND o.created_at >= $5")
+            fresh("o.id = ANY($6::uuid[]) AND o.created_at >= $5"),
+            within_room("fresh", "", 7)
         );
 
         // The claim: the most overdue due rows ($6 at most) of registered
@@ -232,13 +242,7 @@ impl Queries {
                  LIMIT $6 \
                  FOR UPDATE OF d SKIP LOCKED \
              ), shares AS ( \
-                 SELECT s.event_id, s.subscriber \
-                 FROM (SELECT due.event_id, due.subscriber, row_number() OVER ( \
-                           PARTITION BY due.subscriber ORDER BY due.next_attempt_at) AS n \
-                       FROM due) AS s \
-                 LEFT JOIN unnest($8::text[], $9::int8[]) AS r (subscriber, room) \
-                   ON r.subscriber = s.subscriber \
-                 WHERE s.n <= COALESCE(r.room, $10) \
+                 SELECT s.event_id, s.subscriber FROM ({}) AS s WHERE s.within_room \
              ) \
              UPDATE {deliveries} AS d \
              SET processing_since = {NOW} \
@@ -247,7 +251,8 @@ impl Queries {
                AND o.id = d.event_id \
              RETURNING d.event_id, d.subscriber, d.retry_count, d.processing_since, \
                  o.event_name, o.resource_type, o.resource_id, o.event_type, o.app, \
-                 o.payload::text AS payload, o.created_at"
+                 o.payload::text AS payload, o.created_at",
+            within_room("due", "ORDER BY x.next_attempt_at", 8)
         );
 
         // Outcomes, one array element each. A delivery closes the row

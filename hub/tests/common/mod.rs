@@ -276,6 +276,23 @@ impl Running {
 }
 
 /// One webhook subscriber map entry.
+/// The event name the outbox tests produce, unless a test needs another.
+pub(crate) const EVENT: &str = "auth-api.user.authenticated";
+
+/// A dispatcher on `pool` with `config`, running, whose one webhook
+/// subscriber, "hook", gets every [`EVENT`] at `receiver`'s `/hook`.
+pub(crate) fn run_with_hook(
+    pool: PgPool,
+    config: DispatcherConfig,
+    receiver: &Receiver,
+) -> Running {
+    let dispatcher = Dispatcher::new(pool, config).expect("dispatcher");
+    dispatcher
+        .register_webhooks(EVENT, webhook("hook", None, receiver.url("/hook")))
+        .expect("register");
+    Running::start(dispatcher)
+}
+
 pub(crate) fn webhook(
     name: &str,
     app: Option<&str>,
