@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use websub_hub::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, MESSAGING_EVENT_ID_HEADER,
-    MESSAGING_SIGNATURE_HEADER, RegistrationError, verify,
+    MESSAGING_SIGNATURE_HEADER, RegistrationError, scan_index_ddl, verify,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -652,6 +652,69 @@ async fn polling_delivers_without_any_notify() {
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "one poll interval (200 ms) away"
+    );
+    running.stop().await;
+}
+
+/// With the optional index on `created_at`, polls read it rather than the
+/// whole outbox, and still find an event written without a NOTIFY among
+/// thousands of old ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_scan_index_polls_read_only_their_window() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    for _ in 0..2 {
+        sqlx::raw_sql(AssertSqlSafe(scan_index_ddl(&db.tables)))
+            .execute(&db.pool)
+            .await
+            .expect("the index (a second time changes nothing)");
+    }
+    sqlx::query(
+        "INSERT INTO outbox (event_name, resource_type, resource_id, event_type, payload, created_at) \
+         SELECT $1, 'user', g::text, 'created', '{}', timezone('utc', now()) - interval '2 days' \
+         FROM generate_series(1, 20000) AS g",
+    )
+    .bind(EVENT)
+    .execute(&db.pool)
+    .await
+    .expect("history");
+    sqlx::query("ANALYZE outbox")
+        .execute(&db.pool)
+        .await
+        .expect("analyze");
+    let index_scans = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = 'idx_outbox_created_at'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("index statistics")
+    };
+    let before = index_scans().await;
+
+    let receiver = Receiver::start().await;
+    let running = run_with_hook(
+        db.pool.clone(),
+        DispatcherConfig {
+            start_from: Some(Utc::now() - chrono::Duration::hours(1)),
+            ..config(&db.tables)
+        },
+        &receiver,
+    );
+    running.listening().await;
+    let id = db.produce(EVENT, None, false).await;
+    assert!(receiver.wait_for("/hook", 1, WAIT).await);
+    assert_eq!(receiver.event_ids("/hook"), [id], "none of the history");
+    // Statistics reach the view about a second after the statement.
+    assert!(
+        eventually_async(Duration::from_secs(20), || async {
+            index_scans().await >= before + 3
+        })
+        .await,
+        "polls read the created_at index (scans: {} before, {} now)",
+        before,
+        index_scans().await
     );
     running.stop().await;
 }

@@ -11,8 +11,9 @@
 //! service's quota endpoint: together they let the quota and the subscriber
 //! API be tried without the real services.
 //!
-//! `websub outbox-ddl --schema S` prints the DDL of a producer's outbox
-//! tables (names configurable), and `websub outbox-purge --database-url URL
+//! `websub outbox-ddl --schema S [--scan-index]` prints the DDL of a
+//! producer's outbox tables (names configurable; optionally with an index
+//! on `created_at` for polling scans), and `websub outbox-purge --database-url URL
 //! --older-than 30d` deletes expired outbox events on demand, e.g. from cron.
 
 use std::net::SocketAddr;
@@ -31,6 +32,7 @@ use websub_hub::auth::issue_token;
 use websub_hub::config::parse_duration;
 use websub_hub::outbox::{
     DEFAULT_DELIVERIES_TABLE, DEFAULT_OUTBOX_TABLE, OutboxError, OutboxTables, ddl, purge_expired,
+    scan_index_ddl,
 };
 use websub_hub::quota::Quota;
 use websub_hub::quota::fake::FakeQuotaServer;
@@ -86,6 +88,11 @@ enum Command {
     OutboxDdl {
         #[command(flatten)]
         tables: TableNames,
+        /// Also print an index on the outbox's created_at (beyond the
+        /// contract), so that polling scans and retention sweeps read only
+        /// their window instead of the whole table.
+        #[arg(long)]
+        scan_index: bool,
     },
     /// Delete outbox events older than a duration, with their delivery rows.
     OutboxPurge {
@@ -146,9 +153,12 @@ async fn main() -> ExitCode {
             quota_type,
             unlimited,
         } => fake_quota(address, internal_api_key, limit, quota_type, unlimited).await,
-        Command::OutboxDdl { tables } => match tables.resolve() {
+        Command::OutboxDdl { tables, scan_index } => match tables.resolve() {
             Ok(tables) => {
                 print!("{}", ddl(&tables));
+                if scan_index {
+                    print!("\n{}", scan_index_ddl(&tables));
+                }
                 ExitCode::SUCCESS
             }
             Err(error) => fail(&error),
@@ -358,9 +368,18 @@ mod tests {
     fn the_command_line_parses() {
         let cli =
             Cli::try_parse_from(["websub", "outbox-ddl", "--schema", "shared"]).expect("parse");
-        assert!(
-            matches!(cli.command, Command::OutboxDdl { ref tables } if tables.outbox_table == "outbox")
-        );
+        assert!(matches!(
+            cli.command,
+            Command::OutboxDdl { ref tables, scan_index: false } if tables.outbox_table == "outbox"
+        ));
+        let cli = Cli::try_parse_from(["websub", "outbox-ddl", "--scan-index"]).expect("parse");
+        assert!(matches!(
+            cli.command,
+            Command::OutboxDdl {
+                scan_index: true,
+                ..
+            }
+        ));
         let cli = Cli::try_parse_from([
             "websub",
             "outbox-purge",

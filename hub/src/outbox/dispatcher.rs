@@ -928,6 +928,7 @@ impl Dispatcher {
         let config = &self.inner.config;
         let background = TaskTracker::new();
         background.spawn(super::listener::listen(self.clone(), shutdown.clone()));
+        background.spawn(self.clone().advise_on_scan_index());
         if let Some(ttl) = config.retention {
             background.spawn(self.clone().sweep(ttl, shutdown.clone()));
         }
@@ -1518,6 +1519,33 @@ impl Dispatcher {
         }
     }
 
+    /// Says once, at start-up, whether polling scans can read only their
+    /// window: without an index on `created_at` each reads the whole outbox.
+    /// A warning once the table is large enough for that to cost.
+    async fn advise_on_scan_index(self) {
+        let config = &self.inner.config;
+        let tables = &config.tables;
+        let outbox = &tables.outbox.text;
+        let found = super::sql::scan_index(&self.inner.pool, tables);
+        match super::sql::bounded(config.query_timeout, found).await {
+            Ok((true, _)) => {
+                debug!(%outbox, "polling scans read the outbox by its created_at index")
+            }
+            Ok((false, rows)) if rows >= LARGE_OUTBOX => warn!(
+                %outbox,
+                rows,
+                "the outbox has no index on created_at, so every poll reads the whole table; \
+                 `websub outbox-ddl --scan-index` prints one"
+            ),
+            Ok((false, _)) => info!(
+                %outbox,
+                "the outbox has no index on created_at, so every poll reads the whole table \
+                 (cheap while it is small); `websub outbox-ddl --scan-index` prints one"
+            ),
+            Err(error) => debug!(%outbox, %error, "could not look for a created_at index"),
+        }
+    }
+
     /// The retention sweep: at start-up, then every `retention_interval`.
     async fn sweep(self, ttl: Duration, shutdown: CancellationToken) {
         let tables = &self.inner.config.tables;
@@ -1616,8 +1644,16 @@ fn beginning_of_time() -> NaiveDateTime {
 }
 
 /// The least time between the starts of two passes that only expand
-/// notified events; see [`Dispatcher::run`].
-const PASS_SPACING: Duration = Duration::from_millis(2);
+/// notified events; see [`Dispatcher::run`]. Measured on two cores shared
+/// with the producers' database: at 2 ms the extra statements cost the
+/// producers about a tenth of their rate, and at 4 ms the median latency
+/// from commit to delivery came within a few percent of 5 ms.
+const PASS_SPACING: Duration = Duration::from_millis(3);
+
+/// Rows (the planner's estimate) from which an outbox without a `created_at`
+/// index earns a warning: reading them all every poll costs a core a
+/// noticeable share of its time.
+const LARGE_OUTBOX: f64 = 100_000.0;
 
 /// Notified events that start a pass at once, however soon after the last.
 const PASS_GATHERING_LIMIT: usize = 64;

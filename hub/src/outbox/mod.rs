@@ -11,6 +11,10 @@
 //! - the **deliveries** table holds one row per (event, subscriber): who was
 //!   told and how it went, so retries, errors and backoff are per subscriber.
 //!
+//! One index beyond the contract is worth adding to a long-lived outbox:
+//! [`scan_index_ddl`] (on `created_at`) lets polling scans and retention
+//! sweeps read only their window rather than the whole table.
+//!
 //! ```no_run
 //! # async fn example(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! use websub_hub::outbox::{Event, Outbox, OutboxTables};
@@ -136,6 +140,12 @@ impl OutboxTables {
     /// table part: `idx_outbox_deliveries_pending` for the default.
     fn pending_index(&self) -> String {
         format!("\"idx_{}_pending\"", self.deliveries.table)
+    }
+
+    /// The optional `created_at` index's name, derived from the outbox
+    /// table's: `idx_outbox_created_at` for the default.
+    fn scan_index(&self) -> String {
+        format!("\"idx_{}_created_at\"", self.outbox.table)
     }
 }
 
@@ -276,6 +286,22 @@ CREATE INDEX IF NOT EXISTS {index}
 "
     ));
     text
+}
+
+/// The DDL of an index on the outbox's `created_at`, which the messaging
+/// contract leaves out. Without it, every polling scan (once per poll
+/// interval) and every retention sweep reads the whole outbox table; with
+/// it they read only the events in their window. The producers pay one more
+/// index entry per event. `websub outbox-ddl --scan-index` prints it after
+/// the tables.
+pub fn scan_index_ddl(tables: &OutboxTables) -> String {
+    format!(
+        "-- Optional, beyond the contract: lets polling scans and retention sweeps\n\
+         -- read only the events in their window instead of the whole outbox.\n\
+         CREATE INDEX IF NOT EXISTS {} ON {} (created_at);\n",
+        tables.scan_index(),
+        tables.outbox_sql()
+    )
 }
 
 /// A domain event that can be written to the outbox.
@@ -522,6 +548,22 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(long.default_channel().len(), MAX_IDENTIFIER);
+    }
+
+    #[test]
+    fn scan_index_ddl_indexes_created_at_of_the_named_outbox() {
+        let tables = OutboxTables::new("shared.events", "shared.event_deliveries").expect("valid");
+        let ddl = scan_index_ddl(&tables);
+        assert!(
+            ddl.contains(
+                "CREATE INDEX IF NOT EXISTS \"idx_events_created_at\" ON \"shared\".\"events\" (created_at);"
+            ),
+            "{ddl}"
+        );
+        assert!(
+            !super::ddl(&tables).contains("created_at);"),
+            "not part of the contract's DDL"
+        );
     }
 
     #[test]

@@ -295,15 +295,30 @@ impl Queries {
         since: NaiveDateTime,
         spare: Duration,
     ) -> Result<(u64, NaiveDateTime), sqlx::Error> {
-        let row = sqlx::query(AssertSqlSafe(self.expand_since.clone()))
-            .bind(&subscriptions.subscribers)
-            .bind(&subscriptions.apps)
-            .bind(&subscriptions.event_names)
-            .bind(&subscriptions.every_event)
-            .bind(since)
-            .bind(spare.as_secs_f64())
-            .fetch_one(pool);
-        let row = bounded(self.timeout, row).await?;
+        let scan = async {
+            let mut tx = pool.begin().await?;
+            // The feed's sessions force generic plans, which cannot tell a
+            // window of seconds from one of months: a scan is planned for
+            // its own window, so that a recent one reads an index on
+            // `created_at` (if there is one) and probes the deliveries
+            // table per event, while a catch-up over the whole history reads
+            // both tables straight through.
+            sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan")
+                .execute(&mut *tx)
+                .await?;
+            let row = sqlx::query(AssertSqlSafe(self.expand_since.clone()))
+                .bind(&subscriptions.subscribers)
+                .bind(&subscriptions.apps)
+                .bind(&subscriptions.event_names)
+                .bind(&subscriptions.every_event)
+                .bind(since)
+                .bind(spare.as_secs_f64())
+                .fetch_one(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(row)
+        };
+        let row = bounded(self.timeout, scan).await?;
         let written: i64 = row.try_get(0)?;
         Ok((u64::try_from(written).unwrap_or(0), row.try_get(1)?))
     }
@@ -411,6 +426,27 @@ impl Queries {
         bounded(self.timeout, done).await?;
         Ok(())
     }
+}
+
+/// Whether `tables`' outbox has an index led by `created_at` (see
+/// [`super::scan_index_ddl`]), and the planner's estimate of its rows
+/// (negative when it has never been analyzed).
+pub(crate) async fn scan_index(
+    pool: &PgPool,
+    tables: &OutboxTables,
+) -> Result<(bool, f64), sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT EXISTS ( \
+             SELECT 1 FROM pg_index AS i \
+             JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+             WHERE i.indrelid = c.oid AND i.indisvalid AND a.attname = 'created_at'), \
+             c.reltuples::float8 \
+         FROM pg_class AS c WHERE c.oid = $1::regclass",
+    )
+    .bind(tables.outbox_sql())
+    .fetch_one(pool)
+    .await?;
+    Ok((row.try_get(0)?, row.try_get(1)?))
 }
 
 /// `statement`, unless it takes longer than `limit`: then it is abandoned

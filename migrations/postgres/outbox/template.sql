@@ -45,3 +45,10 @@ CREATE TABLE IF NOT EXISTS <schema>.outbox_deliveries (
 CREATE INDEX IF NOT EXISTS idx_outbox_deliveries_pending
     ON <schema>.outbox_deliveries (next_attempt_at)
     WHERE processed_at IS NULL;
+
+-- Optional, beyond the contract (`websub outbox-ddl --scan-index` prints it):
+-- without an index on created_at, every polling scan and retention sweep
+-- reads the whole outbox table. Worth it for an outbox that keeps more than
+-- a few thousand events; the producers pay one more index entry per event.
+--
+-- CREATE INDEX IF NOT EXISTS idx_outbox_created_at ON <schema>.outbox (created_at);
