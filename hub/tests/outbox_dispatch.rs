@@ -656,6 +656,61 @@ async fn polling_delivers_without_any_notify() {
     running.stop().await;
 }
 
+/// A notified event whose expansion fails goes round again once the
+/// database accepts it, without waiting for a poll (an hour away here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_expansion_of_a_notified_event_is_retried_without_a_poll() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    let running = run_with_hook(
+        db.pool.clone(),
+        DispatcherConfig {
+            poll_interval: Duration::from_secs(3600),
+            ..config(&db.tables)
+        },
+        &receiver,
+    );
+    running.listening().await;
+    sqlx::raw_sql(
+        "CREATE SEQUENCE refusals; \
+         CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             PERFORM nextval('refusals'); \
+             RAISE EXCEPTION 'deliveries refused for the test'; \
+         END $$; \
+         CREATE TRIGGER refuse BEFORE INSERT ON outbox_deliveries \
+             FOR EACH ROW EXECUTE FUNCTION refuse();",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("the refusing trigger");
+    let id = db.produce(EVENT, None, true).await;
+    // The expansion is attempted, and refused (a sequence counts the
+    // refusals: it is not rolled back with them).
+    assert!(
+        eventually_async(WAIT, || async {
+            sqlx::query_scalar::<_, bool>("SELECT is_called FROM refusals")
+                .fetch_one(&db.pool)
+                .await
+                .expect("the refusals")
+        })
+        .await,
+        "the expansion reached the trigger"
+    );
+    assert!(receiver.received().is_empty());
+    sqlx::query("DROP TRIGGER refuse ON outbox_deliveries")
+        .execute(&db.pool)
+        .await
+        .expect("drop the trigger");
+    assert!(
+        receiver.wait_for("/hook", 1, WAIT).await,
+        "retried within seconds"
+    );
+    assert_eq!(receiver.event_ids("/hook"), [id]);
+    running.stop().await;
+}
+
 /// With the optional index on `created_at`, polls read it rather than the
 /// whole outbox, and still find an event written without a NOTIFY among
 /// thousands of old ones.

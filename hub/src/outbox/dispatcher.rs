@@ -1121,8 +1121,16 @@ impl Dispatcher {
             }
             Err(error) => {
                 warn!(%error, "expanding notified events failed; retrying shortly");
+                // The events go round again with the next pass: a scan
+                // would leave the newest of them to their notifications,
+                // which are spent, and find them only a poll or more later.
                 let mut pending = self.pending();
-                pending.scan = pending.scan.max(Scan::Recent);
+                let room = MAX_NOTIFIED_IDS.saturating_sub(pending.ids.len());
+                let again = &ids[..ids.len().min(room)];
+                pending.ids.splice(0..0, again.iter().copied());
+                if again.len() < ids.len() {
+                    pending.scan = pending.scan.max(Scan::Recent);
+                }
                 Expanded {
                     succeeded: false,
                     left_unclaimed: false,
