@@ -656,6 +656,65 @@ async fn polling_delivers_without_any_notify() {
     running.stop().await;
 }
 
+/// Rows left unclaimed when their subscriber's room ran out go before
+/// events notified after them, rather than after a poll (an hour away
+/// here): newer events must not take every slot that frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_left_for_want_of_room_go_before_newer_events() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = Receiver::start().await;
+    receiver.set_delay("/hook", Duration::from_millis(100));
+    // Four attempts at once, about 40 deliveries a second, and sixteen rows
+    // held (the visibility timeout leaves room for four waves): of a burst
+    // of 40, 24 are left unclaimed.
+    let running = run_with_hook(
+        db.pool.clone(),
+        DispatcherConfig {
+            poll_interval: Duration::from_secs(3600),
+            per_subscriber_concurrency: 4,
+            visibility_timeout: Duration::from_secs(60),
+            ..config(&db.tables)
+        },
+        &receiver,
+    );
+    running.listening().await;
+    let mut burst = Vec::new();
+    for _ in 0..40 {
+        burst.push(db.produce(EVENT, None, true).await);
+    }
+    // Newer events keep coming for four seconds, a little slower than the
+    // subscriber takes them, so that the rows held never fall to half.
+    let mut streamed = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(4) {
+        streamed.push(db.produce(EVENT, None, true).await);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(
+        receiver
+            .wait_for("/hook", burst.len() + streamed.len(), WAIT)
+            .await
+    );
+    // Each burst row went as soon as a slot freed, ahead of the stream:
+    // without that, dozens of newer events went first.
+    let order = receiver.event_ids("/hook");
+    let last_of_burst = order
+        .iter()
+        .rposition(|id| burst.contains(id))
+        .expect("the burst arrived");
+    let overtaking = order[..last_of_burst]
+        .iter()
+        .filter(|id| streamed.contains(id))
+        .count();
+    assert!(
+        overtaking <= 4,
+        "{overtaking} newer events went before the last of the burst"
+    );
+    running.stop().await;
+}
+
 /// A notified event whose expansion fails goes round again once the
 /// database accepts it, without waiting for a poll (an hour away here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

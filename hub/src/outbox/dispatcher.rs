@@ -986,6 +986,23 @@ impl Dispatcher {
                 // Notified events come back claimed; a claim runs only when
                 // something else may be due.
                 let mut claim = work.claim;
+                // Rows an expansion left unclaimed for want of room are due
+                // before any event notified since: while there are some,
+                // each pass claims first (no statement while there is no
+                // room), and newer events take what room is left. Otherwise
+                // newer events would take every slot that frees, and the
+                // older rows wait for the next poll.
+                if waiting_for_room {
+                    match self
+                        .claim_and_start(&registry, &attempts, &completed, &shutdown)
+                        .await
+                    {
+                        Claimed::Idle => waiting_for_room = false,
+                        Claimed::WaitingForRoom => {}
+                        Claimed::Failed => failed = true,
+                    }
+                    claim = false;
+                }
                 if !work.ids.is_empty() {
                     let expanded = self
                         .expand_notified(
