@@ -631,6 +631,17 @@ enum Claimed {
     Failed,
 }
 
+impl Claimed {
+    /// Folds this round's end into the run loop's state.
+    fn record(self, waiting_for_room: &mut bool, failed: &mut bool) {
+        match self {
+            Self::Idle => *waiting_for_room = false,
+            Self::WaitingForRoom => *waiting_for_room = true,
+            Self::Failed => *failed = true,
+        }
+    }
+}
+
 /// How soon a pass runs again after a statement failed (or the poll
 /// interval, if shorter).
 const ERROR_RETRY: Duration = Duration::from_secs(1);
@@ -993,14 +1004,9 @@ impl Dispatcher {
                 // newer events would take every slot that frees, and the
                 // older rows wait for the next poll.
                 if waiting_for_room {
-                    match self
-                        .claim_and_start(&registry, &attempts, &completed, &shutdown)
+                    self.claim_and_start(&registry, &attempts, &completed, &shutdown)
                         .await
-                    {
-                        Claimed::Idle => waiting_for_room = false,
-                        Claimed::WaitingForRoom => {}
-                        Claimed::Failed => failed = true,
-                    }
+                        .record(&mut waiting_for_room, &mut failed);
                     claim = false;
                 }
                 if !work.ids.is_empty() {
@@ -1013,14 +1019,9 @@ impl Dispatcher {
                     claim |= expanded.left_unclaimed;
                 }
                 if claim {
-                    match self
-                        .claim_and_start(&registry, &attempts, &completed, &shutdown)
+                    self.claim_and_start(&registry, &attempts, &completed, &shutdown)
                         .await
-                    {
-                        Claimed::Idle => waiting_for_room = false,
-                        Claimed::WaitingForRoom => waiting_for_room = true,
-                        Claimed::Failed => failed = true,
-                    }
+                        .record(&mut waiting_for_room, &mut failed);
                 }
             }
             tokio::select! {

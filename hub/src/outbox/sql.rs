@@ -15,6 +15,9 @@ use uuid::Uuid;
 
 use super::OutboxTables;
 
+/// A statement with its parameters bound so far.
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
 /// The database's current time in UTC, as the tables store it.
 const NOW: &str = "timezone('utc', now())";
 
@@ -44,6 +47,17 @@ pub(crate) struct Subscriptions {
 impl Subscriptions {
     pub(crate) fn is_empty(&self) -> bool {
         self.subscribers.is_empty() && self.every_event.is_empty()
+    }
+
+    /// Binds the registrations as the `fresh` fragment reads them: $1-$3
+    /// (subscriber, app, event name) pair by pair, $4 the catch-all
+    /// subscribers.
+    fn bind_to<'q>(&'q self, query: PgQuery<'q>) -> PgQuery<'q> {
+        query
+            .bind(&self.subscribers)
+            .bind(&self.apps)
+            .bind(&self.event_names)
+            .bind(&self.every_event)
     }
 
     /// Every subscriber named, once each, sorted.
@@ -306,11 +320,8 @@ impl Queries {
             sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan")
                 .execute(&mut *tx)
                 .await?;
-            let row = sqlx::query(AssertSqlSafe(self.expand_since.clone()))
-                .bind(&subscriptions.subscribers)
-                .bind(&subscriptions.apps)
-                .bind(&subscriptions.event_names)
-                .bind(&subscriptions.every_event)
+            let row = subscriptions
+                .bind_to(sqlx::query(AssertSqlSafe(self.expand_since.clone())))
                 .bind(since)
                 .bind(spare.as_secs_f64())
                 .fetch_one(&mut *tx)
@@ -334,11 +345,8 @@ impl Queries {
         ids: &[Uuid],
         rooms: &Rooms,
     ) -> Result<(Vec<ClaimedRow>, usize), sqlx::Error> {
-        let rows = sqlx::query(AssertSqlSafe(self.expand_ids.clone()))
-            .bind(&subscriptions.subscribers)
-            .bind(&subscriptions.apps)
-            .bind(&subscriptions.event_names)
-            .bind(&subscriptions.every_event)
+        let rows = subscriptions
+            .bind_to(sqlx::query(AssertSqlSafe(self.expand_ids.clone())))
             .bind(since)
             .bind(ids)
             .bind(&rooms.subscribers)

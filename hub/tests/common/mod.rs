@@ -275,7 +275,6 @@ impl Running {
     }
 }
 
-/// One webhook subscriber map entry.
 /// The event name the outbox tests produce, unless a test needs another.
 pub(crate) const EVENT: &str = "auth-api.user.authenticated";
 
@@ -293,6 +292,7 @@ pub(crate) fn run_with_hook(
     Running::start(dispatcher)
 }
 
+/// One webhook subscriber map entry.
 pub(crate) fn webhook(
     name: &str,
     app: Option<&str>,
