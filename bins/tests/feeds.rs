@@ -104,7 +104,7 @@ deliveries_table = "shop.outbox_deliveries"
 webhooks_file = "{webhooks}"
 signing_secret = "{SIGNING_SECRET}"
 poll_interval = "200ms"
-max_retry_backoff = "500ms"
+delivery_max_backoff = "500ms"
 delivery_timeout = "2s"
 visibility_timeout = "3s"
 "#,

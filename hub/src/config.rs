@@ -8,6 +8,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use url::Url;
 
+use crate::delivery::RetryPolicy;
+pub use crate::setting::{ConfigError, parse_duration};
+use crate::setting::{invalid, secs};
+
 /// Everything a hub needs to run. Build it with [`HubConfig::default`] (the
 /// embedded default), adjust fields, and call [`HubConfig::validate`].
 #[derive(Debug, Clone)]
@@ -84,10 +88,8 @@ pub struct LeasePolicy {
 pub struct DeliveryPolicy {
     /// Time allowed for one delivery POST, connection included.
     pub timeout: Duration,
-    /// Retries after the first failed attempt (the seed's 10).
-    pub max_retries: u32,
-    /// The wait before the last retry; earlier ones grow towards it.
-    pub max_backoff: Duration,
+    /// Retries and their backoff.
+    pub retry: RetryPolicy,
     /// Deliveries in flight at once, over all callbacks.
     pub concurrency: usize,
     /// Deliveries in flight at once to one callback host.
@@ -151,8 +153,7 @@ impl Default for DeliveryPolicy {
     fn default() -> Self {
         Self {
             timeout: Duration::from_secs(10),
-            max_retries: 10,
-            max_backoff: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
             concurrency: 256,
             per_host: 64,
             batch_size: 500,
@@ -183,38 +184,6 @@ pub fn public_url_for(listen: SocketAddr) -> Url {
 fn unreachable_url() -> Url {
     // Only reachable if formatting an IP address produced an invalid URL.
     Url::parse("http://127.0.0.1/").unwrap_or_else(|error| panic!("constant URL: {error}"))
-}
-
-/// A setting that failed validation, naming the setting and the value.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// A setting's value is out of range or malformed.
-    #[error("invalid {setting} {value:?}: {reason}")]
-    Invalid {
-        /// The setting's name, as on the command line.
-        setting: &'static str,
-        /// The value given.
-        value: String,
-        /// Why it is refused.
-        reason: String,
-    },
-    /// The configuration file could not be read or parsed.
-    #[error("configuration file {path}: {reason}")]
-    File {
-        /// The file.
-        path: String,
-        /// What went wrong.
-        reason: String,
-    },
-}
-
-fn invalid(setting: &'static str, value: impl ToString, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        setting,
-        value: value.to_string(),
-        reason: reason.into(),
-    }
 }
 
 impl HubConfig {
@@ -412,10 +381,6 @@ impl HubConfig {
     }
 }
 
-fn secs(duration: Duration) -> String {
-    format!("{}s", duration.as_secs_f64())
-}
-
 /// The TOML configuration file: every field optional, the same names as the
 /// command-line flags (with underscores). Durations are strings like `"10s"`,
 /// `"5m"`, `"10d"`.
@@ -438,9 +403,9 @@ pub struct FileConfig {
     pub lease_max: Option<String>,
     /// See [`DeliveryPolicy::timeout`].
     pub delivery_timeout: Option<String>,
-    /// See [`DeliveryPolicy::max_retries`].
+    /// See [`RetryPolicy::max_retries`].
     pub delivery_retries: Option<u32>,
-    /// See [`DeliveryPolicy::max_backoff`].
+    /// See [`RetryPolicy::max_backoff`].
     pub delivery_max_backoff: Option<String>,
     /// See [`DeliveryPolicy::concurrency`].
     pub delivery_concurrency: Option<usize>,
@@ -511,9 +476,9 @@ impl FileConfig {
             "delivery-timeout",
             self.delivery_timeout,
         )?;
-        set(&mut config.delivery.max_retries, self.delivery_retries);
+        set(&mut config.delivery.retry.max_retries, self.delivery_retries);
         set_duration(
-            &mut config.delivery.max_backoff,
+            &mut config.delivery.retry.max_backoff,
             "delivery-max-backoff",
             self.delivery_max_backoff,
         )?;
@@ -594,34 +559,6 @@ pub fn parse_public_url(value: &str) -> Result<Url, ConfigError> {
     Ok(url)
 }
 
-/// Parses `"250ms"`, `"10s"`, `"5m"`, `"2h"`, `"10d"` or a bare number of
-/// seconds.
-pub fn parse_duration(setting: &'static str, value: &str) -> Result<Duration, ConfigError> {
-    let trimmed = value.trim();
-    let split = trimmed
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(trimmed.len());
-    let (number, unit) = trimmed.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| invalid(setting, value, "expected a duration such as 10s, 5m or 10d"))?;
-    let scale = match unit.trim() {
-        "ms" => 0.001,
-        "" | "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        "d" => 86_400.0,
-        other => {
-            return Err(invalid(
-                setting,
-                value,
-                format!("unknown unit {other:?} (use ms, s, m, h or d)"),
-            ));
-        }
-    };
-    Duration::try_from_secs_f64(number * scale).map_err(|_| invalid(setting, value, "out of range"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -631,30 +568,6 @@ mod tests {
         let config = HubConfig::default();
         config.validate().expect("the default is valid");
         assert_eq!(config.public_url.as_str(), "http://127.0.0.1:8080/");
-    }
-
-    #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(
-            parse_duration("x", "10d").ok(),
-            Some(Duration::from_secs(864_000))
-        );
-        assert_eq!(
-            parse_duration("x", "250ms").ok(),
-            Some(Duration::from_millis(250))
-        );
-        assert_eq!(
-            parse_duration("x", "90").ok(),
-            Some(Duration::from_secs(90))
-        );
-        assert!(matches!(
-            parse_duration("lease-min", "ten"),
-            Err(ConfigError::Invalid {
-                setting: "lease-min",
-                ..
-            })
-        ));
-        assert!(parse_duration("x", "5y").is_err());
     }
 
     #[test]
@@ -722,7 +635,7 @@ mod tests {
         file.apply(&mut config).expect("apply");
         assert_eq!(config.public_url.as_str(), "http://127.0.0.1:9000/");
         assert_eq!(config.lease.default, Duration::from_secs(86_400));
-        assert_eq!(config.delivery.max_retries, 3);
+        assert_eq!(config.delivery.retry.max_retries, 3);
         assert!(toml::from_str::<FileConfig>("lease = 1").is_err());
     }
 }

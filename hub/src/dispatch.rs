@@ -1,6 +1,10 @@
-//! The dispatcher: expands recorded events into one delivery record per
-//! subscriber, claims due records, POSTs them to their callbacks, and records
-//! each outcome — delivered, retried with backoff, exhausted, or dropped.
+//! The WebSub scheduler: expands the events of the hub's own log into one
+//! delivery record per subscription of their topic, claims due records, and
+//! hands each attempt to the delivery core ([`crate::delivery`]), which
+//! POSTs it and judges the answer; the outcome — delivered, retried with
+//! backoff, exhausted, or dropped — is written back through the core's
+//! recorder. Fairness here is per callback host: many subscriptions share a
+//! host, and one slow host must not take every slot.
 //!
 //! Delivery is at least once. A record is claimed before its attempt and
 //! completed after it; a process killed in between leaves a claim that
@@ -15,8 +19,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
-use http::HeaderValue;
+use async_trait::async_trait;
+use http::{HeaderMap, HeaderValue};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -26,54 +30,14 @@ use websub_store::{Subscription, SubscriptionStore};
 
 use crate::clock::Clock;
 use crate::config::DeliveryPolicy;
+use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
+use crate::delivery::recorder::{self, Batching, OutcomeStore};
+use crate::delivery::{Channel, Judge, Verdict};
 use crate::events::{Claimed, Completion, Event, EventLog, EventLogError, Outcome};
-use crate::signature::{EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, sign};
 
-/// The wait before retry number `retry` (1-based) under the seed's curve: the
-/// first retry is immediate, the last waits `max_backoff`, and the ones in
-/// between double towards it. With 10 retries and 10 s, a dead subscriber is
-/// exhausted in about 20 s.
-pub fn backoff(retry: u32, max_retries: u32, max_backoff: Duration) -> Duration {
-    if retry <= 1 {
-        return Duration::ZERO;
-    }
-    if retry >= max_retries {
-        return max_backoff;
-    }
-    let halvings = (max_retries - retry).min(63);
-    max_backoff / 2u32.saturating_pow(halvings.min(31))
-}
-
-/// The outcome of a failed attempt that had `failures_before` failures
-/// before it.
-pub fn after_failure(
-    failures_before: u32,
-    error: String,
-    policy: &DeliveryPolicy,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Outcome {
-    let failures = failures_before.saturating_add(1);
-    if failures > policy.max_retries {
-        return Outcome::Exhausted { error };
-    }
-    let wait = backoff(failures, policy.max_retries, policy.max_backoff);
-    Outcome::Retry {
-        error,
-        next_attempt_at: now + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
-    }
-}
-
-/// What a subscriber's answer means for its delivery.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Answer {
-    Delivered,
-    Gone,
-    Failed(String),
-}
-
-/// The dispatcher. Cheap to clone; clones share state.
+/// The WebSub scheduler. Cheap to clone; clones share state.
 #[derive(Debug, Clone)]
-pub struct Dispatcher {
+pub struct Distributor {
     inner: Arc<Inner>,
 }
 
@@ -95,7 +59,7 @@ struct Inner {
     http_slots: Semaphore,
     bodies: EventCache,
     subscribers: SubscriberCache,
-    counters: Counters,
+    judge: Judge,
     hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
@@ -116,7 +80,7 @@ struct Pipeline {
     batch: usize,
 }
 
-impl Dispatcher {
+impl Distributor {
     /// A dispatcher delivering `events` to the subscriptions in `store`,
     /// announcing `hub_url` in its `Link` headers.
     pub fn new(
@@ -143,7 +107,7 @@ impl Dispatcher {
                 http_slots: Semaphore::new(policy.concurrency),
                 bodies: EventCache::new(256),
                 subscribers: SubscriberCache::default(),
-                counters: Counters::register(),
+                judge: Judge::new(Channel::WebSub, policy.retry),
                 hosts: Mutex::new(HashMap::new()),
             }),
         }
@@ -388,7 +352,11 @@ impl Dispatcher {
             completed,
             batch: (queue / 2).max(1),
         };
-        let recorder = tokio::spawn(self.clone().record_outcomes(completions));
+        let recorder = tokio::spawn(recorder::record(
+            LogOutcomes(self.clone()),
+            completions,
+            batching(&policy),
+        ));
         let expander = tokio::spawn(
             self.clone()
                 .run_expander(pipeline.clone(), shutdown.clone()),
@@ -599,26 +567,25 @@ impl Dispatcher {
         // The host's slot first: waiting for a saturated host must not hold
         // one of the slots other hosts' deliveries need.
         let slots = (host.acquire().await, self.inner.http_slots.acquire().await);
-        let answer = match slots {
-            (Ok(_host_slot), Ok(_http_slot)) => {
-                post(
-                    &self.inner.client,
-                    &subscription,
-                    &outgoing,
-                    self.inner.policy.timeout,
-                )
-                .await
+        let answer = match (slots, &outgoing.headers) {
+            ((Ok(_host_slot), Ok(_http_slot)), Ok(headers)) => {
+                let request = Request {
+                    url: &subscription.callback,
+                    scheme: &WEBSUB_SCHEME,
+                    content_type: headers.content_type.clone(),
+                    event_id: headers.event_id.clone(),
+                    body: outgoing.event.body.clone(),
+                    secret: subscription.secret.as_deref().map(str::as_bytes),
+                    headers: Some(&headers.link),
+                };
+                attempt::post(&self.inner.client, request, self.inner.policy.timeout, None).await
             }
+            (_, Err(error)) => Answer::Failed(error.clone()),
             _ => Answer::Failed("the dispatcher is shutting down".to_owned()),
         };
-        let now = self.inner.clock.now();
-        let outcome = match answer {
-            Answer::Delivered => {
-                self.inner.counters.delivered.increment(1);
-                Outcome::Delivered
-            }
-            Answer::Gone => {
-                self.inner.counters.gone.increment(1);
+        let outcome = match self.inner.judge.verdict(answer, retry_count) {
+            Verdict::Delivered => Outcome::Delivered,
+            Verdict::Gone => {
                 info!("callback answered 410 Gone: removing the subscription");
                 if let Err(error) = self
                     .inner
@@ -633,11 +600,12 @@ impl Dispatcher {
                     reason: "410 Gone: subscription removed".to_owned(),
                 }
             }
-            Answer::Failed(error) => {
-                self.inner.counters.failed.increment(1);
-                info!(%error, retry_count, "delivery failed");
-                after_failure(retry_count, error, &self.inner.policy, now)
-            }
+            Verdict::Retry { error, wait } => Outcome::Retry {
+                error,
+                next_attempt_at: self.inner.clock.now()
+                    + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+            },
+            Verdict::Exhausted { error } => Outcome::Exhausted { error },
         };
         Completion {
             event_id: outgoing.event.id,
@@ -645,91 +613,40 @@ impl Dispatcher {
             outcome,
         }
     }
+}
 
-    /// Writes outcomes back in batches: whatever has arrived since the last
-    /// write goes in one round trip, so the log keeps up with the network.
-    async fn record_outcomes(self, mut completions: mpsc::UnboundedReceiver<Completion>) {
-        let limit = self.inner.policy.batch_size.max(1);
-        // A few writes in flight at once: on PostgreSQL one batched UPDATE
-        // takes tens of milliseconds, and the records of different batches
-        // never overlap, so writes need not queue behind each other.
-        let writers = Arc::new(Semaphore::new(OUTCOME_WRITERS));
-        let writes = TaskTracker::new();
-        loop {
-            let mut batch = Vec::with_capacity(limit);
-            if completions.recv_many(&mut batch, limit).await == 0 {
-                break;
-            }
-            // Gather what arrives in the next moment too: one write of a
-            // hundred outcomes costs about what one write of one does.
-            let gather = async {
-                loop {
-                    let room = limit.saturating_sub(batch.len());
-                    if room == 0 || completions.recv_many(&mut batch, room).await == 0 {
-                        break;
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(OUTCOME_GATHERING, gather).await;
-            let Ok(writer) = writers.clone().acquire_owned().await else {
-                break;
-            };
-            let dispatcher = self.clone();
-            writes.spawn(async move {
-                dispatcher.write_outcomes(batch).await;
-                drop(writer);
-            });
-        }
-        writes.close();
-        writes.wait().await;
+/// The event log as the recorder writes to it.
+#[derive(Debug)]
+struct LogOutcomes(Distributor);
+
+#[async_trait]
+impl OutcomeStore for LogOutcomes {
+    type Outcome = Completion;
+
+    async fn write(&self, batch: &[Completion]) -> Result<(), String> {
+        let inner = &self.0.inner;
+        inner
+            .events
+            .complete(batch, inner.clock.now())
+            .await
+            .map_err(|error| error.to_string())
     }
 
-    async fn write_outcomes(&self, batch: Vec<Completion>) {
-        let mut delay = Duration::from_millis(50);
-        for attempt in 1..=OUTCOME_WRITE_ATTEMPTS {
-            let started = std::time::Instant::now();
-            match self
-                .inner
-                .events
-                .complete(&batch, self.inner.clock.now())
-                .await
-            {
-                Ok(()) => {
-                    debug!(records = batch.len(), took = ?started.elapsed(), "recorded outcomes");
-                    break;
-                }
-                Err(error) if attempt < OUTCOME_WRITE_ATTEMPTS => {
-                    warn!(%error, records = batch.len(), "recording outcomes failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-                Err(error) => {
-                    // The records stay claimed and are delivered again once
-                    // the visibility timeout passes: at least once still holds.
-                    warn!(%error, records = batch.len(), "recording outcomes failed; they will be redelivered");
-                    return;
-                }
-            }
+    fn retry_in(&self, completion: &Completion) -> Option<Duration> {
+        match completion.outcome {
+            Outcome::Retry {
+                next_attempt_at, ..
+            } => Some(
+                (next_attempt_at - self.0.inner.clock.now())
+                    .to_std()
+                    .unwrap_or_default(),
+            ),
+            _ => None,
         }
-        let next_retry = batch
-            .iter()
-            .filter_map(|completion| match completion.outcome {
-                Outcome::Retry {
-                    next_attempt_at, ..
-                } => Some(next_attempt_at),
-                _ => None,
-            })
-            .min();
-        if let Some(due) = next_retry {
-            // Retries are due sooner than the next poll, the first at once:
-            // wake the claim loop when the earliest is due.
-            let wait = (due - self.inner.clock.now()).to_std().unwrap_or_default();
-            let dispatcher = self.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(wait).await;
-                dispatcher.wake();
-            });
-        }
+    }
+
+    fn wake(&self) {
+        self.0.wake();
     }
 }
 
@@ -766,9 +683,19 @@ pub fn link_header(hub_url: &str, topic: &str) -> String {
 #[derive(Debug)]
 struct Outgoing {
     event: Event,
-    /// The content type, link and event-id headers, or why they cannot be
-    /// sent (a stored value no header can hold: every attempt fails with it).
-    headers: Result<[HeaderValue; 3], String>,
+    /// Its headers, or why they cannot be sent (a stored value no header can
+    /// hold: every attempt fails with it).
+    headers: Result<EventHeaders, String>,
+}
+
+/// The headers of an event's deliveries that do not depend on the
+/// subscription.
+#[derive(Debug)]
+struct EventHeaders {
+    content_type: HeaderValue,
+    event_id: HeaderValue,
+    /// `Link`, the hub and the topic.
+    link: HeaderMap,
 }
 
 impl Outgoing {
@@ -779,7 +706,11 @@ impl Outgoing {
             HeaderValue::from_str(&event.id.to_string()),
         ];
         let headers = match headers {
-            [Ok(content_type), Ok(link), Ok(event_id)] => Ok([content_type, link, event_id]),
+            [Ok(content_type), Ok(link), Ok(event_id)] => Ok(EventHeaders {
+                content_type,
+                event_id,
+                link: HeaderMap::from_iter([(http::header::LINK, link)]),
+            }),
             _ => Err(format!(
                 "the event's content type or topic cannot be sent in a header: {:?}, {:?}",
                 event.content_type, event.topic
@@ -787,69 +718,6 @@ impl Outgoing {
         };
         Self { event, headers }
     }
-}
-
-/// One delivery POST: the exact callback, the exact body and Content-Type,
-/// the Link header, the signature when the subscription has a secret, and
-/// the event id.
-async fn post(
-    client: &reqwest::Client,
-    subscription: &Subscription,
-    outgoing: &Outgoing,
-    timeout: Duration,
-) -> Answer {
-    let [content_type, link, event_id] = match &outgoing.headers {
-        Ok(headers) => headers.clone(),
-        Err(error) => return Answer::Failed(error.clone()),
-    };
-    let event = &outgoing.event;
-    let mut request = client
-        .post(&subscription.callback)
-        .timeout(timeout)
-        .header(http::header::CONTENT_TYPE, content_type)
-        .header(http::header::LINK, link)
-        .header(EVENT_ID_HEADER, event_id);
-    if let Some(secret) = &subscription.secret {
-        request = request.header(HUB_SIGNATURE_HEADER, sign(secret.as_bytes(), &event.body));
-    }
-    let response = match request.body(event.body.clone()).send().await {
-        Ok(response) => response,
-        Err(error) if error.is_timeout() => return Answer::Failed("timed out".to_owned()),
-        Err(error) => return Answer::Failed(format!("request failed: {}", error_chain(&error))),
-    };
-    let status = response.status();
-    // Drain a small body so the connection goes back to the pool; a large one
-    // is abandoned rather than read (the spec says the body is ignored). An
-    // empty one (a 204, say) is complete already: no timer for it.
-    if response.content_length() != Some(0) {
-        let mut body = response.bytes_stream();
-        let mut read = 0usize;
-        while read < 64 * 1024 {
-            match tokio::time::timeout(timeout, body.next()).await {
-                Ok(Some(Ok(chunk))) => read += chunk.len(),
-                _ => break,
-            }
-        }
-    }
-    if status.is_success() {
-        Answer::Delivered
-    } else if status == http::StatusCode::GONE {
-        Answer::Gone
-    } else {
-        Answer::Failed(format!("HTTP {}", status.as_u16()))
-    }
-}
-
-/// An error and its causes on one line, for `last_error`.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Recently delivered events, so a fan-out to thousands of subscribers reads
@@ -901,24 +769,6 @@ impl EventCache {
     }
 }
 
-/// Delivery counters, registered once rather than looked up per delivery.
-#[derive(Debug)]
-struct Counters {
-    delivered: metrics::Counter,
-    gone: metrics::Counter,
-    failed: metrics::Counter,
-}
-
-impl Counters {
-    fn register() -> Self {
-        Self {
-            delivered: metrics::counter!("websub_deliveries_total", "outcome" => "delivered"),
-            gone: metrics::counter!("websub_deliveries_total", "outcome" => "gone"),
-            failed: metrics::counter!("websub_deliveries_total", "outcome" => "failed"),
-        }
-    }
-}
-
 /// The largest page of subscribers an expansion reads at once: a 100 000
 /// fan-out takes a dozen reads, and two pages in memory stay a few MB.
 const MAX_PAGE: usize = 10_000;
@@ -931,19 +781,22 @@ fn permit_count(records: usize) -> u32 {
     u32::try_from(records).unwrap_or(u32::MAX)
 }
 
-/// How long outcomes are gathered into one write after the first arrives.
-const OUTCOME_GATHERING: Duration = Duration::from_millis(2);
-
-/// Outcome writes in flight at once.
-const OUTCOME_WRITERS: usize = 4;
-
-/// Tries of one outcome write (about 30 s with the backoff) before its
-/// records are left to the visibility timeout.
-const OUTCOME_WRITE_ATTEMPTS: u32 = 10;
+/// How WebSub outcomes are written: in a fan-out of tens of thousands of
+/// deliveries a second, a batched update on PostgreSQL takes tens of
+/// milliseconds, so several writes run at once (the records of different
+/// batches never overlap) and each gathers only briefly, keeping the log
+/// abreast of the network.
+fn batching(policy: &DeliveryPolicy) -> Batching {
+    Batching {
+        limit: policy.batch_size,
+        gathering: Duration::from_millis(2),
+        writers: 4,
+    }
+}
 
 /// How long a topic's subscriber list is reused between claimed batches.
 /// Changes made through this hub reach the cache at once
-/// ([`Dispatcher::forget_topic`]); this bounds how long one made through
+/// ([`Distributor::forget_topic`]); this bounds how long one made through
 /// another replica (a renewed secret, an unsubscribe) takes to be seen.
 pub const SUBSCRIBERS_TTL: Duration = Duration::from_secs(10);
 
@@ -1009,51 +862,6 @@ pub enum DispatchError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_follows_the_seed_curve() {
-        let max = Duration::from_secs(10);
-        assert_eq!(backoff(1, 10, max), Duration::ZERO);
-        assert_eq!(backoff(10, 10, max), max);
-        assert_eq!(backoff(9, 10, max), Duration::from_secs(5));
-        assert_eq!(backoff(2, 10, max), max / 256);
-        for retry in 2..10 {
-            assert!(backoff(retry, 10, max) < backoff(retry + 1, 10, max));
-        }
-        let total: Duration = (1..=10).map(|retry| backoff(retry, 10, max)).sum();
-        assert!(
-            total > Duration::from_secs(19) && total < Duration::from_secs(21),
-            "a dead subscriber is exhausted in about 20 s, not {total:?}"
-        );
-    }
-
-    #[test]
-    fn failures_retry_until_the_limit_then_exhaust() {
-        let policy = DeliveryPolicy::default();
-        let now = chrono::Utc::now();
-        match after_failure(0, "HTTP 500".to_owned(), &policy, now) {
-            Outcome::Retry {
-                next_attempt_at,
-                error,
-            } => {
-                assert_eq!(next_attempt_at, now, "the first retry is immediate");
-                assert_eq!(error, "HTTP 500");
-            }
-            other => panic!("expected a retry, got {other:?}"),
-        }
-        match after_failure(9, "HTTP 500".to_owned(), &policy, now) {
-            Outcome::Retry {
-                next_attempt_at, ..
-            } => {
-                assert_eq!(next_attempt_at, now + chrono::Duration::seconds(10));
-            }
-            other => panic!("expected the last retry, got {other:?}"),
-        }
-        assert!(matches!(
-            after_failure(10, "HTTP 500".to_owned(), &policy, now),
-            Outcome::Exhausted { .. }
-        ));
-    }
 
     #[test]
     fn authority_is_host_and_port_as_written() {

@@ -15,7 +15,8 @@ use url::Url;
 use websub_store::SubscriptionStore;
 
 use crate::clock::Clock;
-use crate::dispatch::{Dispatcher, error_chain};
+use crate::delivery::error_chain;
+use crate::dispatch::Distributor;
 use crate::events::{Event, EventLog, EventLogError, NewEvent};
 use crate::net::NetPolicy;
 
@@ -35,7 +36,7 @@ pub struct Intake {
 struct Inner {
     events: Arc<dyn EventLog>,
     store: Arc<dyn SubscriptionStore>,
-    dispatcher: Dispatcher,
+    dispatcher: Distributor,
     client: reqwest::Client,
     net: NetPolicy,
     clock: Arc<dyn Clock>,
@@ -95,7 +96,7 @@ impl Intake {
     pub fn new(
         events: Arc<dyn EventLog>,
         store: Arc<dyn SubscriptionStore>,
-        dispatcher: Dispatcher,
+        dispatcher: Distributor,
         client: reqwest::Client,
         net: NetPolicy,
         clock: Arc<dyn Clock>,

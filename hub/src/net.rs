@@ -1,6 +1,7 @@
 //! The network policy for everything the hub contacts on someone else's
-//! behalf — verification and delivery to callbacks, topic fetches — and the
-//! HTTP clients that enforce it.
+//! behalf — verification and delivery to callbacks, topic fetches, outbox
+//! webhooks — and the resolver that enforces it in every client
+//! ([`crate::delivery::client`] builds them).
 //!
 //! A public hub must not become a proxy into its own network (SSRF): unless
 //! [`NetPolicy::allow_private_network`] is set, it contacts only public
@@ -15,16 +16,11 @@
 //!   host is an IP address never reach a resolver.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
-use std::time::Duration;
 
 use url::{Host, Url};
 
 /// How many redirects a topic fetch follows.
 pub const MAX_FETCH_REDIRECTS: usize = 5;
-
-/// How long an idle pooled connection is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Installs rustls's ring crypto provider as the process default, once.
 ///
@@ -265,8 +261,8 @@ async fn resolve(host: &str) -> Result<Vec<SocketAddr>, NetError> {
 /// unless allowed, so the check happens on the addresses actually connected
 /// to.
 #[derive(Clone, Debug)]
-struct PolicyResolver {
-    policy: NetPolicy,
+pub(crate) struct PolicyResolver {
+    pub(crate) policy: NetPolicy,
 }
 
 impl reqwest::dns::Resolve for PolicyResolver {
@@ -298,65 +294,6 @@ impl reqwest::dns::Resolve for PolicyResolver {
             Ok(allowed)
         })
     }
-}
-
-fn builder(policy: &NetPolicy, timeout: Duration) -> reqwest::ClientBuilder {
-    install_crypto_provider();
-    reqwest::Client::builder()
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        .dns_resolver(Arc::new(PolicyResolver {
-            policy: policy.clone(),
-        }))
-        // A proxy would connect on our behalf and bypass the resolver.
-        .no_proxy()
-        .user_agent(concat!("websub-hub/", env!("CARGO_PKG_VERSION")))
-}
-
-/// The client for verification and delivery requests, or why it could not
-/// be built.
-///
-/// Redirects are never followed (WebSub counts a redirect as a failure);
-/// HTTP/1.1 only; `max_idle_per_host` keep-alive connections per callback
-/// host so high-throughput delivery reuses connections; `timeout` covers
-/// connecting, sending and reading the whole response.
-///
-/// Request paths call [`NetPolicy::check_literal`] on each URL first: IP
-/// literals bypass the resolver that filters names.
-pub fn delivery_client(
-    policy: &NetPolicy,
-    timeout: Duration,
-    max_idle_per_host: usize,
-) -> Result<reqwest::Client, NetError> {
-    builder(policy, timeout)
-        .redirect(reqwest::redirect::Policy::none())
-        .http1_only()
-        .pool_max_idle_per_host(max_idle_per_host)
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .tcp_nodelay(true)
-        .build()
-        .map_err(NetError::Client)
-}
-
-/// The client for topic fetches, or why it could not be built.
-///
-/// Follows at most [`MAX_FETCH_REDIRECTS`] redirects, each hop checked
-/// against the policy (IP literals here, names by the resolver).
-pub fn fetch_client(policy: &NetPolicy, timeout: Duration) -> Result<reqwest::Client, NetError> {
-    let hop_policy = policy.clone();
-    let redirects = reqwest::redirect::Policy::custom(move |attempt| {
-        if attempt.previous().len() > MAX_FETCH_REDIRECTS {
-            attempt.error(NetError::TooManyRedirects)
-        } else if let Err(refused) = hop_policy.check_literal(attempt.url()) {
-            attempt.error(refused)
-        } else {
-            attempt.follow()
-        }
-    });
-    builder(policy, timeout)
-        .redirect(redirects)
-        .build()
-        .map_err(NetError::Client)
 }
 
 #[cfg(test)]
@@ -565,29 +502,5 @@ mod tests {
             .await
             .unwrap_or_else(|error| panic!("resolve localhost: {error}"));
         assert!(allowed.into_iter().all(|address| !is_public(address.ip())));
-    }
-
-    #[tokio::test]
-    async fn clients_refuse_loopback_names_at_connect_time() {
-        let client = delivery_client(&DENY, Duration::from_secs(2), 1).expect("client");
-        // Nothing listens here; the refusal comes before any connection.
-        let error = client
-            .get("http://localhost:9/")
-            .send()
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("a loopback name was contacted"));
-        assert!(error.is_connect(), "{error:?}");
-        let source_chain = std::iter::successors(
-            Some(&error as &(dyn std::error::Error + 'static)),
-            |error| error.source(),
-        );
-        assert!(
-            source_chain
-                .filter_map(|error| error.downcast_ref::<NetError>())
-                .any(|error| matches!(error, NetError::NonPublicAddress { .. })),
-            "{error:?}"
-        );
-        let _ = fetch_client(&DENY, Duration::from_secs(2)).expect("client");
     }
 }

@@ -41,7 +41,8 @@ use serde::{Deserialize, Serialize};
 use url::Url;
 use websub_store::{OwnerQuota, StoreError, Subscription, SubscriptionStore};
 
-use crate::config::{ConfigError, parse_duration};
+use crate::delivery::client::{self, Purpose};
+use crate::setting::{ConfigError, parse_duration};
 
 /// The variable naming the subscriptions service's base URL.
 pub const URL_VAR: &str = "WEBSUB_QUOTA_URL";
@@ -391,16 +392,9 @@ impl QuotaEnforcer {
         if config.quota_type.is_empty() {
             return Err(invalid("the quota type is empty"));
         }
-        crate::net::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(config.timeout)
-            .connect_timeout(config.timeout)
-            // The internal key must reach the subscriptions service and
-            // nothing in between.
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("websub-hub/", env!("CARGO_PKG_VERSION")))
-            .build()
+        // The internal key must reach the subscriptions service and nothing
+        // in between.
+        let client = client::build(Purpose::OperatorService, config.timeout)
             .map_err(|error| QuotaError::InvalidConfig(format!("HTTP client: {error}")))?;
         Ok(Self {
             inner: Arc::new(Inner {

@@ -19,11 +19,12 @@ use crate::api::{self, ApiState};
 use crate::auth::{InternalKey, UserTokens};
 use crate::clock::{Clock, SystemClock};
 use crate::config::HubConfig;
-use crate::dispatch::Dispatcher;
+use crate::dispatch::Distributor;
 use crate::events::{self, EventLog, EventLogError};
 use crate::intake::Intake;
 use crate::lease::Reaper;
-use crate::net::{self, NetPolicy};
+use crate::delivery::client::{self, Purpose};
+use crate::net::NetPolicy;
 use crate::outbox::bridge::{Feed, FeedHandle};
 use crate::quota::{QuotaConfig, QuotaEnforcer};
 use crate::verify::{Subscriptions, Verifier};
@@ -41,7 +42,7 @@ pub struct Hub {
     events: Arc<dyn EventLog>,
     subscriptions: Subscriptions,
     intake: Intake,
-    dispatcher: Dispatcher,
+    dispatcher: Distributor,
     reaper: Reaper,
     clock: Arc<dyn Clock>,
     internal_key: Option<InternalKey>,
@@ -69,7 +70,7 @@ impl FeedReloader {
 pub enum ServeError {
     /// The configuration is invalid.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] crate::setting::ConfigError),
     /// The subscription store could not be opened.
     #[error("opening the subscription store failed: {0}")]
     Store(#[from] websub_store::StoreError),
@@ -142,9 +143,14 @@ impl Hub {
         let policy = NetPolicy {
             allow_private_network: config.allow_private_network,
         };
-        let delivery_client =
-            net::delivery_client(&policy, config.delivery.timeout, config.delivery.per_host)?;
-        let dispatcher = Dispatcher::new(
+        let delivery_client = client::build(
+            Purpose::Deliveries {
+                policy: policy.clone(),
+                max_idle_per_host: config.delivery.per_host,
+            },
+            config.delivery.timeout,
+        )?;
+        let dispatcher = Distributor::new(
             events.clone(),
             store.clone(),
             delivery_client.clone(),
@@ -170,7 +176,12 @@ impl Hub {
             events.clone(),
             store.clone(),
             dispatcher.clone(),
-            net::fetch_client(&policy, config.delivery.timeout)?,
+            client::build(
+                Purpose::TopicFetches {
+                    policy: policy.clone(),
+                },
+                config.delivery.timeout,
+            )?,
             policy,
             clock.clone(),
             config.max_content_bytes,
@@ -244,7 +255,7 @@ impl Hub {
     }
 
     /// The dispatcher.
-    pub fn dispatcher(&self) -> &Dispatcher {
+    pub fn dispatcher(&self) -> &Distributor {
         &self.dispatcher
     }
 
@@ -289,8 +300,13 @@ impl Hub {
         let mut feeds = Vec::with_capacity(self.config.feeds.len());
         for feed in &self.config.feeds {
             let dispatcher = self.dispatcher.clone();
+            let mut feed = feed.clone();
+            // A feed's webhooks follow the hub's network policy unless the
+            // feed says otherwise.
+            feed.allow_private_network
+                .get_or_insert(self.config.allow_private_network);
             let started = Feed::start(
-                feed.clone(),
+                feed,
                 self.events.clone(),
                 Arc::new(move || dispatcher.wake()),
                 &self.config.public_url,

@@ -20,7 +20,7 @@ use url::Url;
 use websub_store::{StoreError, Subscription, SubscriptionStore};
 
 use crate::clock::Clock;
-use crate::config::{HubConfig, LeasePolicy, VerificationPolicy};
+use crate::config::{LeasePolicy, VerificationPolicy};
 use crate::lease;
 use crate::net::{self, NetError, NetPolicy};
 use crate::protocol::{Mode, SubscriptionRequest};
@@ -34,11 +34,6 @@ pub const CHALLENGE_LENGTH: usize = 43;
 /// before the hub stops reading: enough for a sloppy echo, too little to
 /// exhaust memory.
 const RESPONSE_SLACK_BYTES: usize = 1024;
-
-/// Idle keep-alive connections kept per callback host by the verification
-/// client [`Subscriptions::from_config`] builds; verifications are rare
-/// compared with deliveries.
-const VERIFICATION_IDLE_PER_HOST: usize = 4;
 
 /// Why a verification (or a denial notice) did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -109,8 +104,8 @@ pub struct Verifier {
 }
 
 impl Verifier {
-    /// A verifier using `client` (built by [`net::delivery_client`]: no
-    /// redirects) and the policy's timeout for each request.
+    /// A verifier using `client` (built by [`crate::delivery::client`] for
+    /// deliveries: no redirects) and the policy's timeout for each request.
     pub fn new(client: reqwest::Client, policy: VerificationPolicy) -> Self {
         Self { client, policy }
     }
@@ -409,32 +404,6 @@ impl Subscriptions {
         if let Some(listener) = self.inner.on_change.get() {
             (listener.0)(topic);
         }
-    }
-
-    /// The workflow as `config` describes it, with its own verification
-    /// client.
-    pub fn from_config(
-        store: Arc<dyn SubscriptionStore>,
-        config: &HubConfig,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Self, NetError> {
-        let net = NetPolicy {
-            allow_private_network: config.allow_private_network,
-        };
-        let client = net::delivery_client(
-            &net,
-            config.verification.timeout,
-            VERIFICATION_IDLE_PER_HOST,
-        )?;
-        let verifier = Verifier::new(client, config.verification);
-        Ok(Self::new(
-            store,
-            verifier,
-            net,
-            config.lease,
-            config.verification,
-            clock,
-        ))
     }
 
     /// The tasks started by [`accept`](Self::accept). At shutdown:

@@ -19,7 +19,7 @@ use websub_hub::clock::SystemClock;
 use websub_hub::config::DeliveryPolicy;
 use websub_hub::events::postgres::PostgresEventLog;
 use websub_hub::events::{Event, EventLog};
-use websub_hub::net::{NetPolicy, delivery_client};
+use websub_hub::net::NetPolicy;
 use websub_hub::outbox::bridge::{Feed, FeedConfig, FeedError};
 use websub_hub::outbox::{Envelope, MESSAGING_SIGNATURE_HEADER};
 use websub_hub::signature::{HUB_SIGNATURE_HEADER, verify};
@@ -62,7 +62,7 @@ fn counter() -> (Arc<AtomicUsize>, Arc<dyn Fn() + Send + Sync>) {
 fn feed_config(db: &Db) -> FeedConfig {
     FeedConfig {
         poll_interval: Some("200ms".to_owned()),
-        max_retry_backoff: Some("400ms".to_owned()),
+        delivery_max_backoff: Some("400ms".to_owned()),
         ..FeedConfig::new(db.url.clone())
     }
 }
@@ -176,7 +176,7 @@ async fn an_outbox_event_reaches_a_websub_subscriber_of_its_topic() {
     subscription.secret = Some("subscriber secret".to_owned());
     store.save(&subscription).await.expect("subscribe");
     let policy = DeliveryPolicy::default();
-    let client = delivery_client(
+    let client = websub_hub::delivery::client::for_deliveries(
         &NetPolicy {
             allow_private_network: true,
         },
@@ -184,7 +184,7 @@ async fn an_outbox_event_reaches_a_websub_subscriber_of_its_topic() {
         8,
     )
     .expect("a delivery client");
-    let hub = websub_hub::dispatch::Dispatcher::new(
+    let hub = websub_hub::dispatch::Distributor::new(
         events.clone(),
         store,
         client,

@@ -18,6 +18,7 @@ use sqlx::AssertSqlSafe;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+use websub_hub::delivery::RetryPolicy;
 use websub_hub::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, MESSAGING_EVENT_ID_HEADER,
     MESSAGING_SIGNATURE_HEADER, RegistrationError, scan_index_ddl, verify,
@@ -240,8 +241,10 @@ async fn a_briefly_unavailable_subscriber_is_picked_up_at_once() {
     let receiver = Receiver::start().await;
     receiver.set_status("/flaky", 503);
     let config = DispatcherConfig {
-        max_delivery_retries: 10,
-        max_retry_backoff: Duration::from_secs(10),
+        retry: RetryPolicy {
+            max_retries: 10,
+            max_backoff: Duration::from_secs(10),
+        },
         ..config(&db.tables)
     };
     let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
@@ -331,7 +334,7 @@ async fn a_hanging_subscriber_never_holds_up_another() {
     receiver.set_delay("/stuck", Duration::from_secs(5));
     let config = DispatcherConfig {
         concurrency: 8,
-        per_subscriber_concurrency: 4,
+        per_subscriber: 4,
         ..config(&db.tables)
     };
     let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
@@ -673,7 +676,7 @@ async fn rows_left_for_want_of_room_go_before_newer_events() {
         db.pool.clone(),
         DispatcherConfig {
             poll_interval: Duration::from_secs(3600),
-            per_subscriber_concurrency: 4,
+            per_subscriber: 4,
             visibility_timeout: Duration::from_secs(60),
             ..config(&db.tables)
         },

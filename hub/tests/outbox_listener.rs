@@ -208,7 +208,7 @@ async fn a_database_restart_mid_flow_loses_nothing() {
         .await
         .expect("dispatcher pool");
     let config = DispatcherConfig {
-        per_subscriber_concurrency: 2,
+        per_subscriber: 2,
         ..config(&tables)
     };
     let running = run_with_hook(dispatcher_pool, config, &receiver);

@@ -15,6 +15,7 @@ use chrono::Utc;
 use common::{Db, EVENT, Receiver, Running, config, eventually, eventually_async, webhook};
 use url::Url;
 use uuid::Uuid;
+use websub_hub::delivery::RetryPolicy;
 use websub_hub::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, RegistrationError, ReloadError,
     WebhookRegistrar, WebhookSubscriber,
@@ -59,8 +60,10 @@ async fn a_removed_subscriber_pauses_with_its_rows_kept_and_resumes_when_back() 
     let receiver = Receiver::start().await;
     // The contract's retry curve, so a failing row stays pending for a while.
     let config = DispatcherConfig {
-        max_delivery_retries: 10,
-        max_retry_backoff: Duration::from_secs(10),
+        retry: RetryPolicy {
+            max_retries: 10,
+            max_backoff: Duration::from_secs(10),
+        },
         ..config(&db.tables)
     };
     let mut dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
@@ -168,8 +171,10 @@ async fn a_changed_url_applies_from_the_next_attempt() {
     };
     let receiver = Receiver::start().await;
     let config = DispatcherConfig {
-        max_delivery_retries: 10,
-        max_retry_backoff: Duration::from_secs(2),
+        retry: RetryPolicy {
+            max_retries: 10,
+            max_backoff: Duration::from_secs(2),
+        },
         ..config(&db.tables)
     };
     let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");

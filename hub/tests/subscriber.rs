@@ -105,7 +105,7 @@ impl TestHub {
         };
         config.lease.min = Duration::from_secs(1);
         config.delivery.timeout = Duration::from_secs(5);
-        config.delivery.max_backoff = Duration::from_millis(500);
+        config.delivery.retry.max_backoff = Duration::from_millis(500);
         config.delivery.visibility_timeout = Duration::from_secs(30);
         config.verification.timeout = Duration::from_secs(5);
         let url = config.public_url.clone();

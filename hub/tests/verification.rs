@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, TimeZone, Utc};
 use websub_hub::clock::{Clock, ManualClock};
 use websub_hub::config::{LeasePolicy, VerificationPolicy};
-use websub_hub::net::{self, NetError, NetPolicy};
+use websub_hub::net::{NetError, NetPolicy};
 use websub_hub::protocol::{Mode, SubscriptionRequest};
 use websub_hub::verify::{
     CHALLENGE_LENGTH, ProcessError, Processed, Subscriptions, Verifier, VerifyError,
@@ -183,7 +183,7 @@ impl Hub {
             timeout,
             concurrency: 8,
         };
-        let client = net::delivery_client(&policy, timeout, 2).expect("client");
+        let client = websub_hub::delivery::client::for_deliveries(&policy, timeout, 2).expect("client");
         let subscriptions = Subscriptions::new(
             store.clone(),
             Verifier::new(client, verification),
@@ -750,7 +750,7 @@ async fn a_save_refused_by_policy_sends_a_denial_after_verification() {
     let subscriptions = Subscriptions::new(
         store.clone(),
         Verifier::new(
-            net::delivery_client(&policy, TIMEOUT, 1).expect("client"),
+            websub_hub::delivery::client::for_deliveries(&policy, TIMEOUT, 1).expect("client"),
             verification,
         ),
         policy,

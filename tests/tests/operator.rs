@@ -14,8 +14,8 @@ async fn hub_on(backend: Backend) -> Option<TestHub> {
     let mut config = test_config(backend).await?;
     config.internal_api_key = Some(INTERNAL_KEY.to_owned());
     // Exhausted after two quick attempts.
-    config.delivery.max_retries = 1;
-    config.delivery.max_backoff = Duration::from_millis(50);
+    config.delivery.retry.max_retries = 1;
+    config.delivery.retry.max_backoff = Duration::from_millis(50);
     Some(TestHub::start(config).await)
 }
 

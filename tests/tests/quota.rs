@@ -403,7 +403,7 @@ async fn subscriber_api_lists_removes_and_reports_usage() {
     let Some(mut config) = quota_config(&service).await else {
         return;
     };
-    config.delivery.max_retries = 0;
+    config.delivery.retry.max_retries = 0;
     let hub = TestHub::start(config).await;
     let subscriber = TestSubscriber::start().await;
     let topic = "http://127.0.0.1:9/topics/api";

@@ -138,7 +138,7 @@ impl Args {
                 self.delivery_timeout,
             ),
             (
-                &mut config.delivery.max_backoff,
+                &mut config.delivery.retry.max_backoff,
                 "delivery-max-backoff",
                 self.delivery_max_backoff,
             ),
@@ -164,7 +164,7 @@ impl Args {
             }
         }
         if let Some(retries) = self.delivery_retries {
-            config.delivery.max_retries = retries;
+            config.delivery.retry.max_retries = retries;
         }
         if let Some(concurrency) = self.delivery_concurrency {
             config.delivery.concurrency = concurrency;

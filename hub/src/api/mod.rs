@@ -28,7 +28,7 @@ use tracing::{debug, error};
 
 use crate::auth::{AuthError, InternalKey, User, UserTokens};
 use crate::clock::Clock;
-use crate::dispatch::{Dispatcher, link_header};
+use crate::dispatch::{Distributor, link_header};
 use crate::events::EventLog;
 use crate::intake::{DEFAULT_CONTENT_TYPE, Intake, IntakeError};
 use crate::protocol::{self, HubRequest, Mode, SubscriptionRequest};
@@ -48,7 +48,7 @@ pub struct ApiState {
     /// The event log, read by the APIs.
     pub events: Arc<dyn EventLog>,
     /// The dispatcher, woken when the APIs make records due.
-    pub dispatcher: Dispatcher,
+    pub dispatcher: Distributor,
     /// The hub's clock.
     pub clock: Arc<dyn Clock>,
     /// The hub URL announced in `rel="hub"`.

@@ -24,8 +24,8 @@
 //! webhooks_file = "/etc/websub/webhooks.toml"
 //! signing_secret = "…"
 //! retention = "30d"
-//! max_delivery_retries = 10
-//! max_retry_backoff = "10s"
+//! delivery_retries = 10
+//! delivery_max_backoff = "10s"
 //! [feed.webhook_headers]
 //! X-Internal-API-Key = "…"
 //! ```
@@ -50,11 +50,13 @@ use super::dispatcher::{
     Dispatcher, DispatcherConfig, DispatcherError, Handler, HandlerError, RegistrationError,
     ReloadError, WebhookRegistrar, WebhookSubscriber,
 };
-use super::envelope::Envelope;
+use super::envelope::{ENVELOPE_CONTENT_TYPE, Envelope};
 use super::{DEFAULT_DELIVERIES_TABLE, DEFAULT_OUTBOX_TABLE, OutboxTables};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{ConfigError, parse_duration};
+use crate::setting::{ConfigError, parse_duration};
+use crate::delivery::RetryPolicy;
 use crate::events::{EventLog, NewEvent};
+use crate::net::NetPolicy;
 
 /// The topic template a feed uses unless configured otherwise.
 pub const DEFAULT_TOPIC_TEMPLATE: &str = "{public_url}topics/{event_name}";
@@ -63,8 +65,6 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "{public_url}topics/{event_name}";
 /// otherwise.
 pub const DEFAULT_SUBSCRIBER: &str = "websub-hub";
 
-/// The Content-Type of the hub events a bridge records.
-pub const ENVELOPE_CONTENT_TYPE: &str = "application/json";
 
 /// How often a feed looks at its webhooks file for changes.
 pub const WEBHOOKS_FILE_CHECK: Duration = Duration::from_secs(1);
@@ -424,15 +424,30 @@ pub struct FeedConfig {
     pub webhook_headers: BTreeMap<String, String>,
     /// Delete events older than this from the outbox, hourly.
     pub retention: Option<String>,
-    /// Retries of a failed delivery (10).
-    pub max_delivery_retries: Option<u32>,
-    /// The wait before the last retry (`10s`).
-    pub max_retry_backoff: Option<String>,
+    /// Retries of a failed delivery (10). Also read as
+    /// `max_delivery_retries`, its former name.
+    #[serde(alias = "max_delivery_retries")]
+    pub delivery_retries: Option<u32>,
+    /// The wait before the last retry (`10s`). Also read as
+    /// `max_retry_backoff`, its former name.
+    #[serde(alias = "max_retry_backoff")]
+    pub delivery_max_backoff: Option<String>,
     /// Time allowed for one webhook delivery (`10s`).
     pub delivery_timeout: Option<String>,
+    /// Deliveries in flight at once, over all subscribers (64).
+    pub delivery_concurrency: Option<usize>,
+    /// Deliveries in flight at once to one subscriber (16). Fairness here is
+    /// per subscriber, where the hub's WebSub deliveries share out by
+    /// callback host (`delivery_per_host`).
+    pub delivery_per_subscriber: Option<usize>,
+    /// Delivery rows claimed per round trip at most (100).
+    pub delivery_batch_size: Option<usize>,
     /// A delivery claimed by a process that died is claimed again after this
     /// (`60s`; must exceed `delivery_timeout`).
     pub visibility_timeout: Option<String>,
+    /// Allow webhooks on loopback, private, link-local or unique-local
+    /// addresses; the hub's `allow_private_network` when unset.
+    pub allow_private_network: Option<bool>,
 }
 
 fn default_outbox_table() -> String {
@@ -468,10 +483,14 @@ impl FeedConfig {
             signing_secret: None,
             webhook_headers: BTreeMap::new(),
             retention: None,
-            max_delivery_retries: None,
-            max_retry_backoff: None,
+            delivery_retries: None,
+            delivery_max_backoff: None,
             delivery_timeout: None,
+            delivery_concurrency: None,
+            delivery_per_subscriber: None,
+            delivery_batch_size: None,
             visibility_timeout: None,
+            allow_private_network: None,
         }
     }
 
@@ -542,11 +561,21 @@ impl FeedConfig {
             start_from,
             poll_interval: duration("feed.poll_interval", &self.poll_interval)?
                 .unwrap_or(defaults.poll_interval),
-            max_delivery_retries: self
-                .max_delivery_retries
-                .unwrap_or(defaults.max_delivery_retries),
-            max_retry_backoff: duration("feed.max_retry_backoff", &self.max_retry_backoff)?
-                .unwrap_or(defaults.max_retry_backoff),
+            retry: RetryPolicy {
+                max_retries: self
+                    .delivery_retries
+                    .unwrap_or(defaults.retry.max_retries),
+                max_backoff: duration("feed.delivery_max_backoff", &self.delivery_max_backoff)?
+                    .unwrap_or(defaults.retry.max_backoff),
+            },
+            concurrency: self.delivery_concurrency.unwrap_or(defaults.concurrency),
+            per_subscriber: self
+                .delivery_per_subscriber
+                .unwrap_or(defaults.per_subscriber),
+            batch_size: self.delivery_batch_size.unwrap_or(defaults.batch_size),
+            network: NetPolicy {
+                allow_private_network: self.allow_private_network.unwrap_or(false),
+            },
             signing_secret: self.signing_secret.clone(),
             webhook_headers: self
                 .webhook_headers
@@ -593,6 +622,9 @@ fn feed_setting(setting: &'static str) -> &'static str {
         "webhook-header" => "feed.webhook_headers",
         "delivery-timeout" => "feed.delivery_timeout",
         "visibility-timeout" => "feed.visibility_timeout",
+        "batch-size" => "feed.delivery_batch_size",
+        "concurrency" => "feed.delivery_concurrency",
+        "per-subscriber" => "feed.delivery_per_subscriber",
         other => other,
     }
 }
@@ -944,7 +976,7 @@ mod tests {
         assert_eq!(config.tables, OutboxTables::default());
         assert_eq!(config.subscriber_name.as_deref(), Some(DEFAULT_SUBSCRIBER));
         assert_eq!(config.poll_interval, Duration::from_secs(1));
-        assert_eq!(config.max_delivery_retries, 10);
+        assert_eq!(config.retry.max_retries, 10);
         assert_eq!(config.start_from, None);
     }
 
@@ -964,8 +996,8 @@ mod tests {
             webhooks_file = "/etc/websub/webhooks.toml"
             signing_secret = "s3cret"
             retention = "30d"
-            max_delivery_retries = 3
-            max_retry_backoff = "2s"
+            delivery_retries = 3
+            delivery_max_backoff = "2s"
             [webhook_headers]
             X-Internal-API-Key = "k"
             "#,
@@ -981,8 +1013,8 @@ mod tests {
         );
         assert_eq!(config.poll_interval, Duration::from_millis(250));
         assert_eq!(config.retention, Some(Duration::from_secs(30 * 86_400)));
-        assert_eq!(config.max_delivery_retries, 3);
-        assert_eq!(config.max_retry_backoff, Duration::from_secs(2));
+        assert_eq!(config.retry.max_retries, 3);
+        assert_eq!(config.retry.max_backoff, Duration::from_secs(2));
         assert_eq!(config.signing_secret.as_deref(), Some("s3cret"));
         assert_eq!(
             config.webhook_headers,

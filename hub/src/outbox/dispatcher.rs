@@ -37,13 +37,17 @@ use tracing::{Instrument, debug, debug_span, info, warn};
 use url::Url;
 use uuid::Uuid;
 
-use super::envelope::Envelope;
+use super::envelope::{ENVELOPE_CONTENT_TYPE, Envelope};
 use super::sql::{ClaimedRow, Completion, Outcome, Queries, Rooms, Subscriptions};
 use super::{OutboxError, OutboxTables, check_channel, purge_expired};
-use crate::config::ConfigError;
-use crate::dispatch::{backoff, error_chain};
+use crate::setting::ConfigError;
+use crate::delivery::attempt::{self, Answer, MESSAGING_SCHEME, Request};
+use crate::delivery::client::{self, Purpose};
+use crate::delivery::recorder::{self, Batching, OutcomeStore};
+use crate::delivery::{Channel, Judge, RetryPolicy, Verdict, error_chain};
+use crate::net::{NetError, NetPolicy};
 use crate::future::or_never;
-use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, sign};
+use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER};
 
 /// Everything a dispatcher needs besides its pool. [`Default`] gives the
 /// messaging contract's defaults; set what differs, then
@@ -68,14 +72,10 @@ pub struct DispatcherConfig {
     pub start_from: Option<DateTime<Utc>>,
     /// How often to expand and claim when nothing wakes the dispatcher.
     pub poll_interval: Duration,
-    /// Retries after a failed first attempt (10). The first retry is
-    /// immediate, the last waits `max_retry_backoff`, and the ones between
-    /// grow exponentially; a row whose retries are exhausted is never claimed
-    /// again and keeps its `last_error`.
-    pub max_delivery_retries: u32,
-    /// The wait before the last retry (10 s): with the defaults, a dead
-    /// subscriber is exhausted in about 20 s.
-    pub max_retry_backoff: Duration,
+    /// Retries after a failed first attempt and their backoff (10, the last
+    /// after 10 s): a row whose retries are exhausted is never claimed again
+    /// and keeps its `last_error`.
+    pub retry: RetryPolicy,
     /// Listener reconnection failures over which the wait grows from zero to
     /// `listener_max_backoff` (10); past them it stays there, forever.
     pub listener_max_retries: u32,
@@ -97,6 +97,10 @@ pub struct DispatcherConfig {
     pub signing_secret: Option<String>,
     /// Headers sent with every webhook POST, e.g. an internal API key.
     pub webhook_headers: Vec<(String, String)>,
+    /// Which addresses webhooks may be POSTed to: by default public ones
+    /// only, as for WebSub callbacks. Webhooks of services on the same
+    /// private network need `allow_private_network`.
+    pub network: NetPolicy,
     /// Delete events older than this (and their delivery rows), every
     /// `retention_interval`, starting at start-up. `None` deletes nothing.
     pub retention: Option<Duration>,
@@ -111,7 +115,7 @@ pub struct DispatcherConfig {
     /// times this many ahead (fewer when the visibility timeout leaves less
     /// than four delivery timeouts of patience), so that its next attempt is
     /// ready the moment one finishes.
-    pub per_subscriber_concurrency: usize,
+    pub per_subscriber: usize,
     /// How far before the previous scan a polling scan starts looking (60 s):
     /// an event's `created_at` is its transaction's start, so one committed
     /// later than this after it began is found by the next full scan rather
@@ -136,8 +140,7 @@ impl Default for DispatcherConfig {
             subscriber_name: None,
             start_from: None,
             poll_interval: Duration::from_secs(1),
-            max_delivery_retries: 10,
-            max_retry_backoff: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
             listener_max_retries: 10,
             listener_max_backoff: Duration::from_secs(30),
             listener_ping_interval: Duration::from_secs(30),
@@ -145,11 +148,12 @@ impl Default for DispatcherConfig {
             visibility_timeout: Duration::from_secs(60),
             signing_secret: None,
             webhook_headers: Vec::new(),
+            network: NetPolicy::default(),
             retention: None,
             retention_interval: Duration::from_secs(3600),
             batch_size: 100,
             concurrency: 64,
-            per_subscriber_concurrency: 16,
+            per_subscriber: 16,
             expand_lookback: Duration::from_secs(60),
             query_timeout: Duration::from_secs(60),
             catch_up_interval: Duration::from_secs(300),
@@ -203,8 +207,8 @@ impl DispatcherConfig {
             ("batch-size", self.batch_size),
             ("concurrency", self.concurrency),
             (
-                "per-subscriber-concurrency",
-                self.per_subscriber_concurrency,
+                "per-subscriber",
+                self.per_subscriber,
             ),
         ] {
             if value == 0 {
@@ -359,6 +363,19 @@ pub enum RegistrationError {
         /// The URL given.
         url: String,
     },
+    /// A webhook URL the network policy refuses (a private address while
+    /// private networks are not allowed).
+    #[error("webhook subscriber {subscriber:?} of {event_name:?}: {url}: {reason}")]
+    RefusedUrl {
+        /// The event name.
+        event_name: String,
+        /// The subscriber.
+        subscriber: String,
+        /// The URL given.
+        url: String,
+        /// Why the policy refuses it.
+        reason: String,
+    },
 }
 
 /// Why [`Dispatcher::reload_webhooks`] changed nothing.
@@ -383,7 +400,7 @@ pub enum DispatcherError {
     Config(#[from] ConfigError),
     /// The default HTTP client could not be built.
     #[error("the webhook HTTP client could not be built: {0}")]
-    Client(#[source] reqwest::Error),
+    Client(#[source] NetError),
     /// The database failed.
     #[error("outbox database failed: {0}")]
     Database(#[from] sqlx::Error),
@@ -455,6 +472,7 @@ impl Registry {
 fn add_webhooks(
     webhooks: &mut BTreeMap<String, HashMap<String, WebhookSubscriber>>,
     own: Option<&str>,
+    network: &NetPolicy,
     event_name: &str,
     subscribers: HashMap<String, WebhookSubscriber>,
 ) -> Result<(), RegistrationError> {
@@ -478,6 +496,15 @@ fn add_webhooks(
                 subscriber: name,
             });
         }
+        // Names are checked again by the client's resolver at connect time.
+        if let Err(refused) = network.check_literal(&subscriber.url) {
+            return Err(RegistrationError::RefusedUrl {
+                event_name: event_name.to_owned(),
+                url: subscriber.url.to_string(),
+                subscriber: name,
+                reason: refused.to_string(),
+            });
+        }
         if subscriber.app.as_deref() == Some("") {
             subscriber.app = None;
         }
@@ -494,6 +521,7 @@ fn add_webhooks(
 /// remembers the first refusal even if the function carries on.
 struct Collector<'a> {
     own: Option<&'a str>,
+    network: &'a NetPolicy,
     webhooks: BTreeMap<String, HashMap<String, WebhookSubscriber>>,
     refused: Option<RegistrationError>,
 }
@@ -504,7 +532,13 @@ impl WebhookRegistrar for Collector<'_> {
         event_name: &str,
         subscribers: HashMap<String, WebhookSubscriber>,
     ) -> Result<(), RegistrationError> {
-        let result = add_webhooks(&mut self.webhooks, self.own, event_name, subscribers);
+        let result = add_webhooks(
+            &mut self.webhooks,
+            self.own,
+            self.network,
+            event_name,
+            subscribers,
+        );
         if let Err(error) = &result
             && self.refused.is_none()
         {
@@ -665,6 +699,8 @@ struct Inner {
     queries: Queries,
     client: RwLock<reqwest::Client>,
     headers: HeaderMap,
+    handlers: Judge,
+    webhooks: Judge,
     registry: RwLock<Arc<Registry>>,
     pending: Mutex<Pending>,
     /// Signalled when there is work: a notification, a registration, a
@@ -695,15 +731,20 @@ impl Dispatcher {
     /// with the pool's connect options.
     pub fn new(pool: PgPool, config: DispatcherConfig) -> Result<Self, DispatcherError> {
         config.validate()?;
-        crate::net::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(config.delivery_timeout)
-            .build()
-            .map_err(DispatcherError::Client)?;
+        let client = client::build(
+            Purpose::Deliveries {
+                policy: config.network.clone(),
+                max_idle_per_host: config.per_subscriber,
+            },
+            config.delivery_timeout,
+        )
+        .map_err(DispatcherError::Client)?;
         let headers = static_headers(&config.webhook_headers)?;
         let waves = waves(&config);
-        let hold = config.per_subscriber_concurrency.saturating_mul(waves);
+        let hold = config.per_subscriber.saturating_mul(waves);
         let hold_overall = config.concurrency.saturating_mul(waves);
+        let handlers = Judge::new(Channel::Handler, config.retry);
+        let webhooks = Judge::new(Channel::Webhook, config.retry);
         Ok(Self {
             inner: Arc::new(Inner {
                 channel: config.channel(),
@@ -713,6 +754,8 @@ impl Dispatcher {
                 config,
                 client: RwLock::new(client),
                 headers,
+                handlers,
+                webhooks,
                 registry: RwLock::new(Arc::new(Registry::default())),
                 pending: Mutex::new(Pending::default()),
                 wake: Notify::new(),
@@ -805,7 +848,13 @@ impl Dispatcher {
     ) -> Result<(), RegistrationError> {
         let own = self.inner.config.subscriber_name.as_deref();
         let mut added = BTreeMap::new();
-        add_webhooks(&mut added, own, event_name, subscribers)?;
+        add_webhooks(
+            &mut added,
+            own,
+            &self.inner.config.network,
+            event_name,
+            subscribers,
+        )?;
         self.update(|registry| {
             for (event, subscribers) in added {
                 registry
@@ -836,6 +885,7 @@ impl Dispatcher {
     {
         let mut collector = Collector {
             own: self.inner.config.subscriber_name.as_deref(),
+            network: &self.inner.config.network,
             webhooks: BTreeMap::new(),
             refused: None,
         };
@@ -945,7 +995,11 @@ impl Dispatcher {
         }
         let attempts = TaskTracker::new();
         let (completed, completions) = mpsc::unbounded_channel();
-        let recorder = tokio::spawn(self.clone().record_outcomes(completions));
+        let recorder = tokio::spawn(recorder::record(
+            RowOutcomes(self.clone()),
+            completions,
+            batching(config),
+        ));
 
         let mut expansion = Expansion::new(config.start_from);
         let mut next_poll = Instant::now() + config.poll_interval;
@@ -1188,7 +1242,7 @@ impl Dispatcher {
                 .claim(
                     &self.inner.pool,
                     &registry.subscriptions,
-                    config.max_delivery_retries,
+                    config.retry.max_retries,
                     config.visibility_timeout,
                     &rooms,
                     asked,
@@ -1328,7 +1382,7 @@ impl Dispatcher {
             .entry(subscriber.to_owned())
             .or_insert_with(|| Lane {
                 held: 0,
-                turns: Arc::new(Semaphore::new(self.inner.config.per_subscriber_concurrency)),
+                turns: Arc::new(Semaphore::new(self.inner.config.per_subscriber)),
             });
         lane.held += 1;
         lane.turns.clone()
@@ -1360,61 +1414,39 @@ impl Dispatcher {
     /// (subscriber, event name), and what its answer means for the row. It
     /// is abandoned at `deadline`, before its claim could go stale.
     async fn attempt(&self, row: &ClaimedRow, prepared: &Prepared, deadline: Instant) -> Outcome {
-        let config = &self.inner.config;
+        let inner = &self.inner;
         let registry = self.registry();
-        let result = if config.subscriber_name.as_deref() == Some(row.subscriber.as_str()) {
+        let failures_before = u32::try_from(row.retry_count).unwrap_or(0);
+        let verdict = if inner.config.subscriber_name.as_deref() == Some(row.subscriber.as_str()) {
             let handler = registry
                 .handlers
                 .get(&row.event_name)
                 .or(registry.catch_all.as_ref());
-            match handler {
-                Some(handler) => {
-                    self.call(handler.as_ref(), &prepared.envelope, deadline)
-                        .await
-                }
-                None => return Outcome::Released,
-            }
+            let Some(handler) = handler else {
+                return Outcome::Released;
+            };
+            let answer = self
+                .call(handler.as_ref(), &prepared.envelope, deadline)
+                .await;
+            inner.handlers.verdict(answer.into(), failures_before)
         } else {
             let subscriber = registry
                 .webhooks
                 .get(&row.event_name)
                 .and_then(|subscribers| subscribers.get(&row.subscriber));
-            match subscriber {
-                Some(subscriber) => self.post(subscriber, prepared, deadline).await,
-                // Unregistered since the claim: its rows wait, untouched,
-                // for it to come back.
-                None => return Outcome::Released,
-            }
+            // Unregistered since the claim: its rows wait, untouched, for it
+            // to come back.
+            let Some(subscriber) = subscriber else {
+                return Outcome::Released;
+            };
+            let answer = self.post(subscriber, prepared, deadline).await;
+            inner.webhooks.verdict(answer, failures_before)
         };
-        match result {
-            Ok(()) => {
-                metrics::counter!("websub_outbox_deliveries_total", "outcome" => "delivered")
-                    .increment(1);
-                Outcome::Delivered
-            }
-            Err(error) => {
-                let failures = u32::try_from(row.retry_count)
-                    .unwrap_or(0)
-                    .saturating_add(1);
-                if failures > config.max_delivery_retries {
-                    metrics::counter!("websub_outbox_deliveries_total", "outcome" => "exhausted")
-                        .increment(1);
-                    warn!(%error, failures, "outbox delivery failed; no retries left");
-                    Outcome::Exhausted { error }
-                } else {
-                    metrics::counter!("websub_outbox_deliveries_total", "outcome" => "failed")
-                        .increment(1);
-                    info!(%error, failures, "outbox delivery failed; retrying");
-                    Outcome::Retry {
-                        error,
-                        wait: backoff(
-                            failures,
-                            config.max_delivery_retries,
-                            config.max_retry_backoff,
-                        ),
-                    }
-                }
-            }
+        match verdict {
+            // Only a WebSub channel judges a 410 gone.
+            Verdict::Delivered | Verdict::Gone => Outcome::Delivered,
+            Verdict::Retry { error, wait } => Outcome::Retry { error, wait },
+            Verdict::Exhausted { error } => Outcome::Exhausted { error },
         }
     }
 
@@ -1439,110 +1471,35 @@ impl Dispatcher {
     }
 
     /// One webhook POST: the envelope, its signature when a secret is
-    /// configured, the event id, and the configured headers. Any 2xx is a
-    /// delivery; anything else keeps its status in the error.
+    /// configured, the event id, and the configured headers.
     async fn post(
         &self,
         subscriber: &WebhookSubscriber,
         prepared: &Prepared,
         deadline: Instant,
-    ) -> Result<(), String> {
+    ) -> Answer {
         let client = self
             .inner
             .client
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone();
-        let mut request = client
-            .post(subscriber.url.clone())
-            .headers(self.inner.headers.clone())
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(MESSAGING_EVENT_ID_HEADER, prepared.event_id.as_str());
-        if let Some(secret) = &self.inner.config.signing_secret {
-            request = request.header(
-                MESSAGING_SIGNATURE_HEADER,
-                sign(secret.as_bytes(), &prepared.body),
-            );
-        }
-        let exchange = async {
-            let response = request.body(prepared.body.clone()).send().await?;
-            let status = response.status();
-            // A small answer is read so the connection can be reused; its
-            // content does not matter.
-            let mut response = response;
-            let mut read = 0usize;
-            while read < 64 * 1024 {
-                match response.chunk().await {
-                    Ok(Some(chunk)) => read += chunk.len(),
-                    _ => break,
-                }
-            }
-            Ok::<_, reqwest::Error>(status)
+        let request = Request {
+            url: subscriber.url.as_str(),
+            scheme: &MESSAGING_SCHEME,
+            content_type: HeaderValue::from_static(ENVELOPE_CONTENT_TYPE),
+            event_id: prepared.event_id.clone(),
+            body: prepared.body.clone(),
+            secret: self.inner.config.signing_secret.as_deref().map(str::as_bytes),
+            headers: Some(&self.inner.headers),
         };
-        match tokio::time::timeout_at(deadline, exchange).await {
-            Ok(Ok(status)) if status.is_success() => Ok(()),
-            Ok(Ok(status)) => Err(format!("HTTP {status}")),
-            Ok(Err(error)) if error.is_timeout() => Err("timed out".to_owned()),
-            Ok(Err(error)) => Err(format!("request failed: {}", error_chain(&error))),
-            Err(_) => Err("no answer before the claim would have gone stale".to_owned()),
-        }
-    }
-
-    /// Writes outcomes back in batches: whatever has arrived since the last
-    /// write goes in one statement. Wakes the claim loop when the earliest
-    /// retry falls due.
-    async fn record_outcomes(self, mut completions: mpsc::UnboundedReceiver<Completion>) {
-        let limit = self.inner.config.batch_size.max(1) * 4;
-        loop {
-            let mut batch = Vec::with_capacity(limit);
-            if completions.recv_many(&mut batch, limit).await == 0 {
-                return;
-            }
-            // What arrives in the next moment joins the same write.
-            let gather = async {
-                while batch.len() < limit {
-                    let room = limit - batch.len();
-                    if completions.recv_many(&mut batch, room).await == 0 {
-                        break;
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(OUTCOME_GATHERING, gather).await;
-            self.write_outcomes(&batch).await;
-            let earliest_retry = batch
-                .iter()
-                .filter_map(|completion| match &completion.outcome {
-                    Outcome::Retry { wait, .. } => Some(*wait),
-                    _ => None,
-                })
-                .min();
-            if let Some(wait) = earliest_retry {
-                let dispatcher = self.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(wait).await;
-                    dispatcher.request(Scan::None);
-                });
-            }
-        }
-    }
-
-    async fn write_outcomes(&self, batch: &[Completion]) {
-        let mut delay = Duration::from_millis(50);
-        for attempt in 1..=OUTCOME_WRITE_ATTEMPTS {
-            match self.inner.queries.complete(&self.inner.pool, batch).await {
-                Ok(()) => return,
-                Err(error) if attempt < OUTCOME_WRITE_ATTEMPTS => {
-                    warn!(%error, rows = batch.len(), "recording outbox outcomes failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(5));
-                }
-                Err(error) => {
-                    // The rows stay claimed and are attempted again once the
-                    // visibility timeout passes: still at least once.
-                    warn!(%error, rows = batch.len(), "recording outbox outcomes failed; the rows will be attempted again");
-                }
-            }
-        }
+        attempt::post(
+            &client,
+            request,
+            self.inner.config.delivery_timeout,
+            Some(deadline),
+        )
+        .await
     }
 
     /// Says once, at start-up, whether polling scans can read only their
@@ -1607,7 +1564,7 @@ impl WebhookRegistrar for Dispatcher {
 /// for all of a batch's rows of that event.
 #[derive(Debug)]
 struct Prepared {
-    event_id: String,
+    event_id: HeaderValue,
     envelope: Envelope,
     body: Bytes,
 }
@@ -1630,7 +1587,8 @@ impl Prepared {
             data,
         };
         Self {
-            event_id: row.event_id.to_string(),
+            event_id: HeaderValue::from_str(&row.event_id.to_string())
+                .unwrap_or_else(|_| unreachable!("a UUID is a valid header value")),
             body: Bytes::from(envelope.to_json()),
             envelope,
         }
@@ -1684,16 +1642,54 @@ const LARGE_OUTBOX: f64 = 100_000.0;
 /// Notified events that start a pass at once, however soon after the last.
 const PASS_GATHERING_LIMIT: usize = 64;
 
-/// How long outcomes are gathered into one write after the first arrives.
-const OUTCOME_GATHERING: Duration = Duration::from_millis(20);
+/// How outbox outcomes are written: into the producer's own database,
+/// whose commits the producers wait on, so one writer gathers for longer and
+/// writes larger batches, costing the producers fewer statements (gathering
+/// for 60 ms instead of 20 measured no better).
+fn batching(config: &DispatcherConfig) -> Batching {
+    Batching {
+        limit: config.batch_size.max(1) * 4,
+        gathering: Duration::from_millis(20),
+        writers: 1,
+    }
+}
 
-/// Tries of one outcome write before its rows are left to the visibility
-/// timeout.
-const OUTCOME_WRITE_ATTEMPTS: u32 = 8;
+/// The producer's deliveries table as the recorder writes to it.
+#[derive(Debug)]
+struct RowOutcomes(Dispatcher);
+
+#[async_trait]
+impl OutcomeStore for RowOutcomes {
+    type Outcome = Completion;
+
+    async fn write(&self, batch: &[Completion]) -> Result<(), String> {
+        let inner = &self.0.inner;
+        inner
+            .queries
+            .complete(&inner.pool, batch)
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    fn retry_in(&self, completion: &Completion) -> Option<Duration> {
+        match completion.outcome {
+            Outcome::Retry { wait, .. } => Some(wait),
+            _ => None,
+        }
+    }
+
+    fn wake(&self) {
+        self.0.request(Scan::None);
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const ALLOW: NetPolicy = NetPolicy {
+        allow_private_network: true,
+    };
 
     fn url(text: &str) -> Url {
         Url::parse(text).expect("valid URL")
@@ -1702,8 +1698,7 @@ mod tests {
     #[test]
     fn defaults_follow_the_contract_and_validate() {
         let config = DispatcherConfig::default();
-        assert_eq!(config.max_delivery_retries, 10);
-        assert_eq!(config.max_retry_backoff, Duration::from_secs(10));
+        assert_eq!(config.retry, RetryPolicy::default());
         assert_eq!(config.listener_max_retries, 10);
         assert_eq!(config.listener_max_backoff, Duration::from_secs(30));
         assert_eq!(config.channel(), "outbox_events");
@@ -1759,22 +1754,27 @@ mod tests {
             url: url(at),
         };
         assert_eq!(
-            add_webhooks(&mut webhooks, None, "", HashMap::new()),
+            add_webhooks(&mut webhooks, None, &ALLOW, "", HashMap::new()),
             Err(RegistrationError::EmptyEventName)
         );
         let ftp = HashMap::from([("a".to_owned(), subscriber(None, "ftp://x/"))]);
         assert!(matches!(
-            add_webhooks(&mut webhooks, None, "e", ftp),
+            add_webhooks(&mut webhooks, None, &ALLOW, "e", ftp),
             Err(RegistrationError::InvalidUrl { .. })
         ));
         let mine = HashMap::from([("me".to_owned(), subscriber(None, "http://x/"))]);
         assert!(matches!(
-            add_webhooks(&mut webhooks, Some("me"), "e", mine),
+            add_webhooks(&mut webhooks, Some("me"), &ALLOW, "e", mine),
             Err(RegistrationError::ReservedSubscriber { .. })
         ));
         assert!(webhooks.is_empty(), "a refused registration adds nothing");
         let empty_app = HashMap::from([("a".to_owned(), subscriber(Some(""), "http://x/"))]);
-        add_webhooks(&mut webhooks, None, "e", empty_app).expect("valid");
+        add_webhooks(&mut webhooks, None, &ALLOW, "e", empty_app).expect("valid");
+        let loopback = HashMap::from([("a".to_owned(), subscriber(None, "http://127.0.0.1:9/"))]);
+        assert!(matches!(
+            add_webhooks(&mut webhooks, None, &NetPolicy::default(), "e2", loopback),
+            Err(RegistrationError::RefusedUrl { .. })
+        ));
         assert_eq!(webhooks["e"]["a"].app, None, "an empty app is none");
     }
 

@@ -6,6 +6,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use uuid::Uuid;
 
+/// The Content-Type of an envelope, wherever it travels.
+pub const ENVELOPE_CONTENT_TYPE: &str = "application/json";
+
 /// One outbox event as delivered. Serialized with the messaging contract's
 /// field names, in its order; `app` is left out when the event has none and
 /// `occurred_at` is RFC 3339 in UTC with a `Z` (fractional seconds only

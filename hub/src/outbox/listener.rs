@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use super::dispatcher::Dispatcher;
-use crate::dispatch::backoff;
+use crate::delivery::RetryPolicy;
 use crate::future::or_never;
 
 /// Payload prefix of the listener's own liveness checks; never an event id.
@@ -47,11 +47,13 @@ pub(crate) async fn listen(dispatcher: Dispatcher, shutdown: CancellationToken) 
     let mut failures: u32 = 0;
     loop {
         if failures > 0 {
-            let wait = backoff(
-                failures,
-                config.listener_max_retries,
-                config.listener_max_backoff,
-            );
+            // The delivery curve, stretched over the listener's own settings;
+            // past its retries the wait stays at the longest, forever.
+            let curve = RetryPolicy {
+                max_retries: config.listener_max_retries,
+                max_backoff: config.listener_max_backoff,
+            };
+            let wait = curve.backoff(failures);
             debug!(failures, ?wait, "reconnecting the outbox listener");
             tokio::select! {
                 () = shutdown.cancelled() => return,

@@ -63,7 +63,7 @@ pub use dispatcher::{
     Dispatcher, DispatcherConfig, DispatcherError, Handler, HandlerError, RegistrationError,
     ReloadError, WebhookRegistrar, WebhookSubscriber,
 };
-pub use envelope::Envelope;
+pub use envelope::{ENVELOPE_CONTENT_TYPE, Envelope};
 
 /// The default outbox table name.
 pub const DEFAULT_OUTBOX_TABLE: &str = "outbox";

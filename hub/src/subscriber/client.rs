@@ -10,7 +10,7 @@ use url::Url;
 
 use super::discovery::{self, Discovery};
 use super::intents::{IntentError, Intents, Renewal};
-use crate::dispatch::error_chain;
+use crate::delivery::error_chain;
 use crate::protocol::MAX_SECRET_BYTES;
 
 /// The most of a hub's refusal kept in an error.

@@ -35,7 +35,7 @@ use tracing::{Instrument, debug, info, warn};
 use super::dedup::{Claim, DedupStore, MemoryDedup};
 use super::discovery::parse_link_header;
 use super::intents::{CallbackKey, IntentError, Intents, Secret, Target};
-use crate::dispatch::error_chain;
+use crate::delivery::error_chain;
 use crate::protocol::Mode;
 use crate::signature::{
     self, EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, MESSAGING_EVENT_ID_HEADER,

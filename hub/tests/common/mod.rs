@@ -23,6 +23,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 use uuid::Uuid;
+use websub_hub::net::NetPolicy;
+use websub_hub::delivery::RetryPolicy;
 use websub_hub::outbox::{
     Dispatcher, DispatcherConfig, Envelope, Event, Outbox, OutboxTables, WebhookSubscriber, ddl,
 };
@@ -230,8 +232,13 @@ pub(crate) fn config(tables: &OutboxTables) -> DispatcherConfig {
     DispatcherConfig {
         tables: tables.clone(),
         poll_interval: Duration::from_millis(200),
-        max_retry_backoff: Duration::from_millis(400),
-        max_delivery_retries: 3,
+        retry: RetryPolicy {
+            max_retries: 3,
+            max_backoff: Duration::from_millis(400),
+        },
+        network: NetPolicy {
+            allow_private_network: true,
+        },
         delivery_timeout: Duration::from_secs(2),
         visibility_timeout: Duration::from_secs(5),
         listener_max_backoff: Duration::from_millis(500),

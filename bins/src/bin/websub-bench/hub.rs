@@ -149,7 +149,7 @@ async fn ceiling(
     let policy = NetPolicy {
         allow_private_network: true,
     };
-    let client = net::delivery_client(&policy, Duration::from_secs(10), concurrency)?;
+    let client = websub_hub::delivery::client::for_deliveries(&policy, Duration::from_secs(10), concurrency)?;
     let body = Bytes::from(vec![b'x'; body_bytes]);
     let url = format!("{}/sink", receiver.base);
     let next = Arc::new(AtomicUsize::new(0));
@@ -197,7 +197,7 @@ async fn fan_out(
 
     eprintln!("{backend}: publishing to {subscribers}");
     let started = Instant::now();
-    let response = net::delivery_client(
+    let response = websub_hub::delivery::client::for_deliveries(
         &NetPolicy {
             allow_private_network: true,
         },
@@ -250,7 +250,7 @@ async fn subscribe(
 ) -> Result<Line, Failure> {
     let hub = Hub::spawn(websubd, database_url, args).await?;
     let store = websub_hub::server::open_store(database_url).await?;
-    let client = net::delivery_client(
+    let client = websub_hub::delivery::client::for_deliveries(
         &NetPolicy {
             allow_private_network: true,
         },

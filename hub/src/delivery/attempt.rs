@@ -1,0 +1,218 @@
+//! One delivery attempt on the wire, for every channel that POSTs: the
+//! request (body, content type, the channel's event-id and signature
+//! headers), the POST under its timeout, the bounded drain of the answer,
+//! and the classification of what came back, with one format for every
+//! error text a delivery records.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use tokio::time::Instant;
+
+use crate::signature::sign;
+
+/// How much of an answer is read so its connection can be reused; a longer
+/// one is abandoned with its connection (the content means nothing here).
+const DRAINED_AT_MOST: usize = 64 * 1024;
+
+/// The headers a channel names its event and its signature with.
+#[derive(Debug)]
+pub struct SignatureScheme {
+    /// Carries the event id receivers de-duplicate on.
+    pub event_id: HeaderName,
+    /// Carries `sha256=<HMAC of the raw body>` when there is a secret.
+    pub signature: HeaderName,
+}
+
+/// WebSub's: `X-WebSub-Event-ID` and `X-Hub-Signature`.
+pub static WEBSUB_SCHEME: SignatureScheme = SignatureScheme {
+    event_id: HeaderName::from_static("x-websub-event-id"),
+    signature: HeaderName::from_static("x-hub-signature"),
+};
+
+/// The messaging contract's, for outbox webhooks.
+pub static MESSAGING_SCHEME: SignatureScheme = SignatureScheme {
+    event_id: HeaderName::from_static("x-bootstrapify-messaging-event-id"),
+    signature: HeaderName::from_static("x-bootstrapify-messaging-signature"),
+};
+
+/// What one attempt sends.
+#[derive(Debug)]
+pub struct Request<'a> {
+    /// Where: the exact URL, query string kept.
+    pub url: &'a str,
+    /// The channel's header names.
+    pub scheme: &'static SignatureScheme,
+    /// The body's Content-Type, exactly.
+    pub content_type: HeaderValue,
+    /// The event id.
+    pub event_id: HeaderValue,
+    /// The body, byte for byte.
+    pub body: Bytes,
+    /// Signs the body when present.
+    pub secret: Option<&'a [u8]>,
+    /// Headers of the channel or the operator besides those above (WebSub's
+    /// `Link`, a webhook's configured headers).
+    pub headers: Option<&'a HeaderMap>,
+}
+
+/// What the target's answer means, before the retry policy has its say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// A 2xx.
+    Delivered,
+    /// A 410: for WebSub, the subscriber wants no more.
+    Gone,
+    /// Anything else, with the text recorded as the delivery's last error.
+    Failed(String),
+}
+
+impl From<Result<(), String>> for Answer {
+    fn from(result: Result<(), String>) -> Self {
+        match result {
+            Ok(()) => Self::Delivered,
+            Err(error) => Self::Failed(error),
+        }
+    }
+}
+
+/// POSTs `request` with `timeout` for the whole exchange, connection and
+/// answer included, and gives up at `deadline` if that comes first (a claim
+/// that would otherwise go stale while the attempt runs).
+pub async fn post(
+    client: &reqwest::Client,
+    request: Request<'_>,
+    timeout: Duration,
+    deadline: Option<Instant>,
+) -> Answer {
+    let mut builder = client
+        .post(request.url)
+        .timeout(timeout)
+        .header(http::header::CONTENT_TYPE, request.content_type);
+    if let Some(headers) = request.headers {
+        builder = builder.headers(headers.clone());
+    }
+    builder = builder.header(request.scheme.event_id.clone(), request.event_id);
+    if let Some(secret) = request.secret {
+        builder = builder.header(
+            request.scheme.signature.clone(),
+            sign(secret, &request.body),
+        );
+    }
+    let exchange = exchange(builder.body(request.body));
+    let answered = match deadline {
+        None => exchange.await,
+        Some(deadline) => match tokio::time::timeout_at(deadline, exchange).await {
+            Ok(answered) => answered,
+            Err(_) => {
+                return Answer::Failed("no answer before the claim would have gone stale".into());
+            }
+        },
+    };
+    match answered {
+        Ok(status) => classify(status),
+        Err(error) if error.is_timeout() => Answer::Failed("timed out".to_owned()),
+        Err(error) => Answer::Failed(format!("request failed: {}", error_chain(&error))),
+    }
+}
+
+/// Sends and drains: a small answer is read so the connection goes back to
+/// the pool (an empty one, a 204 say, is complete already); the request's
+/// timeout covers the reading too.
+async fn exchange(request: reqwest::RequestBuilder) -> Result<StatusCode, reqwest::Error> {
+    let mut response = request.send().await?;
+    let status = response.status();
+    if response.content_length() != Some(0) {
+        let mut read = 0;
+        while read < DRAINED_AT_MOST {
+            match response.chunk().await {
+                Ok(Some(chunk)) => read += chunk.len(),
+                _ => break,
+            }
+        }
+    }
+    Ok(status)
+}
+
+/// What a status means for a delivery.
+pub fn classify(status: StatusCode) -> Answer {
+    if status.is_success() {
+        Answer::Delivered
+    } else if status == StatusCode::GONE {
+        Answer::Gone
+    } else {
+        Answer::Failed(status_error(status))
+    }
+}
+
+/// The recorded text of an answer that is not a success: `HTTP 502 Bad
+/// Gateway`, or the code alone when it has no reason phrase.
+pub fn status_error(status: StatusCode) -> String {
+    match status.canonical_reason() {
+        Some(reason) => format!("HTTP {} {reason}", status.as_u16()),
+        None => format!("HTTP {}", status.as_u16()),
+    }
+}
+
+/// An error and its causes on one line, for a recorded error or a log line.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_classified_and_worded_once() {
+        assert_eq!(classify(StatusCode::NO_CONTENT), Answer::Delivered);
+        assert_eq!(classify(StatusCode::GONE), Answer::Gone);
+        assert_eq!(
+            classify(StatusCode::BAD_GATEWAY),
+            Answer::Failed("HTTP 502 Bad Gateway".to_owned())
+        );
+        assert_eq!(
+            classify(StatusCode::FOUND),
+            Answer::Failed("HTTP 302 Found".to_owned()),
+            "a redirect is a failure, never followed"
+        );
+        let unknown = StatusCode::from_u16(599).expect("a status");
+        assert_eq!(status_error(unknown), "HTTP 599");
+    }
+
+    #[test]
+    fn the_schemes_name_the_contract_headers() {
+        assert!(
+            WEBSUB_SCHEME
+                .signature
+                .as_str()
+                .eq_ignore_ascii_case(crate::signature::HUB_SIGNATURE_HEADER)
+        );
+        assert!(
+            WEBSUB_SCHEME
+                .event_id
+                .as_str()
+                .eq_ignore_ascii_case(crate::signature::EVENT_ID_HEADER)
+        );
+        assert!(
+            MESSAGING_SCHEME
+                .signature
+                .as_str()
+                .eq_ignore_ascii_case(crate::signature::MESSAGING_SIGNATURE_HEADER)
+        );
+        assert!(
+            MESSAGING_SCHEME
+                .event_id
+                .as_str()
+                .eq_ignore_ascii_case(crate::signature::MESSAGING_EVENT_ID_HEADER)
+        );
+    }
+}

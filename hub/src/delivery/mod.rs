@@ -1,0 +1,53 @@
+//! The delivery core: what every delivery has in common, whichever channel
+//! it is on and whichever scheduler hands it over.
+//!
+//! Two schedulers feed it: the WebSub [`Distributor`](crate::dispatch::Distributor)
+//! (events of the hub's own log, to the subscriptions of their topic) and the
+//! outbox [`Dispatcher`](crate::outbox::Dispatcher) (rows of a producer's
+//! outbox, to registered webhooks and in-process handlers). They decide what
+//! is due and in which order; everything else is here, once:
+//!
+//! - [`retry`]: the retry policy and the one decision after a failure;
+//! - [`attempt`]: the request with the channel's signature headers, the
+//!   POST under its timeout, the bounded drain, the classification of the
+//!   answer, and the one format of a recorded error;
+//! - [`verdict`]: answers turned into delivered / gone / retry / exhausted,
+//!   counted and logged once;
+//! - [`client`]: the builder of every outgoing HTTP client, with the network
+//!   policy;
+//! - [`recorder`]: gathering, batching and retrying the writes of outcomes;
+//! - [`metrics`]: one set of metric names, labelled by [`Channel`].
+
+pub mod attempt;
+pub mod client;
+pub mod metrics;
+pub mod recorder;
+pub mod retry;
+pub mod verdict;
+
+pub use attempt::{Answer, MESSAGING_SCHEME, Request, SignatureScheme, WEBSUB_SCHEME, error_chain};
+pub use recorder::{Batching, OutcomeStore};
+pub use retry::{NextStep, RetryPolicy};
+pub use verdict::{Judge, Verdict};
+
+/// Which way a delivery goes: its metrics label, and what a 410 means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Channel {
+    /// A POST to a WebSub subscription's callback.
+    WebSub,
+    /// A POST to an outbox webhook.
+    Webhook,
+    /// A call of an in-process outbox handler.
+    Handler,
+}
+
+impl Channel {
+    /// The `channel` label of its metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::WebSub => "websub",
+            Self::Webhook => "webhook",
+            Self::Handler => "handler",
+        }
+    }
+}
