@@ -10,7 +10,7 @@ use common::{Websubd, free_port, scratch_dir};
 
 use tokio::sync::mpsc;
 use websub_hub::signature::{self, HUB_SIGNATURE_HEADER};
-use websub_hub::subscriber::{HandlerError, Notification, Receiver, State, SubscriberClient};
+use websub_hub::subscriber::{Notification, NotificationError, Receiver, State, SubscriberClient};
 use websub_tests::{http_client, serve_on_loopback};
 
 const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
@@ -47,7 +47,7 @@ async fn a_subscribed_receiver_gets_a_signed_publish() {
             async move {
                 sender
                     .send(notification)
-                    .map_err(|_| HandlerError::from("the test stopped listening"))
+                    .map_err(|_| NotificationError::from("the test stopped listening"))
             }
         })
         .build()

@@ -476,7 +476,10 @@ impl FileConfig {
             "delivery-timeout",
             self.delivery_timeout,
         )?;
-        set(&mut config.delivery.retry.max_retries, self.delivery_retries);
+        set(
+            &mut config.delivery.retry.max_retries,
+            self.delivery_retries,
+        );
         set_duration(
             &mut config.delivery.retry.max_backoff,
             "delivery-max-backoff",

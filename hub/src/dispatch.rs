@@ -33,16 +33,16 @@ use crate::config::DeliveryPolicy;
 use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
 use crate::delivery::recorder::{self, Batching, OutcomeStore};
 use crate::delivery::{Channel, Judge, Verdict};
-use crate::events::{Claimed, Completion, Event, EventLog, EventLogError, Outcome};
+use crate::events::{Claimed, Completion, EventLog, EventLogError, LoggedEvent, Outcome};
 
 /// The WebSub scheduler. Cheap to clone; clones share state.
 #[derive(Debug, Clone)]
 pub struct Distributor {
-    inner: Arc<Inner>,
+    inner: Arc<DistributorState>,
 }
 
 #[derive(Debug)]
-struct Inner {
+struct DistributorState {
     events: Arc<dyn EventLog>,
     store: Arc<dyn SubscriptionStore>,
     client: reqwest::Client,
@@ -93,7 +93,7 @@ impl Distributor {
         clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(DistributorState {
                 events,
                 store,
                 client,
@@ -169,7 +169,7 @@ impl Distributor {
     /// interrupted it (the event stays unexpanded and is expanded again).
     async fn expand_event(
         &self,
-        event: Event,
+        event: LoggedEvent,
         pipeline: &Pipeline,
         shutdown: &CancellationToken,
     ) -> Result<Option<u64>, DispatchError> {
@@ -621,7 +621,7 @@ struct LogOutcomes(Distributor);
 
 #[async_trait]
 impl OutcomeStore for LogOutcomes {
-    type Outcome = Completion;
+    type Entry = Completion;
 
     async fn write(&self, batch: &[Completion]) -> Result<(), String> {
         let inner = &self.0.inner;
@@ -682,7 +682,7 @@ pub fn link_header(hub_url: &str, topic: &str) -> String {
 /// once rather than once per delivery.
 #[derive(Debug)]
 struct Outgoing {
-    event: Event,
+    event: LoggedEvent,
     /// Its headers, or why they cannot be sent (a stored value no header can
     /// hold: every attempt fails with it).
     headers: Result<EventHeaders, String>,
@@ -699,7 +699,7 @@ struct EventHeaders {
 }
 
 impl Outgoing {
-    fn new(event: Event, hub_url: &str) -> Self {
+    fn new(event: LoggedEvent, hub_url: &str) -> Self {
         let headers = [
             HeaderValue::from_str(&event.content_type),
             HeaderValue::from_str(&link_header(hub_url, &event.topic)),

@@ -17,7 +17,7 @@ use websub_store::SubscriptionStore;
 use crate::clock::Clock;
 use crate::delivery::error_chain;
 use crate::dispatch::Distributor;
-use crate::events::{Event, EventLog, EventLogError, NewEvent};
+use crate::events::{EventLog, EventLogError, LoggedEvent, NewEvent};
 use crate::net::NetPolicy;
 
 /// The Content-Type recorded when a topic answers without one.
@@ -29,11 +29,11 @@ const FETCH_ATTEMPTS: u32 = 3;
 /// Accepts content for distribution. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Intake {
-    inner: Arc<Inner>,
+    inner: Arc<IntakeState>,
 }
 
 #[derive(Debug)]
-struct Inner {
+struct IntakeState {
     events: Arc<dyn EventLog>,
     store: Arc<dyn SubscriptionStore>,
     dispatcher: Distributor,
@@ -57,7 +57,7 @@ struct Validators {
 #[non_exhaustive]
 pub enum Fetched {
     /// New content, recorded.
-    Recorded(Event),
+    Recorded(LoggedEvent),
     /// The topic answered 304: nothing new to distribute.
     NotModified,
     /// Nobody subscribes to the topic: nothing fetched.
@@ -103,7 +103,7 @@ impl Intake {
         max_content_bytes: usize,
     ) -> Self {
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(IntakeState {
                 events,
                 store,
                 dispatcher,
@@ -129,7 +129,7 @@ impl Intake {
         topic: String,
         content_type: String,
         body: Bytes,
-    ) -> Result<Event, IntakeError> {
+    ) -> Result<LoggedEvent, IntakeError> {
         if body.len() > self.inner.max_content_bytes {
             return Err(IntakeError::TooLarge {
                 limit: self.inner.max_content_bytes,

@@ -347,11 +347,11 @@ fn quota_response(error: &QuotaError) -> Response {
 /// one HTTP client.
 #[derive(Debug, Clone)]
 pub struct QuotaEnforcer {
-    inner: Arc<Inner>,
+    inner: Arc<EnforcerState>,
 }
 
 #[derive(Debug)]
-struct Inner {
+struct EnforcerState {
     client: reqwest::Client,
     base_url: Url,
     key: http::HeaderValue,
@@ -397,7 +397,7 @@ impl QuotaEnforcer {
         let client = client::build(Purpose::OperatorService, config.timeout)
             .map_err(|error| QuotaError::InvalidConfig(format!("HTTP client: {error}")))?;
         Ok(Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(EnforcerState {
                 client,
                 base_url,
                 key,

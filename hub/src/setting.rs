@@ -29,7 +29,11 @@ pub enum ConfigError {
     },
 }
 
-pub(crate) fn invalid(setting: &'static str, value: impl ToString, reason: impl Into<String>) -> ConfigError {
+pub(crate) fn invalid(
+    setting: &'static str,
+    value: impl ToString,
+    reason: impl Into<String>,
+) -> ConfigError {
     ConfigError::Invalid {
         setting,
         value: value.to_string(),
@@ -96,5 +100,4 @@ mod tests {
         ));
         assert!(parse_duration("x", "5y").is_err());
     }
-
 }

@@ -293,11 +293,11 @@ pub enum ProcessError {
 /// The subscription workflow. Cheap to clone: clones share everything.
 #[derive(Debug, Clone)]
 pub struct Subscriptions {
-    inner: Arc<Inner>,
+    inner: Arc<WorkflowState>,
 }
 
 #[derive(Debug)]
-struct Inner {
+struct WorkflowState {
     store: Arc<dyn SubscriptionStore>,
     verifier: Verifier,
     net: NetPolicy,
@@ -354,7 +354,7 @@ impl Subscriptions {
     ) -> Self {
         let permits = verification.concurrency.clamp(1, Semaphore::MAX_PERMITS);
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(WorkflowState {
                 store,
                 verifier,
                 net,

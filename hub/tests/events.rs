@@ -27,8 +27,8 @@ use uuid::Uuid;
 use websub_hub::events::postgres::PostgresEventLog;
 use websub_hub::events::sqlite::SqliteEventLog;
 use websub_hub::events::{
-    Claimed, Completion, DeliveryHealth, DeliveryRecord, Event, EventLog, EventLogError,
-    FailedFilter, NewEvent, Outcome,
+    Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError, FailedFilter,
+    LoggedEvent, NewEvent, Outcome,
 };
 
 /// Long enough that no claim in a check goes stale unless the check says so.
@@ -166,7 +166,7 @@ fn subscribers(prefix: &str, n: usize) -> Vec<String> {
         .collect()
 }
 
-async fn record(log: &dyn EventLog, topic: &str, now: DateTime<Utc>) -> Event {
+async fn record(log: &dyn EventLog, topic: &str, now: DateTime<Utc>) -> LoggedEvent {
     log.record(
         NewEvent {
             topic: topic.to_owned(),
@@ -1253,7 +1253,7 @@ fn sorted(mut subscribers: Vec<String>) -> Vec<String> {
     subscribers
 }
 
-fn is_unexpanded(unexpanded: &[Event], event_id: Uuid) -> bool {
+fn is_unexpanded(unexpanded: &[LoggedEvent], event_id: Uuid) -> bool {
     unexpanded.iter().any(|event| event.id == event_id)
 }
 

@@ -18,7 +18,7 @@ use uuid::Uuid;
 use websub_hub::clock::SystemClock;
 use websub_hub::config::DeliveryPolicy;
 use websub_hub::events::postgres::PostgresEventLog;
-use websub_hub::events::{Event, EventLog};
+use websub_hub::events::{EventLog, LoggedEvent};
 use websub_hub::net::NetPolicy;
 use websub_hub::outbox::bridge::{Feed, FeedConfig, FeedError};
 use websub_hub::outbox::{Envelope, MESSAGING_SIGNATURE_HEADER};
@@ -44,7 +44,7 @@ async fn event_log() -> Option<Arc<PostgresEventLog>> {
 
 /// Events recorded in the hub's log and not yet expanded (nothing expands
 /// them in these tests unless a hub dispatcher runs).
-async fn recorded(events: &PostgresEventLog) -> Vec<Event> {
+async fn recorded(events: &PostgresEventLog) -> Vec<LoggedEvent> {
     events.unexpanded(100).await.expect("read the event log")
 }
 
@@ -63,6 +63,7 @@ fn feed_config(db: &Db) -> FeedConfig {
     FeedConfig {
         poll_interval: Some("200ms".to_owned()),
         delivery_max_backoff: Some("400ms".to_owned()),
+        allow_private_network: Some(true),
         ..FeedConfig::new(db.url.clone())
     }
 }

@@ -25,8 +25,8 @@ use websub_hub::signature::{
     MESSAGING_SIGNATURE_HEADER,
 };
 use websub_hub::subscriber::{
-    ClientError, Handler, HandlerError, MemoryDedup, Notification, Receiver, ReceiverEvent,
-    ReceiverStats, Renewer, Source, State, SubscriberClient,
+    ClientError, MemoryDedup, Notification, NotificationError, NotificationHandler, Receiver,
+    ReceiverEvent, ReceiverStats, Renewer, Source, State, SubscriberClient,
 };
 use websub_store::SubscriptionStore;
 
@@ -212,8 +212,8 @@ impl Recorder {
 struct Recording(Arc<Recorder>);
 
 #[async_trait]
-impl Handler for Recording {
-    async fn handle(&self, notification: Notification) -> Result<(), HandlerError> {
+impl NotificationHandler for Recording {
+    async fn handle(&self, notification: Notification) -> Result<(), NotificationError> {
         let recorder = &self.0;
         recorder.calls.fetch_add(1, Ordering::SeqCst);
         if let Some(gate) = &recorder.gate {

@@ -183,7 +183,8 @@ impl Hub {
             timeout,
             concurrency: 8,
         };
-        let client = websub_hub::delivery::client::for_deliveries(&policy, timeout, 2).expect("client");
+        let client =
+            websub_hub::delivery::client::for_deliveries(&policy, timeout, 2).expect("client");
         let subscriptions = Subscriptions::new(
             store.clone(),
             Verifier::new(client, verification),

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::net::{MAX_FETCH_REDIRECTS, NetError, NetPolicy, PolicyResolver, install_crypto_provider};
+use crate::net::{
+    MAX_FETCH_REDIRECTS, NetError, NetPolicy, PolicyResolver, install_crypto_provider,
+};
 
 /// How long an idle pooled connection is kept.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -128,7 +130,10 @@ mod tests {
                 .any(|error| matches!(error, NetError::NonPublicAddress { .. })),
             "{error:?}"
         );
-        let _ = build(Purpose::TopicFetches { policy: DENY }, Duration::from_secs(2))
-            .expect("client");
+        let _ = build(
+            Purpose::TopicFetches { policy: DENY },
+            Duration::from_secs(2),
+        )
+        .expect("client");
     }
 }

@@ -21,9 +21,7 @@ pub struct DeliveryMetrics {
 impl DeliveryMetrics {
     /// Registers the counters of `channel`.
     pub fn register(channel: Channel) -> Self {
-        let counter = |outcome: &'static str| {
-            metrics::counter!(DELIVERIES_TOTAL, "channel" => channel.label(), "outcome" => outcome)
-        };
+        let counter = |outcome: &'static str| metrics::counter!(DELIVERIES_TOTAL, "channel" => channel.label(), "outcome" => outcome);
         metrics::describe_counter!(
             DELIVERIES_TOTAL,
             "Delivery attempts by channel and by what they came to"

@@ -19,13 +19,13 @@ use tracing::{debug, warn};
 #[async_trait]
 pub trait OutcomeStore: Send + Sync + 'static {
     /// One finished attempt, as the store records it.
-    type Outcome: Send + Sync + 'static;
+    type Entry: Send + Sync + 'static;
 
     /// Writes `batch` in one round trip.
-    async fn write(&self, batch: &[Self::Outcome]) -> Result<(), String>;
+    async fn write(&self, batch: &[Self::Entry]) -> Result<(), String>;
 
     /// How long until `outcome` is due again, if it is a retry.
-    fn retry_in(&self, outcome: &Self::Outcome) -> Option<Duration>;
+    fn retry_in(&self, outcome: &Self::Entry) -> Option<Duration>;
 
     /// Asks the scheduler to look for due work (a retry fell due).
     fn wake(&self);
@@ -52,7 +52,7 @@ const WRITE_ATTEMPTS: u32 = 10;
 /// returns once the last batch is written (or given up).
 pub async fn record<S: OutcomeStore>(
     store: S,
-    mut outcomes: mpsc::UnboundedReceiver<S::Outcome>,
+    mut outcomes: mpsc::UnboundedReceiver<S::Entry>,
     batching: Batching,
 ) {
     let store = Arc::new(store);
@@ -88,7 +88,7 @@ pub async fn record<S: OutcomeStore>(
     writes.wait().await;
 }
 
-async fn write<S: OutcomeStore>(store: Arc<S>, batch: &[S::Outcome]) {
+async fn write<S: OutcomeStore>(store: Arc<S>, batch: &[S::Entry]) {
     let mut delay = Duration::from_millis(50);
     for attempt in 1..=WRITE_ATTEMPTS {
         let started = std::time::Instant::now();
@@ -110,7 +110,11 @@ async fn write<S: OutcomeStore>(store: Arc<S>, batch: &[S::Outcome]) {
     }
     // Retries are due sooner than the next poll, the first at once: the
     // scheduler is woken when the earliest falls due.
-    if let Some(wait) = batch.iter().filter_map(|outcome| store.retry_in(outcome)).min() {
+    if let Some(wait) = batch
+        .iter()
+        .filter_map(|outcome| store.retry_in(outcome))
+        .min()
+    {
         tokio::spawn(async move {
             tokio::time::sleep(wait).await;
             store.wake();

@@ -29,7 +29,7 @@ pub struct NewEvent {
 
 /// A recorded event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
+pub struct LoggedEvent {
     /// Unique, time-ordered (UUIDv7).
     pub id: Uuid,
     /// The topic URL.
@@ -181,7 +181,11 @@ pub enum EventLogError {
 pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// Records an event durably; it is expanded later by
     /// [`EventLog::expand`]. Returns the stored event.
-    async fn record(&self, event: NewEvent, now: DateTime<Utc>) -> Result<Event, EventLogError>;
+    async fn record(
+        &self,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<LoggedEvent, EventLogError>;
 
     /// Writes one delivery record per subscriber (due at `now`) and marks the
     /// event expanded, in one transaction. Idempotent: records that exist are
@@ -225,7 +229,7 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
 
     /// Events recorded but not yet expanded (a crash between the two), oldest
     /// first, at most `limit`.
-    async fn unexpanded(&self, limit: usize) -> Result<Vec<Event>, EventLogError>;
+    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError>;
 
     /// Claims up to `limit` due records: unprocessed, `next_attempt_at <=
     /// now`, and not claimed since `now - visibility` (a claim older than
@@ -240,7 +244,7 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     ) -> Result<Vec<Claimed>, EventLogError>;
 
     /// One event by id.
-    async fn event(&self, id: Uuid) -> Result<Option<Event>, EventLogError>;
+    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError>;
 
     /// Records outcomes in one round trip: `Delivered` and `Dropped` set
     /// `processed_at = now`; `Retry` increments `retry_count` and sets
@@ -260,7 +264,7 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError>;
 
     /// The topic's most recently recorded event, if any.
-    async fn latest(&self, topic: &str) -> Result<Option<Event>, EventLogError>;
+    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError>;
 
     /// Delivery health of `subscriber` over the topic's `window` most recent
     /// events: bounded work however long the log grows.

@@ -35,8 +35,8 @@ use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::{
-    Claimed, Completion, DeliveryHealth, DeliveryRecord, Event, EventLog, EventLogError,
-    FailedDelivery, FailedFilter, NewEvent, Outcome,
+    Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError, FailedDelivery,
+    FailedFilter, LoggedEvent, NewEvent, Outcome,
 };
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -221,8 +221,8 @@ fn retry_count(value: i32) -> Result<u32, EventLogError> {
         .map_err(|_| EventLogError::Invalid(format!("negative retry_count {value}")))
 }
 
-fn event_from_row(row: &PgRow) -> Result<Event, EventLogError> {
-    Ok(Event {
+fn event_from_row(row: &PgRow) -> Result<LoggedEvent, EventLogError> {
+    Ok(LoggedEvent {
         id: row.try_get("id").map_err(super::invalid)?,
         topic: row.try_get("topic").map_err(super::invalid)?,
         content_type: row.try_get("content_type").map_err(super::invalid)?,
@@ -367,8 +367,12 @@ async fn expand_in(
 
 #[async_trait]
 impl EventLog for PostgresEventLog {
-    async fn record(&self, event: NewEvent, now: DateTime<Utc>) -> Result<Event, EventLogError> {
-        let event = Event {
+    async fn record(
+        &self,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<LoggedEvent, EventLogError> {
+        let event = LoggedEvent {
             id: Uuid::now_v7(),
             topic: event.topic,
             content_type: event.content_type,
@@ -465,7 +469,7 @@ impl EventLog for PostgresEventLog {
         Ok(created)
     }
 
-    async fn unexpanded(&self, limit: usize) -> Result<Vec<Event>, EventLogError> {
+    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
         sqlx::query(UNEXPANDED)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
@@ -495,7 +499,7 @@ impl EventLog for PostgresEventLog {
             .collect()
     }
 
-    async fn event(&self, id: Uuid) -> Result<Option<Event>, EventLogError> {
+    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError> {
         sqlx::query(EVENT)
             .bind(id)
             .fetch_optional(&self.pool)
@@ -536,7 +540,7 @@ impl EventLog for PostgresEventLog {
             .collect()
     }
 
-    async fn latest(&self, topic: &str) -> Result<Option<Event>, EventLogError> {
+    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError> {
         sqlx::query(LATEST)
             .bind(topic)
             .fetch_optional(&self.pool)

@@ -48,8 +48,8 @@ use tokio::sync::{Mutex, MutexGuard, OnceCell};
 use uuid::Uuid;
 
 use super::{
-    Claimed, Completion, DeliveryHealth, DeliveryRecord, Event, EventLog, EventLogError,
-    FailedDelivery, FailedFilter, NewEvent, Outcome,
+    Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError, FailedDelivery,
+    FailedFilter, LoggedEvent, NewEvent, Outcome,
 };
 
 /// The file is opened the way the subscription store opens it (the two share
@@ -275,8 +275,8 @@ fn retry_count(row: &SqliteRow) -> Result<u32, EventLogError> {
         .map_err(|_| EventLogError::Invalid(format!("retry_count {value} out of range")))
 }
 
-fn event_from_row(row: &SqliteRow) -> Result<Event, EventLogError> {
-    Ok(Event {
+fn event_from_row(row: &SqliteRow) -> Result<LoggedEvent, EventLogError> {
+    Ok(LoggedEvent {
         id: row.try_get("id").map_err(super::invalid)?,
         topic: row.try_get("topic").map_err(super::invalid)?,
         content_type: row.try_get("content_type").map_err(super::invalid)?,
@@ -378,8 +378,12 @@ async fn expand_in(
 
 #[async_trait]
 impl EventLog for SqliteEventLog {
-    async fn record(&self, event: NewEvent, now: DateTime<Utc>) -> Result<Event, EventLogError> {
-        let event = Event {
+    async fn record(
+        &self,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<LoggedEvent, EventLogError> {
+        let event = LoggedEvent {
             id: Uuid::now_v7(),
             topic: event.topic,
             content_type: event.content_type,
@@ -460,7 +464,7 @@ impl EventLog for SqliteEventLog {
         Ok(created)
     }
 
-    async fn unexpanded(&self, limit: usize) -> Result<Vec<Event>, EventLogError> {
+    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
         sqlx::query(UNEXPANDED)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
@@ -494,7 +498,7 @@ impl EventLog for SqliteEventLog {
         rows.iter().map(claimed_from_row).collect()
     }
 
-    async fn event(&self, id: Uuid) -> Result<Option<Event>, EventLogError> {
+    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError> {
         sqlx::query(EVENT)
             .bind(id)
             .fetch_optional(&self.pool)
@@ -571,7 +575,7 @@ impl EventLog for SqliteEventLog {
             .collect()
     }
 
-    async fn latest(&self, topic: &str) -> Result<Option<Event>, EventLogError> {
+    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError> {
         sqlx::query(LATEST)
             .bind(topic)
             .fetch_optional(&self.pool)

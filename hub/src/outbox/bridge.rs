@@ -53,10 +53,10 @@ use super::dispatcher::{
 use super::envelope::{ENVELOPE_CONTENT_TYPE, Envelope};
 use super::{DEFAULT_DELIVERIES_TABLE, DEFAULT_OUTBOX_TABLE, OutboxTables};
 use crate::clock::{Clock, SystemClock};
-use crate::setting::{ConfigError, parse_duration};
 use crate::delivery::RetryPolicy;
 use crate::events::{EventLog, NewEvent};
 use crate::net::NetPolicy;
+use crate::setting::{ConfigError, parse_duration};
 
 /// The topic template a feed uses unless configured otherwise.
 pub const DEFAULT_TOPIC_TEMPLATE: &str = "{public_url}topics/{event_name}";
@@ -64,7 +64,6 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "{public_url}topics/{event_name}";
 /// The subscriber name a feed's bridge delivers as unless configured
 /// otherwise.
 pub const DEFAULT_SUBSCRIBER: &str = "websub-hub";
-
 
 /// How often a feed looks at its webhooks file for changes.
 pub const WEBHOOKS_FILE_CHECK: Duration = Duration::from_secs(1);
@@ -562,9 +561,7 @@ impl FeedConfig {
             poll_interval: duration("feed.poll_interval", &self.poll_interval)?
                 .unwrap_or(defaults.poll_interval),
             retry: RetryPolicy {
-                max_retries: self
-                    .delivery_retries
-                    .unwrap_or(defaults.retry.max_retries),
+                max_retries: self.delivery_retries.unwrap_or(defaults.retry.max_retries),
                 max_backoff: duration("feed.delivery_max_backoff", &self.delivery_max_backoff)?
                     .unwrap_or(defaults.retry.max_backoff),
             },

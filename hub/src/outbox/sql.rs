@@ -36,7 +36,7 @@ pub(crate) struct Queries {
 /// Who is subscribed to what, as expansion and claims need it: parallel
 /// arrays, one element per (subscriber, event name) registration.
 #[derive(Debug, Default, Clone)]
-pub(crate) struct Subscriptions {
+pub(crate) struct Registrations {
     pub(crate) subscribers: Vec<String>,
     pub(crate) apps: Vec<Option<String>>,
     pub(crate) event_names: Vec<String>,
@@ -44,7 +44,7 @@ pub(crate) struct Subscriptions {
     pub(crate) every_event: Vec<String>,
 }
 
-impl Subscriptions {
+impl Registrations {
     pub(crate) fn is_empty(&self) -> bool {
         self.subscribers.is_empty() && self.every_event.is_empty()
     }
@@ -117,7 +117,7 @@ pub(crate) struct ClaimedRow {
 
 /// What to write back for one claimed row.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Outcome {
+pub(crate) enum RowOutcome {
     /// Delivered: `processed_at = now`.
     Delivered,
     /// Failed; due again after `wait`.
@@ -131,11 +131,11 @@ pub(crate) enum Outcome {
 
 /// One row's outcome.
 #[derive(Debug, Clone)]
-pub(crate) struct Completion {
+pub(crate) struct RowCompletion {
     pub(crate) event_id: Uuid,
     pub(crate) subscriber: String,
     pub(crate) claimed_at: NaiveDateTime,
-    pub(crate) outcome: Outcome,
+    pub(crate) outcome: RowOutcome,
 }
 
 impl Queries {
@@ -305,7 +305,7 @@ impl Queries {
     pub(crate) async fn expand(
         &self,
         pool: &PgPool,
-        subscriptions: &Subscriptions,
+        subscriptions: &Registrations,
         since: NaiveDateTime,
         spare: Duration,
     ) -> Result<(u64, NaiveDateTime), sqlx::Error> {
@@ -340,7 +340,7 @@ impl Queries {
     pub(crate) async fn expand_and_claim(
         &self,
         pool: &PgPool,
-        subscriptions: &Subscriptions,
+        subscriptions: &Registrations,
         since: NaiveDateTime,
         ids: &[Uuid],
         rooms: &Rooms,
@@ -373,7 +373,7 @@ impl Queries {
     pub(crate) async fn claim(
         &self,
         pool: &PgPool,
-        subscriptions: &Subscriptions,
+        subscriptions: &Registrations,
         max_retries: u32,
         visibility: Duration,
         rooms: &Rooms,
@@ -399,7 +399,7 @@ impl Queries {
     pub(crate) async fn complete(
         &self,
         pool: &PgPool,
-        completions: &[Completion],
+        completions: &[RowCompletion],
     ) -> Result<(), sqlx::Error> {
         let mut event_ids = Vec::with_capacity(completions.len());
         let mut subscribers = Vec::with_capacity(completions.len());
@@ -412,12 +412,12 @@ impl Queries {
             subscribers.push(completion.subscriber.as_str());
             claimed_at.push(completion.claimed_at);
             let (kind, error, wait) = match &completion.outcome {
-                Outcome::Delivered => ("delivered", None, None),
-                Outcome::Retry { error, wait } => {
+                RowOutcome::Delivered => ("delivered", None, None),
+                RowOutcome::Retry { error, wait } => {
                     ("retry", Some(error.as_str()), Some(wait.as_secs_f64()))
                 }
-                Outcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
-                Outcome::Released => ("released", None, None),
+                RowOutcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
+                RowOutcome::Released => ("released", None, None),
             };
             kinds.push(kind);
             errors.push(error);

@@ -51,14 +51,14 @@ pub const FAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// A running fake quotas endpoint. Clones share the server.
 #[derive(Debug, Clone)]
 pub struct FakeQuotaServer {
-    inner: Arc<Inner>,
+    inner: Arc<FakeServerState>,
 }
 
 #[derive(Debug)]
-struct Inner {
+struct FakeServerState {
     url: Url,
     key: String,
-    shared: Arc<Shared>,
+    shared: Arc<FakeShared>,
     running: Mutex<Option<Running>>,
     /// Serialises the tests of a suite that share this server.
     exclusive: Arc<tokio::sync::Mutex<()>>,
@@ -71,7 +71,7 @@ struct Running {
 }
 
 #[derive(Debug)]
-struct Shared {
+struct FakeShared {
     key: String,
     state: Mutex<FakeState>,
 }
@@ -80,20 +80,20 @@ struct Shared {
 struct FakeState {
     defaults: Option<Vec<Quota>>,
     per_user: HashMap<String, Vec<Quota>>,
-    mode: Mode,
+    mode: Behaviour,
     unreachable: bool,
     requests: usize,
 }
 
 #[derive(Debug, Default)]
-enum Mode {
+enum Behaviour {
     #[default]
     Quotas,
     Status(StatusCode),
     Body(String),
 }
 
-impl Shared {
+impl FakeShared {
     fn state(&self) -> MutexGuard<'_, FakeState> {
         // A test that panicked while holding the lock left whole values
         // behind; the next test may still use them.
@@ -134,7 +134,7 @@ impl FakeQuotaServer {
             .expect("a non-blocking listener for the fake");
         let addr = listener.local_addr().expect("the fake's bound address");
         let url = Url::parse(&format!("http://{addr}/")).expect("a loopback URL parses");
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(FakeShared {
             key: key.clone(),
             state: Mutex::new(FakeState::default()),
         });
@@ -147,7 +147,7 @@ impl FakeQuotaServer {
             })
             .expect("start the fake's thread");
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(FakeServerState {
                 url,
                 key,
                 shared,
@@ -202,12 +202,12 @@ impl FakeQuotaServer {
 
     /// Answers every authorised request with `status` and an empty body.
     pub fn respond_with(&self, status: StatusCode) {
-        self.inner.shared.state().mode = Mode::Status(status);
+        self.inner.shared.state().mode = Behaviour::Status(status);
     }
 
     /// Answers every authorised request with 200 and exactly `body`.
     pub fn respond_with_body(&self, body: impl Into<String>) {
-        self.inner.shared.state().mode = Mode::Body(body.into());
+        self.inner.shared.state().mode = Behaviour::Body(body.into());
     }
 
     /// Accepts every connection and closes it without an answer, until
@@ -232,7 +232,7 @@ impl FakeQuotaServer {
     pub fn reset(&self) {
         let mut state = self.inner.shared.state();
         state.per_user.clear();
-        state.mode = Mode::Quotas;
+        state.mode = Behaviour::Quotas;
         state.unreachable = false;
         state.requests = 0;
     }
@@ -254,7 +254,7 @@ impl FakeQuotaServer {
     }
 }
 
-impl Inner {
+impl FakeServerState {
     fn close(&self) {
         let running = self
             .running
@@ -270,7 +270,7 @@ impl Inner {
     }
 }
 
-impl Drop for Inner {
+impl Drop for FakeServerState {
     fn drop(&mut self) {
         self.close();
     }
@@ -278,7 +278,7 @@ impl Drop for Inner {
 
 /// The server thread: serves until told to stop, then drops the listener
 /// and every connection with the runtime.
-fn run(listener: std::net::TcpListener, shared: Arc<Shared>, stopped: oneshot::Receiver<()>) {
+fn run(listener: std::net::TcpListener, shared: Arc<FakeShared>, stopped: oneshot::Receiver<()>) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -301,7 +301,7 @@ fn run(listener: std::net::TcpListener, shared: Arc<Shared>, stopped: oneshot::R
 /// while the server plays unreachable.
 struct Gate {
     listener: TcpListener,
-    shared: Arc<Shared>,
+    shared: Arc<FakeShared>,
 }
 
 impl axum::serve::Listener for Gate {
@@ -330,7 +330,7 @@ impl axum::serve::Listener for Gate {
 }
 
 async fn quotas(
-    State(shared): State<Arc<Shared>>,
+    State(shared): State<Arc<FakeShared>>,
     Path(user_id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
@@ -340,9 +340,9 @@ async fn quotas(
         return answer(StatusCode::UNAUTHORIZED, "missing or wrong internal key");
     }
     match &state.mode {
-        Mode::Status(status) => return answer(*status, ""),
-        Mode::Body(body) => return json(body.clone()),
-        Mode::Quotas => {}
+        Behaviour::Status(status) => return answer(*status, ""),
+        Behaviour::Body(body) => return json(body.clone()),
+        Behaviour::Quotas => {}
     }
     let quotas = state
         .per_user
@@ -358,12 +358,12 @@ async fn quotas(
     }
 }
 
-async fn not_found(State(shared): State<Arc<Shared>>) -> Response {
+async fn not_found(State(shared): State<Arc<FakeShared>>) -> Response {
     shared.state().requests += 1;
     answer(StatusCode::NOT_FOUND, "no such route")
 }
 
-fn authorised(shared: &Shared, headers: &HeaderMap) -> bool {
+fn authorised(shared: &FakeShared, headers: &HeaderMap) -> bool {
     headers
         .get(DEFAULT_INTERNAL_API_KEY_HEADER)
         .is_some_and(|given| given.as_bytes() == shared.key.as_bytes())

@@ -271,10 +271,10 @@ pub(crate) struct DueRenewal {
 /// and accepts content only for a wanted pair. Everything else is refused.
 #[derive(Clone)]
 pub struct Intents {
-    inner: Arc<Inner>,
+    inner: Arc<IntentsState>,
 }
 
-struct Inner {
+struct IntentsState {
     entries: Mutex<HashMap<Key, Entry>>,
     changes: watch::Sender<u64>,
 }
@@ -297,7 +297,7 @@ impl Intents {
     /// An empty record.
     pub fn new() -> Self {
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(IntentsState {
                 entries: Mutex::new(HashMap::new()),
                 changes: watch::Sender::new(0),
             }),

@@ -5,7 +5,7 @@
 //!   intent this service asked for, checks `X-Hub-Signature` (or the
 //!   messaging webhook signature) over the raw body before anything else,
 //!   drops duplicate event ids through a pluggable [`DedupStore`], and calls
-//!   the service's [`Handler`];
+//!   the service's [`NotificationHandler`];
 //! - [`SubscriberClient`]: subscribe and unsubscribe requests, user tokens,
 //!   and [`discover`]y of a topic's hub;
 //! - [`Intents`]: what the service asked for, shared by the two;
@@ -17,7 +17,7 @@
 //!
 //! use tokio_util::sync::CancellationToken;
 //! use websub_hub::subscriber::{
-//!     HandlerError, Intents, MemoryDedup, Notification, Receiver, Renewer, SubscriberClient,
+//!     NotificationError, Intents, MemoryDedup, Notification, Receiver, Renewer, SubscriberClient,
 //! };
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,7 +29,7 @@
 //!     .dedup(Arc::new(MemoryDedup::new(100_000)))
 //!     .handler(|notification: Notification| async move {
 //!         println!("{}: {} bytes", notification.topic, notification.body.len());
-//!         Ok::<(), HandlerError>(())
+//!         Ok::<(), NotificationError>(())
 //!     })
 //!     .build()?;
 //! let app: axum::Router = receiver.router();
@@ -65,7 +65,7 @@ pub use dedup::{Claim, DEFAULT_DEDUP_CAPACITY, DedupError, DedupStore, MemoryDed
 pub use discovery::{Discovery, LinkValue, discover, parse_link_header};
 pub use intents::{IntentError, Intents, State, Status};
 pub use receiver::{
-    BuildError, DEFAULT_MAX_BODY_BYTES, Handler, HandlerError, Notification, Receiver,
-    ReceiverBuilder, ReceiverEvent, ReceiverStats, Source,
+    BuildError, DEFAULT_MAX_BODY_BYTES, Notification, NotificationError, NotificationHandler,
+    Receiver, ReceiverBuilder, ReceiverEvent, ReceiverStats, Source,
 };
 pub use renew::{DEFAULT_RENEW_FRACTION, Renewer};

@@ -1,7 +1,7 @@
 //! The receiving end: an axum router that answers verifications of intent,
 //! takes WebSub content deliveries and outbox webhooks, checks their
 //! signatures over the raw body, drops duplicates, and hands the rest to the
-//! service's [`Handler`].
+//! service's [`NotificationHandler`].
 //!
 //! Two kinds of route:
 //! - WebSub callbacks. A verification is confirmed only for what
@@ -43,7 +43,7 @@ use crate::signature::{
 };
 
 /// What a handler may fail with.
-pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+pub type NotificationError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Where a notification came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,19 +80,19 @@ pub struct Notification {
 /// Any `Fn(Notification) -> impl Future<Output = Result<(), E>>` closure is
 /// a handler.
 #[async_trait]
-pub trait Handler: Send + Sync + 'static {
+pub trait NotificationHandler: Send + Sync + 'static {
     /// Processes one notification.
-    async fn handle(&self, notification: Notification) -> Result<(), HandlerError>;
+    async fn handle(&self, notification: Notification) -> Result<(), NotificationError>;
 }
 
 #[async_trait]
-impl<F, Fut, E> Handler for F
+impl<F, Fut, E> NotificationHandler for F
 where
     F: Fn(Notification) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), E>> + Send + 'static,
-    E: Into<HandlerError> + 'static,
+    E: Into<NotificationError> + 'static,
 {
-    async fn handle(&self, notification: Notification) -> Result<(), HandlerError> {
+    async fn handle(&self, notification: Notification) -> Result<(), NotificationError> {
         (self)(notification).await.map_err(Into::into)
     }
 }
@@ -203,7 +203,7 @@ pub struct ReceiverStats {
     pub unauthorized: u64,
     /// Deliveries for subscriptions not wanted (410).
     pub unwanted: u64,
-    /// Handler failures.
+    /// NotificationHandler failures.
     pub handler_failed: u64,
 }
 
@@ -231,7 +231,7 @@ const NOTIFICATIONS: &str = "websub_receiver_notifications_total";
 
 struct Shared {
     intents: Intents,
-    handler: Arc<dyn Handler>,
+    handler: Arc<dyn NotificationHandler>,
     dedup: Arc<dyn DedupStore>,
     counters: Counters,
     events: broadcast::Sender<ReceiverEvent>,
@@ -276,7 +276,7 @@ pub struct ReceiverBuilder {
     callbacks: Vec<String>,
     expects: Vec<(String, String, Option<String>)>,
     webhooks: Vec<(String, String)>,
-    handler: Option<Arc<dyn Handler>>,
+    handler: Option<Arc<dyn NotificationHandler>>,
     dedup: Option<Arc<dyn DedupStore>>,
     max_body_bytes: usize,
 }
@@ -340,7 +340,7 @@ impl ReceiverBuilder {
     }
 
     /// The service's handler.
-    pub fn handler(mut self, handler: impl Handler) -> Self {
+    pub fn handler(mut self, handler: impl NotificationHandler) -> Self {
         self.handler = Some(Arc::new(handler));
         self
     }

@@ -23,8 +23,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use url::Url;
 use uuid::Uuid;
-use websub_hub::net::NetPolicy;
 use websub_hub::delivery::RetryPolicy;
+use websub_hub::net::NetPolicy;
 use websub_hub::outbox::{
     Dispatcher, DispatcherConfig, Envelope, Event, Outbox, OutboxTables, WebhookSubscriber, ddl,
 };

@@ -149,7 +149,11 @@ async fn ceiling(
     let policy = NetPolicy {
         allow_private_network: true,
     };
-    let client = websub_hub::delivery::client::for_deliveries(&policy, Duration::from_secs(10), concurrency)?;
+    let client = websub_hub::delivery::client::for_deliveries(
+        &policy,
+        Duration::from_secs(10),
+        concurrency,
+    )?;
     let body = Bytes::from(vec![b'x'; body_bytes]);
     let url = format!("{}/sink", receiver.base);
     let next = Arc::new(AtomicUsize::new(0));

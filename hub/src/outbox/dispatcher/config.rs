@@ -1,0 +1,294 @@
+//! The dispatcher's settings, their messaging-contract defaults, and the
+//! validation that names the first bad one.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+
+use super::super::{OutboxTables, check_channel};
+use crate::delivery::RetryPolicy;
+use crate::net::NetPolicy;
+use crate::setting::ConfigError;
+use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER};
+
+/// Everything a dispatcher needs besides its pool. [`Default`] gives the
+/// messaging contract's defaults; set what differs, then
+/// [`Dispatcher::new`] validates it.
+#[derive(Debug, Clone)]
+pub struct DispatcherConfig {
+    /// The outbox and deliveries tables.
+    pub tables: OutboxTables,
+    /// The `NOTIFY` channel to listen on; `None` is
+    /// [`OutboxTables::default_channel`], what [`super::Outbox`] notifies on
+    /// by default.
+    pub channel: Option<String>,
+    /// The subscriber in-process handlers deliver as. Stored in every one of
+    /// their delivery rows, so it must stay stable: a new name orphans the
+    /// old rows and re-delivers every event inside `start_from`. Required to
+    /// register a handler; a dispatcher that only sends webhooks needs none.
+    pub subscriber_name: Option<String>,
+    /// How far back expansion looks: events created before this get no new
+    /// delivery rows, so a newly registered subscriber does not replay the
+    /// whole history. Rows that exist are delivered whatever their age.
+    /// `None` looks at every event.
+    pub start_from: Option<DateTime<Utc>>,
+    /// How often to expand and claim when nothing wakes the dispatcher.
+    pub poll_interval: Duration,
+    /// Retries after a failed first attempt and their backoff (10, the last
+    /// after 10 s): a row whose retries are exhausted is never claimed again
+    /// and keeps its `last_error`.
+    pub retry: RetryPolicy,
+    /// Listener reconnection failures over which the wait grows from zero to
+    /// `listener_max_backoff` (10); past them it stays there, forever.
+    pub listener_max_retries: u32,
+    /// The longest wait between listener reconnection attempts (30 s).
+    pub listener_max_backoff: Duration,
+    /// How often the listener's connection is checked with a `NOTIFY` to
+    /// itself (30 s): a connection that lost its peer without a word (a
+    /// network partition) is found dead when the previous check has not come
+    /// back by the time the next is due.
+    pub listener_ping_interval: Duration,
+    /// Time allowed for one webhook POST (by the default client) or one
+    /// handler call (10 s).
+    pub delivery_timeout: Duration,
+    /// A claim older than this is taken to be from a dead process and its
+    /// row becomes claimable again (60 s). Must exceed `delivery_timeout`.
+    pub visibility_timeout: Duration,
+    /// The secret webhook bodies are signed with
+    /// ([`MESSAGING_SIGNATURE_HEADER`]); no signature without one.
+    pub signing_secret: Option<String>,
+    /// Headers sent with every webhook POST, e.g. an internal API key.
+    pub webhook_headers: Vec<(String, String)>,
+    /// Which addresses webhooks may be POSTed to: by default public ones
+    /// only, as for WebSub callbacks. Webhooks of services on the same
+    /// private network need `allow_private_network`.
+    pub network: NetPolicy,
+    /// Delete events older than this (and their delivery rows), every
+    /// `retention_interval`, starting at start-up. `None` deletes nothing.
+    pub retention: Option<Duration>,
+    /// How often the retention sweep runs (an hour).
+    pub retention_interval: Duration,
+    /// Delivery rows claimed per round trip at most (100).
+    pub batch_size: usize,
+    /// Attempts in flight at once, over all subscribers (64).
+    pub concurrency: usize,
+    /// Attempts in flight at once to one subscriber (16), so that a slow one
+    /// cannot take every slot. A subscriber's rows are claimed up to four
+    /// times this many ahead (fewer when the visibility timeout leaves less
+    /// than four delivery timeouts of patience), so that its next attempt is
+    /// ready the moment one finishes.
+    pub per_subscriber: usize,
+    /// How far before the previous scan a polling scan starts looking (60 s):
+    /// an event's `created_at` is its transaction's start, so one committed
+    /// later than this after it began is found by the next full scan rather
+    /// than the next poll (or at once, if it was notified).
+    pub expand_lookback: Duration,
+    /// How long any one statement the dispatcher runs may take (60 s)
+    /// before it is abandoned, with its connection, and retried: a
+    /// connection whose peer vanished without closing it would otherwise
+    /// hold the dispatcher until the operating system gives up on it.
+    pub query_timeout: Duration,
+    /// How often expansion looks at every event since `start_from` rather
+    /// than only recent ones (5 min). It also does at start-up, after the
+    /// listener reconnects, and whenever registrations change.
+    pub catch_up_interval: Duration,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        Self {
+            tables: OutboxTables::default(),
+            channel: None,
+            subscriber_name: None,
+            start_from: None,
+            poll_interval: Duration::from_secs(1),
+            retry: RetryPolicy::default(),
+            listener_max_retries: 10,
+            listener_max_backoff: Duration::from_secs(30),
+            listener_ping_interval: Duration::from_secs(30),
+            delivery_timeout: Duration::from_secs(10),
+            visibility_timeout: Duration::from_secs(60),
+            signing_secret: None,
+            webhook_headers: Vec::new(),
+            network: NetPolicy::default(),
+            retention: None,
+            retention_interval: Duration::from_secs(3600),
+            batch_size: 100,
+            concurrency: 64,
+            per_subscriber: 16,
+            expand_lookback: Duration::from_secs(60),
+            query_timeout: Duration::from_secs(60),
+            catch_up_interval: Duration::from_secs(300),
+        }
+    }
+}
+
+pub(super) fn invalid(
+    setting: &'static str,
+    value: impl ToString,
+    reason: impl Into<String>,
+) -> ConfigError {
+    ConfigError::Invalid {
+        setting,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl DispatcherConfig {
+    /// The channel listened on.
+    pub fn channel(&self) -> String {
+        self.channel
+            .clone()
+            .unwrap_or_else(|| self.tables.default_channel())
+    }
+
+    /// Checks every setting; the first bad one is named in the error.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive = [
+            ("poll-interval", self.poll_interval),
+            ("delivery-timeout", self.delivery_timeout),
+            ("listener-ping-interval", self.listener_ping_interval),
+            ("retention-interval", self.retention_interval),
+            ("catch-up-interval", self.catch_up_interval),
+            ("query-timeout", self.query_timeout),
+        ];
+        for (setting, value) in positive {
+            if value.is_zero() {
+                return Err(invalid(setting, "0s", "must be more than zero"));
+            }
+        }
+        if self.visibility_timeout <= self.delivery_timeout {
+            return Err(invalid(
+                "visibility-timeout",
+                format!("{:?}", self.visibility_timeout),
+                format!(
+                    "must exceed the delivery timeout ({:?}), or claims of attempts still \
+                     running would be taken over",
+                    self.delivery_timeout
+                ),
+            ));
+        }
+        for (setting, value) in [
+            ("batch-size", self.batch_size),
+            ("concurrency", self.concurrency),
+            ("per-subscriber", self.per_subscriber),
+        ] {
+            if value == 0 {
+                return Err(invalid(setting, 0, "must be at least 1"));
+            }
+        }
+        if let Some(channel) = &self.channel {
+            check_channel(channel)
+                .map_err(|error| invalid("notify-channel", channel, error.to_string()))?;
+        }
+        if let Some(name) = &self.subscriber_name
+            && name.is_empty()
+        {
+            return Err(invalid("subscriber-name", "", "must not be empty"));
+        }
+        if let Some(secret) = &self.signing_secret
+            && secret.is_empty()
+        {
+            return Err(invalid(
+                "signing-secret",
+                "",
+                "must not be empty (leave it unset to send unsigned webhooks)",
+            ));
+        }
+        static_headers(&self.webhook_headers)?;
+        Ok(())
+    }
+}
+
+/// The configured webhook headers, checked: valid names and values, and none
+/// of the headers the contract itself sets.
+pub(super) fn static_headers(headers: &[(String, String)]) -> Result<HeaderMap, ConfigError> {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        let header = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| invalid("webhook-header", name, "not a valid header name"))?;
+        let reserved = [
+            http::header::CONTENT_TYPE.as_str(),
+            MESSAGING_SIGNATURE_HEADER,
+            MESSAGING_EVENT_ID_HEADER,
+        ];
+        if reserved
+            .iter()
+            .any(|reserved| reserved.eq_ignore_ascii_case(name))
+        {
+            return Err(invalid(
+                "webhook-header",
+                name,
+                "set by the dispatcher itself",
+            ));
+        }
+        // The value is not echoed: headers like this often carry keys.
+        let value = HeaderValue::from_str(value).map_err(|_| {
+            invalid(
+                "webhook-header",
+                name,
+                "the value is not a valid header value",
+            )
+        })?;
+        map.append(header, value);
+    }
+    Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_contract_and_validate() {
+        let config = DispatcherConfig::default();
+        assert_eq!(config.retry, RetryPolicy::default());
+        assert_eq!(config.listener_max_retries, 10);
+        assert_eq!(config.listener_max_backoff, Duration::from_secs(30));
+        assert_eq!(config.channel(), "outbox_events");
+        config.validate().expect("the defaults are valid");
+    }
+
+    #[test]
+    fn validation_names_the_bad_setting() {
+        let config = DispatcherConfig {
+            visibility_timeout: Duration::from_secs(5),
+            ..DispatcherConfig::default()
+        };
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Invalid {
+                setting: "visibility-timeout",
+                ..
+            })
+        ));
+        for header in [
+            "Content-Type",
+            "x-bootstrapify-messaging-signature",
+            "bad header",
+        ] {
+            let config = DispatcherConfig {
+                webhook_headers: vec![(header.to_owned(), "v".to_owned())],
+                ..DispatcherConfig::default()
+            };
+            assert!(
+                matches!(
+                    config.validate(),
+                    Err(ConfigError::Invalid {
+                        setting: "webhook-header",
+                        ..
+                    })
+                ),
+                "{header}"
+            );
+        }
+        let config = DispatcherConfig {
+            webhook_headers: vec![("X-Key".to_owned(), "line\nbreak-secret".to_owned())],
+            ..DispatcherConfig::default()
+        };
+        let error = config.validate().expect_err("a bad value");
+        assert!(!error.to_string().contains("secret"), "{error}");
+    }
+}

@@ -1,0 +1,715 @@
+//! Scheduling: the run loop's passes (notified events, scans, claims), what
+//! each subscriber holds claimed, and when its rows get their turn.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, debug_span, warn};
+use uuid::Uuid;
+
+use super::super::sql::{ClaimedRow, Rooms, RowCompletion, RowOutcome};
+use super::Dispatcher;
+use super::config::DispatcherConfig;
+use super::deliver::{Prepared, RowOutcomes, batching, completion};
+use super::registry::Registry;
+use crate::delivery::recorder;
+use crate::future::or_never;
+
+/// What the next pass must look at, gathered from wake-ups until it runs.
+#[derive(Debug, Default)]
+pub(super) struct Pending {
+    /// Events announced by `NOTIFY`.
+    pub(super) ids: Vec<Uuid>,
+    pub(super) scan: Scan,
+    /// Whether rows may be due that no expansion hands over claimed:
+    /// unclaimed ones written by a scan, retries, stale claims, rows other
+    /// dispatchers left.
+    pub(super) claim: bool,
+}
+
+/// How a scan ended.
+#[derive(Debug)]
+pub(super) struct ScanResult {
+    pub(super) scan: Scan,
+    pub(super) since: NaiveDateTime,
+    /// Rows written, and the database time the scan ran at.
+    pub(super) outcome: Result<(u64, NaiveDateTime), sqlx::Error>,
+}
+
+/// What an expansion of notified events did.
+#[derive(Debug)]
+pub(super) struct Expanded {
+    /// Every statement succeeded.
+    pub(super) succeeded: bool,
+    /// It may have written rows it did not claim.
+    pub(super) left_unclaimed: bool,
+}
+
+/// The rows this dispatcher holds claimed.
+#[derive(Debug, Default)]
+pub(super) struct Lanes {
+    pub(super) by_subscriber: HashMap<String, Lane>,
+    /// In all.
+    pub(super) held: usize,
+}
+
+/// The rows one subscriber holds claimed in this dispatcher.
+#[derive(Debug)]
+pub(super) struct Lane {
+    /// Claimed and not done: attempting, or waiting for a turn.
+    pub(super) held: usize,
+    /// One permit per attempt the subscriber may have in flight.
+    pub(super) turns: Arc<Semaphore>,
+}
+
+/// How much of the outbox a pass expands, least to most.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Scan {
+    #[default]
+    None,
+    /// Events since the previous scan, less the lookback.
+    Recent,
+    /// Every event since `start_from`.
+    Full,
+}
+
+/// Where expansion stands between passes.
+#[derive(Debug)]
+pub(super) struct Expansion {
+    /// The configured cutoff, or the beginning of time.
+    pub(super) start_from: NaiveDateTime,
+    /// The database time the last successful scan ran at.
+    pub(super) watermark: Option<NaiveDateTime>,
+    /// When the last scan of everything since `start_from` ran.
+    pub(super) last_full_scan: Instant,
+}
+
+impl Expansion {
+    pub(super) fn new(start_from: Option<DateTime<Utc>>) -> Self {
+        Self {
+            start_from: start_from.map_or_else(beginning_of_time, |at| at.naive_utc()),
+            watermark: None,
+            last_full_scan: Instant::now(),
+        }
+    }
+
+    /// The oldest `created_at` a scan looks at: for a recent scan, the
+    /// previous scan's time less `lookback`; for a full one (or a recent one
+    /// with no previous scan), `start_from`; never before `start_from`.
+    pub(super) fn since(&self, scan: Scan, lookback: Duration) -> Option<NaiveDateTime> {
+        match (scan, self.watermark) {
+            (Scan::None, _) => None,
+            (Scan::Recent, Some(mark)) => {
+                let lookback =
+                    chrono::Duration::from_std(lookback).unwrap_or(chrono::Duration::MAX);
+                Some(
+                    mark.checked_sub_signed(lookback)
+                        .map_or(self.start_from, |since| since.max(self.start_from)),
+                )
+            }
+            (Scan::Recent, None) | (Scan::Full, _) => Some(self.start_from),
+        }
+    }
+
+    /// A scan from `since` succeeded at database time `at`.
+    pub(super) fn scanned(&mut self, since: NaiveDateTime, at: NaiveDateTime) {
+        self.watermark = Some(at);
+        if since == self.start_from {
+            self.last_full_scan = Instant::now();
+        }
+    }
+}
+
+/// How a claim round ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClaimRound {
+    /// Everything due was claimed.
+    Idle,
+    /// Rows may be waiting for a slot (all slots busy, or a subscriber at
+    /// its limit): claim again when one frees.
+    WaitingForRoom,
+    /// The claim failed.
+    Failed,
+}
+
+impl ClaimRound {
+    /// Folds this round's end into the run loop's state.
+    pub(super) fn record(self, waiting_for_room: &mut bool, failed: &mut bool) {
+        match self {
+            Self::Idle => *waiting_for_room = false,
+            Self::WaitingForRoom => *waiting_for_room = true,
+            Self::Failed => *failed = true,
+        }
+    }
+}
+
+/// How soon a pass runs again after a statement failed (or the poll
+/// interval, if shorter).
+pub(super) const ERROR_RETRY: Duration = Duration::from_secs(1);
+
+/// Event ids gathered from notifications before a pass falls back to a
+/// recent scan instead (one statement either way).
+pub(super) const MAX_NOTIFIED_IDS: usize = 10_000;
+
+impl Dispatcher {
+    /// Runs a pass now rather than at the next poll: expand recent events,
+    /// then claim and deliver.
+    pub fn wake(&self) {
+        self.request(Scan::Recent);
+    }
+
+    pub(super) fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(super) fn request(&self, scan: Scan) {
+        {
+            let mut pending = self.pending();
+            pending.scan = pending.scan.max(scan);
+            pending.claim = true;
+        }
+        self.inner.wake.notify_one();
+    }
+
+    /// A notification arrived on the channel: its payload names the event
+    /// when it came from [`super::Outbox`]; anything else asks for a scan.
+    pub(crate) fn notified(&self, payload: &str) {
+        {
+            let mut pending = self.pending();
+            match Uuid::try_parse(payload) {
+                Ok(id) if pending.ids.len() < MAX_NOTIFIED_IDS => pending.ids.push(id),
+                _ => pending.scan = pending.scan.max(Scan::Recent),
+            }
+        }
+        self.inner.wake.notify_one();
+    }
+
+    /// Whether the next pass has nothing to do but expand notified events,
+    /// and not so many that they should go at once.
+    pub(super) fn only_notified(&self) -> bool {
+        let pending = self.pending();
+        pending.scan == Scan::None && !pending.claim && pending.ids.len() < PASS_GATHERING_LIMIT
+    }
+
+    /// The listener connected (again): notifications may have been missed.
+    pub(crate) fn listener_connected(&self, connected: bool) {
+        self.inner.listening.store(connected, Ordering::Relaxed);
+        if connected {
+            self.request(Scan::Full);
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled, then lets the attempts in flight
+    /// finish (rows still waiting for their turn are handed back) and
+    /// records their outcomes before returning.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let config = &self.inner.config;
+        let background = TaskTracker::new();
+        background.spawn(super::super::listener::listen(
+            self.clone(),
+            shutdown.clone(),
+        ));
+        background.spawn(self.clone().advise_on_scan_index());
+        if let Some(ttl) = config.retention {
+            background.spawn(self.clone().sweep(ttl, shutdown.clone()));
+        }
+        let attempts = TaskTracker::new();
+        let (completed, completions) = mpsc::unbounded_channel();
+        let recorder = tokio::spawn(recorder::record(
+            RowOutcomes(self.clone()),
+            completions,
+            batching(config),
+        ));
+
+        let mut expansion = Expansion::new(config.start_from);
+        let mut next_poll = Instant::now() + config.poll_interval;
+        self.request(Scan::Full);
+        let retry_after_error = config.poll_interval.min(ERROR_RETRY);
+        let mut waiting_for_room = false;
+        let mut last_pass = Instant::now();
+        // A scan reads every recent event, which takes a while on a busy
+        // outbox: it runs beside the passes, so that notified events are not
+        // held up behind it. One at a time; what is asked for meanwhile
+        // waits in `scan_wanted`.
+        let mut scan_wanted = Scan::None;
+        let mut scanning: Option<tokio::task::JoinHandle<ScanResult>> = None;
+        // After a failed scan, when the next may start.
+        let mut scan_retry: Option<Instant> = None;
+        while !shutdown.is_cancelled() {
+            // Under a stream of notifications, passes are spaced so that
+            // each expands several events in its one statement rather than
+            // one each; an event arriving after a quiet spell goes at once.
+            let spaced = last_pass + PASS_SPACING;
+            if Instant::now() < spaced && self.only_notified() {
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep_until(spaced) => {}
+                }
+            }
+            last_pass = Instant::now();
+            let work = std::mem::take(&mut *self.pending());
+            let registry = self.registry();
+            // Whether a statement failed in this pass: the next pass comes
+            // soon rather than at the next poll.
+            let mut failed = false;
+            if !registry.subscriptions.is_empty() {
+                scan_wanted = scan_wanted.max(work.scan);
+                if expansion.last_full_scan.elapsed() >= config.catch_up_interval {
+                    scan_wanted = Scan::Full;
+                }
+                if scanning.is_none()
+                    && scan_retry.is_none()
+                    && let Some(since) = expansion.since(scan_wanted, config.expand_lookback)
+                {
+                    scanning = Some(tokio::spawn(self.clone().scan(
+                        registry.clone(),
+                        std::mem::take(&mut scan_wanted),
+                        since,
+                    )));
+                }
+                // Notified events come back claimed; a claim runs only when
+                // something else may be due.
+                let mut claim = work.claim;
+                // Rows an expansion left unclaimed for want of room are due
+                // before any event notified since: while there are some,
+                // each pass claims first (no statement while there is no
+                // room), and newer events take what room is left. Otherwise
+                // newer events would take every slot that frees, and the
+                // older rows wait for the next poll.
+                if waiting_for_room {
+                    self.claim_and_start(&registry, &attempts, &completed, &shutdown)
+                        .await
+                        .record(&mut waiting_for_room, &mut failed);
+                    claim = false;
+                }
+                if !work.ids.is_empty() {
+                    let expanded = self
+                        .expand_notified(
+                            &work.ids, &registry, &expansion, &attempts, &completed, &shutdown,
+                        )
+                        .await;
+                    failed = !expanded.succeeded;
+                    claim |= expanded.left_unclaimed;
+                }
+                if claim {
+                    self.claim_and_start(&registry, &attempts, &completed, &shutdown)
+                        .await
+                        .record(&mut waiting_for_room, &mut failed);
+                }
+            }
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                () = self.inner.wake.notified() => {}
+                scanned = or_never(scanning.as_mut()), if scanning.is_some() => {
+                    scanning = None;
+                    match scanned {
+                        Ok(ScanResult { scan, since, outcome: Ok((written, scanned_at)) }) => {
+                            debug!(written, ?scan, "expanded");
+                            expansion.scanned(since, scanned_at);
+                            // Rows a scan writes are unclaimed.
+                            self.pending().claim |= written > 0;
+                        }
+                        Ok(ScanResult { scan, outcome: Err(error), .. }) => {
+                            warn!(%error, "expanding outbox events failed; retrying shortly");
+                            scan_wanted = scan_wanted.max(scan);
+                            scan_retry = Some(Instant::now() + retry_after_error);
+                        }
+                        Err(error) => {
+                            warn!(%error, "an outbox expansion scan stopped abnormally");
+                            scan_wanted = scan_wanted.max(Scan::Full);
+                            scan_retry = Some(Instant::now() + retry_after_error);
+                        }
+                    }
+                }
+                () = self.inner.room.notified(), if waiting_for_room => {
+                    self.pending().claim = true;
+                }
+                () = or_never(scan_retry.map(tokio::time::sleep_until)), if scan_retry.is_some() => {
+                    scan_retry = None;
+                }
+                () = tokio::time::sleep(retry_after_error), if failed => {
+                    let mut pending = self.pending();
+                    pending.scan = pending.scan.max(Scan::Recent);
+                    pending.claim = true;
+                }
+                () = tokio::time::sleep_until(next_poll) => {
+                    next_poll = Instant::now() + config.poll_interval;
+                    let mut pending = self.pending();
+                    pending.scan = pending.scan.max(Scan::Recent);
+                    pending.claim = true;
+                }
+            }
+        }
+        if let Some(scan) = scanning {
+            scan.abort();
+        }
+        attempts.close();
+        attempts.wait().await;
+        drop(completed);
+        if let Err(error) = recorder.await {
+            warn!(%error, "the outbox outcome recorder stopped abnormally");
+        }
+        background.close();
+        background.wait().await;
+    }
+
+    /// Writes the missing delivery rows of the events created since
+    /// `since`, unclaimed.
+    pub(super) async fn scan(
+        self,
+        registry: Arc<Registry>,
+        scan: Scan,
+        since: NaiveDateTime,
+    ) -> ScanResult {
+        // While the listener is up, the newest events are left to their
+        // notifications; the next scan looks at them, the lookback covering
+        // the gap.
+        let config = &self.inner.config;
+        let spare = if self.is_listening() {
+            config.poll_interval.min(config.expand_lookback / 4)
+        } else {
+            Duration::ZERO
+        };
+        let outcome = self
+            .inner
+            .queries
+            .expand(&self.inner.pool, &registry.subscriptions, since, spare)
+            .await;
+        ScanResult {
+            scan,
+            since,
+            outcome,
+        }
+    }
+
+    /// Expands notified events: their rows come back claimed, as many as
+    /// the subscribers have room for, and their attempts start at once.
+    /// What failed is scanned for shortly.
+    pub(super) async fn expand_notified(
+        &self,
+        ids: &[Uuid],
+        registry: &Registry,
+        expansion: &Expansion,
+        attempts: &TaskTracker,
+        completed: &mpsc::UnboundedSender<RowCompletion>,
+        shutdown: &CancellationToken,
+    ) -> Expanded {
+        let (rooms, _) = self.rooms(registry);
+        match self
+            .inner
+            .queries
+            .expand_and_claim(
+                &self.inner.pool,
+                &registry.subscriptions,
+                expansion.start_from,
+                ids,
+                &rooms,
+            )
+            .await
+        {
+            Ok((claimed, unclaimed)) => {
+                self.start(claimed, attempts, completed, shutdown);
+                Expanded {
+                    succeeded: true,
+                    left_unclaimed: unclaimed > 0,
+                }
+            }
+            Err(error) => {
+                warn!(%error, "expanding notified events failed; retrying shortly");
+                // The events go round again with the next pass: a scan
+                // would leave the newest of them to their notifications,
+                // which are spent, and find them only a poll or more later.
+                let mut pending = self.pending();
+                let room = MAX_NOTIFIED_IDS.saturating_sub(pending.ids.len());
+                let again = &ids[..ids.len().min(room)];
+                pending.ids.splice(0..0, again.iter().copied());
+                if again.len() < ids.len() {
+                    pending.scan = pending.scan.max(Scan::Recent);
+                }
+                Expanded {
+                    succeeded: false,
+                    left_unclaimed: false,
+                }
+            }
+        }
+    }
+
+    /// Claims due rows, each subscriber up to its room, and starts an
+    /// attempt per row.
+    pub(super) async fn claim_and_start(
+        &self,
+        registry: &Arc<Registry>,
+        attempts: &TaskTracker,
+        completed: &mpsc::UnboundedSender<RowCompletion>,
+        shutdown: &CancellationToken,
+    ) -> ClaimRound {
+        let config = &self.inner.config;
+        loop {
+            // While rows keep coming, this loop alone claims them; shutdown
+            // must still be noticed between claims.
+            if shutdown.is_cancelled() {
+                return ClaimRound::Idle;
+            }
+            let (rooms, saturated) = self.rooms(registry);
+            if rooms.total == 0 {
+                return if saturated {
+                    ClaimRound::WaitingForRoom
+                } else {
+                    ClaimRound::Idle
+                };
+            }
+            let asked = rooms.total.min(config.batch_size);
+            let claimed = match self
+                .inner
+                .queries
+                .claim(
+                    &self.inner.pool,
+                    &registry.subscriptions,
+                    config.retry.max_retries,
+                    config.visibility_timeout,
+                    &rooms,
+                    asked,
+                )
+                .await
+            {
+                Ok(claimed) => claimed,
+                Err(error) => {
+                    warn!(%error, "claiming outbox deliveries failed; retrying shortly");
+                    return ClaimRound::Failed;
+                }
+            };
+            let more = claimed.len() == asked;
+            self.start(claimed, attempts, completed, shutdown);
+            // A subscriber given its whole room may have more due: it is
+            // claimed for again once enough of its rows are done.
+            let (_, saturated) = self.rooms(registry);
+            if saturated {
+                return ClaimRound::WaitingForRoom;
+            }
+            if !more {
+                return ClaimRound::Idle;
+            }
+        }
+    }
+
+    /// What each registered subscriber may still be given and in all,
+    /// and whether any subscriber, or the dispatcher as a whole, has no
+    /// room left.
+    pub(super) fn rooms(&self, registry: &Registry) -> (Rooms, bool) {
+        let hold = self.inner.hold;
+        let lanes = self.lanes();
+        let overall = self.inner.hold_overall.saturating_sub(lanes.held);
+        let default = hold.min(overall);
+        let names = &registry.names;
+        let mut rooms = Rooms {
+            default: i64::try_from(default).unwrap_or(i64::MAX),
+            ..Rooms::default()
+        };
+        let mut saturated = overall == 0;
+        let mut listed = 0;
+        let mut total = 0usize;
+        for (name, lane) in &lanes.by_subscriber {
+            if names.binary_search(name).is_err() {
+                continue;
+            }
+            let room = hold.saturating_sub(lane.held).min(overall);
+            saturated |= room == 0;
+            listed += 1;
+            total = total.saturating_add(room);
+            rooms.subscribers.push(name.clone());
+            rooms.rows.push(i64::try_from(room).unwrap_or(i64::MAX));
+        }
+        total = total.saturating_add(default.saturating_mul(names.len() - listed));
+        rooms.total = total.min(overall);
+        (rooms, saturated)
+    }
+
+    /// Starts a task per claimed row: it waits for its subscriber's turn and
+    /// a slot, then attempts. A row whose turn has not come by three
+    /// quarters of the visibility timeout (or by shutdown) is handed back
+    /// uncounted, so that its claim never goes stale while it waits.
+    pub(super) fn start(
+        &self,
+        claimed: Vec<ClaimedRow>,
+        attempts: &TaskTracker,
+        completed: &mpsc::UnboundedSender<RowCompletion>,
+        shutdown: &CancellationToken,
+    ) {
+        let deadline = Instant::now() + patience(&self.inner.config);
+        let mut envelopes: HashMap<Uuid, Arc<Prepared>> = HashMap::new();
+        for row in claimed {
+            let turns = self.hold(&row.subscriber);
+            let prepared = envelopes
+                .entry(row.event_id)
+                .or_insert_with(|| Arc::new(Prepared::new(&row)))
+                .clone();
+            let dispatcher = self.clone();
+            let completed = completed.clone();
+            let shutdown = shutdown.clone();
+            let span = debug_span!(
+                "outbox_deliver",
+                event = %row.event_id,
+                event_name = %row.event_name,
+                subscriber = %row.subscriber,
+            );
+            attempts.spawn(
+                async move {
+                    let outcome = dispatcher
+                        .in_turn(&row, &prepared, turns, deadline, &shutdown)
+                        .await;
+                    let _ = completed.send(completion(&row, outcome));
+                    dispatcher.finished(&row.subscriber);
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    pub(super) async fn in_turn(
+        &self,
+        row: &ClaimedRow,
+        prepared: &Prepared,
+        turns: Arc<Semaphore>,
+        deadline: Instant,
+        shutdown: &CancellationToken,
+    ) -> RowOutcome {
+        let turn = async {
+            let own = turns.acquire_owned().await.ok()?;
+            let slot = self.inner.slots.clone().acquire_owned().await.ok()?;
+            Some((own, slot))
+        };
+        let permits = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => None,
+            permits = tokio::time::timeout_at(deadline, turn) => permits.ok().flatten(),
+        };
+        match permits {
+            Some(_permits) => self.attempt(row, prepared, deadline).await,
+            None => RowOutcome::Released,
+        }
+    }
+
+    pub(super) fn lanes(&self) -> std::sync::MutexGuard<'_, Lanes> {
+        self.inner
+            .lanes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Counts one more row held for `subscriber`; returns its turns.
+    pub(super) fn hold(&self, subscriber: &str) -> Arc<Semaphore> {
+        let mut lanes = self.lanes();
+        lanes.held += 1;
+        let lane = lanes
+            .by_subscriber
+            .entry(subscriber.to_owned())
+            .or_insert_with(|| Lane {
+                held: 0,
+                turns: Arc::new(Semaphore::new(self.inner.config.per_subscriber)),
+            });
+        lane.held += 1;
+        lane.turns.clone()
+    }
+
+    /// One row of `subscriber` is done. Once half the room of the
+    /// subscriber, or of the dispatcher, is free, the run loop may claim
+    /// again: refilling in halves rather than one row at a time keeps claims
+    /// few, and what is still held covers the attempts in the meantime.
+    pub(super) fn finished(&self, subscriber: &str) {
+        let refill_at = |hold: usize| hold - (hold / 2).max(1);
+        let mut lanes = self.lanes();
+        lanes.held = lanes.held.saturating_sub(1);
+        let mut refill = lanes.held == refill_at(self.inner.hold_overall);
+        if let Some(lane) = lanes.by_subscriber.get_mut(subscriber) {
+            lane.held = lane.held.saturating_sub(1);
+            refill |= lane.held == refill_at(self.inner.hold);
+            if lane.held == 0 {
+                lanes.by_subscriber.remove(subscriber);
+            }
+        }
+        drop(lanes);
+        if refill {
+            self.inner.room.notify_one();
+        }
+    }
+}
+
+/// How many waves of attempts rows are claimed for: as many (at most four)
+/// as fit, each taking up to the delivery timeout, before a waiting row's
+/// claim must be handed back. Holding more than one wave means the next
+/// attempts are ready the moment a slot frees, without a claim in between.
+pub(super) fn waves(config: &DispatcherConfig) -> usize {
+    let waves = patience(config).as_nanos() / config.delivery_timeout.as_nanos().max(1);
+    usize::try_from(waves.clamp(1, 4)).unwrap_or(1)
+}
+
+/// How long after its claim a row may still be attempting, or waiting for
+/// its turn: three quarters of the visibility timeout, so that the claim
+/// never goes stale meanwhile.
+pub(super) fn patience(config: &DispatcherConfig) -> Duration {
+    config.visibility_timeout * 3 / 4
+}
+
+/// The lower bound of a scan without `start_from`: before any event.
+pub(super) fn beginning_of_time() -> NaiveDateTime {
+    NaiveDate::from_ymd_opt(1, 1, 1)
+        .and_then(|date| date.and_hms_opt(0, 0, 0))
+        .unwrap_or_else(|| unreachable!("1 January of year 1 is a date"))
+}
+
+/// The least time between the starts of two passes that only expand
+/// notified events; see [`Dispatcher::run`]. Measured on two cores shared
+/// with the producers' database: at 2 ms the extra statements cost the
+/// producers about a tenth of their rate, and at 4 ms the median latency
+/// from commit to delivery came within a few percent of 5 ms.
+pub(super) const PASS_SPACING: Duration = Duration::from_millis(3);
+
+/// Notified events that start a pass at once, however soon after the last.
+pub(super) const PASS_GATHERING_LIMIT: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scans_look_back_from_the_previous_one_never_before_start_from() {
+        let start = DateTime::<Utc>::from_timestamp(1_000_000, 0).expect("a time");
+        let mut expansion = Expansion::new(Some(start));
+        let lookback = Duration::from_secs(60);
+        let start = start.naive_utc();
+        assert_eq!(expansion.since(Scan::None, lookback), None);
+        assert_eq!(
+            expansion.since(Scan::Recent, lookback),
+            Some(start),
+            "no scan yet"
+        );
+        let later = start + chrono::Duration::hours(1);
+        expansion.scanned(start, later);
+        assert_eq!(
+            expansion.since(Scan::Recent, lookback),
+            Some(later - chrono::Duration::seconds(60))
+        );
+        assert_eq!(expansion.since(Scan::Full, lookback), Some(start));
+        // A lookback reaching before the cutoff stops at it.
+        assert_eq!(
+            expansion.since(Scan::Recent, Duration::from_secs(7200)),
+            Some(start)
+        );
+        assert_eq!(
+            Expansion::new(None).since(Scan::Full, lookback),
+            Some(beginning_of_time())
+        );
+    }
+}
