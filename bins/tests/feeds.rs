@@ -5,20 +5,15 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::{Path as UrlPath, State};
-use axum::http::{HeaderMap, StatusCode};
 use common::{Websubd, free_port, scratch_dir};
 use sqlx::postgres::PgPool;
 use websub_hub::outbox::{Event, Outbox, OutboxTables, ddl};
 use websub_hub::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, verify};
-use websub_tests::{LoopbackServer, TestSubscriber, http_client, serve_on_loopback};
+use websub_tests::{Answer, Received, RecordingReceiver, Route, TestSubscriber, http_client};
 
 const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
 const SIGNING_SECRET: &str = "the feed's webhook secret";
@@ -123,93 +118,69 @@ fn write_webhooks(path: &Path, subscriber: &str, url: &str) {
     std::fs::write(path, text).expect("write the webhooks file");
 }
 
-/// A webhook receiver: checks every signature, counts each event per path,
-/// and notes any event delivered twice at the same time.
-#[derive(Default)]
-struct Deliveries {
-    received: Mutex<HashMap<(String, String), usize>>,
-    in_flight: Mutex<HashSet<String>>,
-    overlaps: AtomicUsize,
-    bad_signatures: AtomicUsize,
-    delay: Mutex<Duration>,
-}
-
+/// A webhook receiver on the recording receiver: every path answers 204
+/// after `delay`; an event counts once it was answered and its signature
+/// checks out.
 struct Hook {
-    server: LoopbackServer,
-    deliveries: Arc<Deliveries>,
+    receiver: RecordingReceiver,
 }
 
 impl Hook {
     async fn start(delay: Duration) -> Self {
-        let deliveries = Arc::new(Deliveries {
-            delay: Mutex::new(delay),
-            ..Deliveries::default()
-        });
-        let app = axum::Router::new()
-            .route("/{path}", axum::routing::post(receive))
-            .with_state(deliveries.clone());
-        Self {
-            server: serve_on_loopback(app).await,
-            deliveries,
-        }
+        let receiver = RecordingReceiver::start().await;
+        receiver.answer(Route::any(), Answer::status(204).after(delay));
+        Self { receiver }
     }
 
     fn url(&self, path: &str) -> String {
-        format!("http://{}/{path}", self.server.address)
+        self.receiver.url(&format!("/{path}")).to_string()
     }
 
     /// Distinct events received on `path`.
     fn events_on(&self, path: &str) -> usize {
-        lock(&self.deliveries.received)
-            .keys()
-            .filter(|(on, _)| on == path)
-            .count()
+        events_on(&self.receiver, path)
     }
 
     async fn wait_for(&self, path: &str, events: usize) -> bool {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while self.events_on(path) < events {
-            if tokio::time::Instant::now() > deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        true
+        self.receiver
+            .wait_until(WAIT, |receiver| events_on(receiver, path) >= events)
+            .await
+    }
+
+    /// Requests that arrived while the same event was being delivered to
+    /// the same path.
+    fn overlaps(&self) -> usize {
+        self.receiver.overlaps(MESSAGING_EVENT_ID_HEADER)
+    }
+
+    /// Requests whose signature does not check out.
+    fn bad_signatures(&self) -> usize {
+        self.receiver.count_where(|received| !signed(received))
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+fn signed(received: &Received) -> bool {
+    verify(
+        SIGNING_SECRET.as_bytes(),
+        &received.body,
+        received.header(MESSAGING_SIGNATURE_HEADER),
+    )
 }
 
-async fn receive(
-    State(deliveries): State<Arc<Deliveries>>,
-    UrlPath(path): UrlPath<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> StatusCode {
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|value| value.to_str().ok())
-            .map(str::to_owned)
-    };
-    let signature = header(MESSAGING_SIGNATURE_HEADER);
-    if !verify(SIGNING_SECRET.as_bytes(), &body, signature.as_deref()) {
-        deliveries.bad_signatures.fetch_add(1, Ordering::Relaxed);
-        return StatusCode::UNAUTHORIZED;
-    }
-    let id = header(MESSAGING_EVENT_ID_HEADER).unwrap_or_default();
-    if !lock(&deliveries.in_flight).insert(id.clone()) {
-        deliveries.overlaps.fetch_add(1, Ordering::Relaxed);
-    }
-    let delay = *lock(&deliveries.delay);
-    tokio::time::sleep(delay).await;
-    lock(&deliveries.in_flight).remove(&id);
-    *lock(&deliveries.received).entry((path, id)).or_default() += 1;
-    StatusCode::NO_CONTENT
+fn events_on(receiver: &RecordingReceiver, path: &str) -> usize {
+    let path = format!("/{path}");
+    receiver
+        .received_where(|received| {
+            received.path == path && received.succeeded() && signed(received)
+        })
+        .iter()
+        .filter_map(|received| {
+            received
+                .header(MESSAGING_EVENT_ID_HEADER)
+                .map(str::to_owned)
+        })
+        .collect::<HashSet<_>>()
+        .len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -233,9 +204,8 @@ async fn two_websubd_processes_on_one_feed_deliver_each_event_never_twice_at_onc
     }
     shop.produce(0..400).await;
     assert!(hook.wait_for("billing", 400).await, "every event arrives");
-    let deliveries = &hook.deliveries;
-    assert_eq!(deliveries.overlaps.load(Ordering::Relaxed), 0);
-    assert_eq!(deliveries.bad_signatures.load(Ordering::Relaxed), 0);
+    assert_eq!(hook.overlaps(), 0);
+    assert_eq!(hook.bad_signatures(), 0);
     drop(hubs);
 }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{Websubd, free_port, scratch_dir};
 
 use websub_store::{Subscription, SubscriptionStore};
-use websub_tests::{DeliveryAnswer, TestSubscriber, http_client};
+use websub_tests::{Answer, TestSubscriber, http_client};
 
 const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
 
@@ -86,7 +86,7 @@ async fn kill_9_during_fan_out_loses_nothing(database_url: String) {
     let dir = scratch_dir("crash");
     let subscriber = TestSubscriber::start().await;
     // Slow enough that the kill lands mid-fan-out.
-    subscriber.answer_every_delivery(DeliveryAnswer::Hang(Duration::from_millis(10)));
+    subscriber.answer_every_delivery(Answer::status(200).after(Duration::from_millis(10)));
     let topic = "http://127.0.0.1:9/topics/crash";
 
     let store: Arc<dyn SubscriptionStore> = websub_hub::server::open_store(&database_url)

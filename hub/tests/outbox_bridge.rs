@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Db, EVENT, Receiver, eventually, eventually_async};
+use common::{Db, EVENT, eventually, eventually_async};
 use tokio_util::sync::CancellationToken;
 use url::Url;
 use uuid::Uuid;
@@ -25,6 +25,7 @@ use websub_hub::outbox::{Envelope, MESSAGING_SIGNATURE_HEADER};
 use websub_hub::signature::{HUB_SIGNATURE_HEADER, verify};
 use websub_store::memory::MemoryStore;
 use websub_store::{Subscription, SubscriptionStore};
+use websub_tests::RecordingReceiver;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -170,7 +171,7 @@ async fn an_outbox_event_reaches_a_websub_subscriber_of_its_topic() {
     let Some(events) = event_log().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let topic = format!("https://hub.example/topics/{EVENT}");
     let store = Arc::new(MemoryStore::new());
     let mut subscription = Subscription::new(&topic, receiver.url("/cb?id=7").to_string());
@@ -243,7 +244,7 @@ async fn the_webhooks_file_is_watched_and_a_broken_one_changes_nothing() {
     let Some(events) = event_log().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("webhooks-{}.toml", Uuid::new_v4().simple()));
     let file_for = |url: &Url| {

@@ -11,9 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{NaiveDateTime, Utc};
-use common::{
-    Db, EVENT, Receiver, Running, config, eventually_async, pool, run_with_hook, webhook,
-};
+use common::{Db, EVENT, Running, config, eventually_async, pool, run_with_hook, webhook};
 use sqlx::AssertSqlSafe;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +21,7 @@ use websub_hub::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, MESSAGING_EVENT_ID_HEADER,
     MESSAGING_SIGNATURE_HEADER, RegistrationError, scan_index_ddl, verify,
 };
+use websub_tests::{Answer, RecordingReceiver};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -31,7 +30,7 @@ async fn a_committed_event_wakes_the_dispatcher_through_notify_within_millisecon
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     // Polling once a minute: only the NOTIFY can explain a prompt delivery.
     let config = DispatcherConfig {
         poll_interval: Duration::from_secs(60),
@@ -79,7 +78,7 @@ async fn events_reach_subscribers_of_their_app_and_of_every_app_never_another_ap
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
     let mut subscribers = webhook("ush-users", Some("ush"), receiver.url("/ush"));
     subscribers.extend(webhook(
@@ -132,7 +131,7 @@ async fn start_from_bounds_expansion_but_existing_rows_are_always_delivered() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let two_hours = Duration::from_secs(2 * 3600);
     let old_with_row = db.produce(EVENT, None, false).await;
     db.age(old_with_row, two_hours).await;
@@ -170,7 +169,7 @@ async fn events_nobody_subscribes_to_get_no_rows() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let running = run_with_hook(db.pool.clone(), config(&db.tables), &receiver);
     let ignored = db.produce("billing.invoice.paid", None, true).await;
     let wanted = db.produce(EVENT, None, true).await;
@@ -187,8 +186,8 @@ async fn failures_retry_on_the_curve_then_exhaust_keeping_the_status() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
-    receiver.set_status("/dead", 500);
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer("/dead", Answer::status(500));
     // 3 retries, the last after 400 ms: waits 0, 200 ms, 400 ms.
     let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
     dispatcher
@@ -206,7 +205,7 @@ async fn failures_retry_on_the_curve_then_exhaust_keeping_the_status() {
     .await;
     assert!(exhausted, "the row did not record four failures");
     // Never claimed again, even once the subscriber would answer.
-    receiver.set_status("/dead", 200);
+    receiver.answer("/dead", Answer::status(200));
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let attempts = receiver.received_at("/dead");
     assert_eq!(attempts.len(), 4, "one attempt and three retries");
@@ -238,8 +237,8 @@ async fn a_briefly_unavailable_subscriber_is_picked_up_at_once() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
-    receiver.set_status("/flaky", 503);
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer("/flaky", Answer::status(503));
     let config = DispatcherConfig {
         retry: RetryPolicy {
             max_retries: 10,
@@ -254,7 +253,7 @@ async fn a_briefly_unavailable_subscriber_is_picked_up_at_once() {
     let running = Running::start(dispatcher);
     let id = db.produce(EVENT, None, true).await;
     assert!(receiver.wait_for("/flaky", 1, WAIT).await);
-    receiver.set_status("/flaky", 200);
+    receiver.answer("/flaky", Answer::status(200));
     let delivered = eventually_async(WAIT, || async {
         db.delivery(id, "flaky")
             .await
@@ -285,8 +284,8 @@ async fn with_the_defaults_a_dead_subscriber_is_exhausted_in_about_twenty_second
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
-    receiver.set_status("/dead", 502);
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer("/dead", Answer::status(502));
     let config = DispatcherConfig {
         tables: db.tables.clone(),
         ..DispatcherConfig::default()
@@ -328,10 +327,10 @@ async fn a_hanging_subscriber_never_holds_up_another() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     // Answers after the delivery timeout: every attempt holds its slot for
     // the whole timeout.
-    receiver.set_delay("/stuck", Duration::from_secs(5));
+    receiver.answer("/stuck", Answer::status(200).after(Duration::from_secs(5)));
     let config = DispatcherConfig {
         concurrency: 8,
         per_subscriber: 4,
@@ -458,7 +457,7 @@ async fn webhooks_get_the_exact_envelope_signature_and_headers() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let secret = "a signing secret of some length";
     let config = DispatcherConfig {
         signing_secret: Some(secret.to_owned()),
@@ -535,8 +534,8 @@ async fn two_dispatchers_on_one_table_deliver_everything_once_and_never_concurre
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
-    receiver.set_delay("/a", Duration::from_millis(5));
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer("/a", Answer::status(200).after(Duration::from_millis(5)));
     let mut runners = Vec::new();
     for _ in 0..2 {
         // Separate pools: as separate processes would.
@@ -572,7 +571,11 @@ async fn two_dispatchers_on_one_table_deliver_everything_once_and_never_concurre
         assert_eq!(unique, produced, "{path}: every event");
         assert_eq!(ids.len(), unique.len(), "{path}: each once");
     }
-    assert_eq!(receiver.overlaps(), 0, "no row was delivered twice at once");
+    assert_eq!(
+        receiver.overlaps(MESSAGING_EVENT_ID_HEADER),
+        0,
+        "no row was delivered twice at once"
+    );
     for runner in runners {
         runner.stop().await;
     }
@@ -583,8 +586,11 @@ async fn a_killed_dispatcher_loses_nothing() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
-    receiver.set_delay("/slow", Duration::from_millis(800));
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer(
+        "/slow",
+        Answer::status(200).after(Duration::from_millis(800)),
+    );
     let short = DispatcherConfig {
         delivery_timeout: Duration::from_secs(1),
         visibility_timeout: Duration::from_secs(2),
@@ -613,7 +619,7 @@ async fn a_killed_dispatcher_loses_nothing() {
     });
     assert!(receiver.wait_for("/slow", 3, WAIT).await, "attempts began");
     doomed.shutdown_background();
-    receiver.set_delay("/slow", Duration::ZERO);
+    receiver.answer("/slow", Answer::status(200));
 
     let dispatcher = Dispatcher::new(db.pool.clone(), short).expect("dispatcher");
     dispatcher
@@ -645,7 +651,7 @@ async fn polling_delivers_without_any_notify() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let running = run_with_hook(db.pool.clone(), config(&db.tables), &receiver);
     running.listening().await;
     let started = Instant::now();
@@ -667,8 +673,11 @@ async fn rows_left_for_want_of_room_go_before_newer_events() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
-    receiver.set_delay("/hook", Duration::from_millis(100));
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer(
+        "/hook",
+        Answer::status(200).after(Duration::from_millis(100)),
+    );
     // Four attempts at once, about 40 deliveries a second, and sixteen rows
     // held (the visibility timeout leaves room for four waves): of a burst
     // of 40, 24 are left unclaimed.
@@ -725,7 +734,7 @@ async fn a_failed_expansion_of_a_notified_event_is_retried_without_a_poll() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let running = run_with_hook(
         db.pool.clone(),
         DispatcherConfig {
@@ -810,7 +819,7 @@ async fn with_the_scan_index_polls_read_only_their_window() {
     };
     let before = index_scans().await;
 
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let running = run_with_hook(
         db.pool.clone(),
         DispatcherConfig {
@@ -843,7 +852,7 @@ async fn ten_thousand_subscribers_of_one_event_expand_at_once() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let config = DispatcherConfig {
         poll_interval: Duration::from_secs(60),
         concurrency: 4,

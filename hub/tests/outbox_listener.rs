@@ -8,17 +8,16 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{
-    Db, EVENT, PrivateCluster, Receiver, config, eventually, eventually_async, run_with_hook,
-};
+use common::{Db, EVENT, PrivateCluster, config, eventually, eventually_async, run_with_hook};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio::time::Instant;
 use uuid::Uuid;
 use websub_hub::outbox::{DispatcherConfig, Outbox, OutboxTables, ddl};
+use websub_tests::{Answer, RecordingReceiver};
 
 /// Produces one notified event and returns how long it took to arrive.
-async fn notified_delivery(db: &Db, receiver: &Receiver) -> Duration {
+async fn notified_delivery(db: &Db, receiver: &RecordingReceiver) -> Duration {
     let before = receiver.received_at("/hook").len();
     let started = Instant::now();
     db.produce(EVENT, None, true).await;
@@ -44,7 +43,7 @@ async fn a_terminated_listener_comes_back_and_notify_is_fast_again() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     // Polling once a minute: a prompt delivery is the listener's doing.
     let config = DispatcherConfig {
         poll_interval: Duration::from_secs(60),
@@ -83,7 +82,7 @@ async fn polling_carries_on_while_the_listener_cannot_reconnect() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     // Connections opened up front and kept: once the database refuses new
     // connections, these are all there is.
     let dispatcher_pool = PgPoolOptions::new()
@@ -197,10 +196,13 @@ async fn a_database_restart_mid_flow_loses_nothing() {
         .execute(&pool)
         .await
         .expect("the outbox tables");
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     // A slow subscriber, two attempts at a time: a backlog is claimed and in
     // flight when the server goes away.
-    receiver.set_delay("/hook", Duration::from_millis(100));
+    receiver.answer(
+        "/hook",
+        Answer::status(200).after(Duration::from_millis(100)),
+    );
     let dispatcher_pool = PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(3))
@@ -249,11 +251,12 @@ async fn a_database_restart_mid_flow_loses_nothing() {
     }
     assert_eq!(after_restart, 20, "the database came back");
 
-    let everything = eventually(Duration::from_secs(20), || {
-        let received: HashSet<Uuid> = receiver.event_ids("/hook").into_iter().collect();
-        committed.is_subset(&received)
-    })
-    .await;
+    let everything = receiver
+        .wait_until(Duration::from_secs(20), |receiver| {
+            let received: HashSet<Uuid> = receiver.event_ids("/hook").into_iter().collect();
+            committed.is_subset(&received)
+        })
+        .await;
     let received: HashSet<Uuid> = receiver.event_ids("/hook").into_iter().collect();
     assert!(
         everything,
@@ -273,7 +276,7 @@ async fn a_silently_dead_listener_is_found_by_its_liveness_check() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let server: std::net::SocketAddr = {
         let url = url::Url::parse(&db.url).expect("url");
         let host = url.host_str().expect("host").to_owned();

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
-use common::{Db, EVENT, Receiver, Running, config, eventually, eventually_async, webhook};
+use common::{Db, EVENT, Running, config, eventually, eventually_async, webhook};
 use url::Url;
 use uuid::Uuid;
 use websub_hub::delivery::RetryPolicy;
@@ -20,6 +20,7 @@ use websub_hub::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, RegistrationError, ReloadError,
     WebhookRegistrar, WebhookSubscriber,
 };
+use websub_tests::{Answer, RecordingReceiver};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -57,7 +58,7 @@ async fn a_removed_subscriber_pauses_with_its_rows_kept_and_resumes_when_back() 
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     // The contract's retry curve, so a failing row stays pending for a while.
     let config = DispatcherConfig {
         retry: RetryPolicy {
@@ -72,7 +73,7 @@ async fn a_removed_subscriber_pauses_with_its_rows_kept_and_resumes_when_back() 
         .expect("register at start-up");
     let running = Running::start(dispatcher.clone());
 
-    receiver.set_status("/a", 503);
+    receiver.answer("/a", Answer::status(503));
     let pending = db.produce(EVENT, None, true).await;
     assert!(receiver.wait_for("/a", 1, WAIT).await);
     assert!(receiver.wait_for("/b", 1, WAIT).await);
@@ -102,14 +103,15 @@ async fn a_removed_subscriber_pauses_with_its_rows_kept_and_resumes_when_back() 
     assert!(unchanged.processed_at.is_none());
 
     // Back: its kept row resumes, and what it missed is expanded.
-    receiver.set_status("/a", 200);
+    receiver.answer("/a", Answer::status(200));
     dispatcher
         .reload_webhooks(|registrar| both.register(registrar))
         .expect("reload");
-    let caught_up = eventually(WAIT, || {
-        set(receiver.event_ids("/a")).is_superset(&HashSet::from([pending, while_away]))
-    })
-    .await;
+    let caught_up = receiver
+        .wait_until(WAIT, |receiver| {
+            set(receiver.event_ids("/a")).is_superset(&HashSet::from([pending, while_away]))
+        })
+        .await;
     assert!(caught_up, "got {:?}", receiver.event_ids("/a"));
     let resumed = eventually_async(WAIT, || async {
         db.delivery(pending, "a")
@@ -126,7 +128,7 @@ async fn a_new_subscriber_is_expanded_within_the_start_from_cutoff() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let old = db.produce(EVENT, None, false).await;
     db.age(old, Duration::from_secs(2 * 3600)).await;
     let recent = db.produce(EVENT, None, false).await;
@@ -169,7 +171,7 @@ async fn a_changed_url_applies_from_the_next_attempt() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let config = DispatcherConfig {
         retry: RetryPolicy {
             max_retries: 10,
@@ -188,9 +190,13 @@ async fn a_changed_url_applies_from_the_next_attempt() {
 
     // A failing row, retried at the old URL until the change.
     let retried = db.produce(EVENT, None, true).await;
-    receiver.set_status("/old", 500);
+    receiver.answer("/old", Answer::status(500));
     assert!(
-        eventually(WAIT, || receiver.event_ids("/old").contains(&retried)).await,
+        receiver
+            .wait_until(WAIT, |receiver| receiver
+                .event_ids("/old")
+                .contains(&retried))
+            .await,
         "attempted at the old URL"
     );
     let new_url = Subscriptions(vec![("a", receiver.url("/new"))]);
@@ -198,10 +204,11 @@ async fn a_changed_url_applies_from_the_next_attempt() {
         .reload_webhooks(|registrar| new_url.register(registrar))
         .expect("reload");
     let fresh = db.produce(EVENT, None, true).await;
-    let moved = eventually(WAIT, || {
-        set(receiver.event_ids("/new")) == HashSet::from([retried, fresh])
-    })
-    .await;
+    let moved = receiver
+        .wait_until(WAIT, |receiver| {
+            set(receiver.event_ids("/new")) == HashSet::from([retried, fresh])
+        })
+        .await;
     assert!(moved, "/new got {:?}", receiver.event_ids("/new"));
     assert!(!receiver.event_ids("/old").contains(&fresh));
     assert!(!receiver.event_ids("/new").contains(&delivered));
@@ -215,7 +222,7 @@ async fn any_refused_registration_changes_nothing() {
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
     dispatcher
         .register_webhooks(EVENT, webhook("a", None, receiver.url("/a")))
@@ -270,7 +277,7 @@ async fn handlers_are_untouched_by_reloads_and_registration_works_while_running(
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let receiver = Receiver::start().await;
+    let receiver = RecordingReceiver::start().await;
     let config = DispatcherConfig {
         subscriber_name: Some("svc".to_owned()),
         ..config(&db.tables)

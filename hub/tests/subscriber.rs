@@ -4,7 +4,6 @@
 //! to the receiver cover what a hub does not do on purpose (forged
 //! signatures, duplicates, denials).
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,6 +28,7 @@ use websub_hub::subscriber::{
     ReceiverEvent, ReceiverStats, Renewer, Source, State, SubscriberClient,
 };
 use websub_store::SubscriptionStore;
+use websub_tests::{LoopbackServer, serve_on_loopback};
 
 const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
 const SECRET: &str = "a secret shared with the hub";
@@ -40,31 +40,6 @@ fn http() -> reqwest::Client {
         .no_proxy()
         .build()
         .expect("build a client")
-}
-
-/// A server on a loopback port, stopped when dropped.
-struct Server {
-    address: SocketAddr,
-    stop: CancellationToken,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-async fn serve(app: Router) -> Server {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let address = listener.local_addr().expect("address");
-    let stop = CancellationToken::new();
-    let stopped = stop.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(stopped.cancelled_owned())
-            .await;
-    });
-    Server { address, stop }
 }
 
 /// A hub in this process: SQLite in the temp dir, loopback allowed, short
@@ -241,7 +216,7 @@ impl NotificationHandler for Recording {
 struct Subscriber {
     receiver: Receiver,
     recorder: Arc<Recorder>,
-    server: Server,
+    server: LoopbackServer,
 }
 
 impl Subscriber {
@@ -255,7 +230,7 @@ impl Subscriber {
             .handler(Recording(recorder.clone()))
             .build()
             .expect("build the receiver");
-        let server = serve(receiver.router()).await;
+        let server = serve_on_loopback(receiver.router()).await;
         Self {
             receiver,
             recorder,
@@ -384,7 +359,7 @@ async fn subscription_is_verified_and_fat_pings_reach_the_handler_once_each() {
 #[tokio::test]
 async fn thin_ping_delivers_the_fetched_topic_with_its_content_type() {
     let hub = TestHub::start().await;
-    let publisher = serve(Router::new().route(
+    let publisher = serve_on_loopback(Router::new().route(
         "/feed",
         get(|| async {
             (
@@ -926,7 +901,7 @@ async fn the_client_surfaces_the_hubs_refusal_and_forgets_the_intent() {
 async fn the_user_token_travels_with_every_request() {
     // A hub front that requires a user token, as an authenticating proxy
     // before a hub does.
-    let front = serve(Router::new().route(
+    let front = serve_on_loopback(Router::new().route(
         "/",
         post(|headers: axum::http::HeaderMap| async move {
             match headers.get(header::AUTHORIZATION) {
@@ -978,7 +953,7 @@ async fn the_user_token_travels_with_every_request() {
 async fn discovery_finds_the_hub_and_the_client_subscribes_through_it() {
     let hub = TestHub::start().await;
     let hub_link = format!("<{}>; rel=\"hub\", </feed?v=2>; rel=\"self\"", hub.url);
-    let publisher = serve(
+    let publisher = serve_on_loopback(
         Router::new()
             .route(
                 "/feed",

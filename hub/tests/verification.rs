@@ -1,16 +1,12 @@
 //! Verification of intent and the subscription workflow over real HTTP on
-//! 127.0.0.1: an in-test axum server plays the subscriber, records every
+//! 127.0.0.1: the recording receiver plays the subscriber, records every
 //! request it gets and answers as each test scripts it.
 
-use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{Method, StatusCode, Uri, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{Method, StatusCode};
 use chrono::{DateTime, TimeZone, Utc};
 use websub_hub::clock::{Clock, ManualClock};
 use websub_hub::config::{LeasePolicy, VerificationPolicy};
@@ -21,6 +17,7 @@ use websub_hub::verify::{
 };
 use websub_store::memory::MemoryStore;
 use websub_store::{StoreError, Subscription, SubscriptionStore};
+use websub_tests::{Received, RecordingReceiver, Route};
 
 const TOPIC: &str = "https://publisher.example/feed?format=atom";
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,105 +45,52 @@ enum Answer {
     Hang,
 }
 
-/// One request the subscriber received.
-#[derive(Debug, Clone)]
-struct Seen {
-    method: Method,
-    path: String,
-    raw_query: String,
-    pairs: Vec<(String, String)>,
-}
-
-impl Seen {
-    fn param(&self, name: &str) -> Option<&str> {
-        self.pairs
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.as_str())
+impl Answer {
+    /// What the recording receiver answers for this case.
+    fn scripted(self) -> websub_tests::Answer {
+        use websub_tests::Answer as Scripted;
+        match self {
+            Self::Echo => Scripted::echo(),
+            Self::EchoAccepted => Scripted::echo().with_status(202),
+            Self::NotFound => Scripted::echo().with_status(404),
+            Self::WrongBody => Scripted::challenge_with(|challenge| format!("{challenge}\n")),
+            Self::Empty => Scripted::status(200),
+            Self::Oversized => Scripted::challenge_with(|challenge| challenge.repeat(10_000)),
+            Self::ServerError => Scripted::echo().with_status(500),
+            Self::Redirect => Scripted::echo()
+                .with_status(302)
+                .with_header("location", "/followed-redirect"),
+            Self::Hang => Scripted::never(),
+        }
     }
 }
 
-#[derive(Debug, Default)]
-struct Script {
-    answers: Mutex<HashMap<String, Answer>>,
-    seen: Mutex<Vec<Seen>>,
-}
-
-/// The test subscriber: a real HTTP server on an ephemeral loopback port.
+/// The test subscriber: the recording receiver, answering each callback
+/// path as scripted and any other path [`Answer::NotFound`].
 struct Subscriber {
-    address: SocketAddr,
-    script: Arc<Script>,
+    receiver: RecordingReceiver,
 }
 
 impl Subscriber {
     async fn start() -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|error| panic!("bind: {error}"));
-        let address = listener
-            .local_addr()
-            .unwrap_or_else(|error| panic!("local address: {error}"));
-        let script = Arc::new(Script::default());
-        let app = Router::new().fallback(answer).with_state(script.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Self { address, script }
+        let receiver = RecordingReceiver::start().await;
+        receiver.answer(Route::any(), Answer::NotFound.scripted());
+        Self { receiver }
     }
 
     /// A callback URL on this subscriber answering `answer`.
     fn callback(&self, path_and_query: &str, answer: Answer) -> String {
         let path = path_and_query.split('?').next().unwrap_or(path_and_query);
         self.answer(path, answer);
-        format!("http://{}{path_and_query}", self.address)
+        format!("http://{}{path_and_query}", self.receiver.address())
     }
 
     fn answer(&self, path: &str, answer: Answer) {
-        lock(&self.script.answers).insert(path.to_owned(), answer);
+        self.receiver.answer(path, answer.scripted());
     }
 
-    fn seen(&self) -> Vec<Seen> {
-        lock(&self.script.seen).clone()
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-async fn answer(State(script): State<Arc<Script>>, method: Method, uri: Uri) -> Response {
-    let raw_query = uri.query().unwrap_or_default().to_owned();
-    let pairs: Vec<(String, String)> = url::form_urlencoded::parse(raw_query.as_bytes())
-        .into_owned()
-        .collect();
-    let challenge = pairs
-        .iter()
-        .find(|(key, _)| key == "hub.challenge")
-        .map(|(_, value)| value.clone())
-        .unwrap_or_default();
-    let path = uri.path().to_owned();
-    let scripted = lock(&script.answers).get(&path).copied();
-    lock(&script.seen).push(Seen {
-        method,
-        path,
-        raw_query,
-        pairs,
-    });
-    match scripted.unwrap_or(Answer::NotFound) {
-        Answer::Echo => (StatusCode::OK, challenge).into_response(),
-        Answer::EchoAccepted => (StatusCode::ACCEPTED, challenge).into_response(),
-        Answer::NotFound => (StatusCode::NOT_FOUND, challenge).into_response(),
-        Answer::WrongBody => (StatusCode::OK, format!("{challenge}\n")).into_response(),
-        Answer::Empty => StatusCode::OK.into_response(),
-        Answer::Oversized => (StatusCode::OK, challenge.repeat(10_000)).into_response(),
-        Answer::ServerError => (StatusCode::INTERNAL_SERVER_ERROR, challenge).into_response(),
-        Answer::Redirect => (
-            StatusCode::FOUND,
-            [(header::LOCATION, "/followed-redirect")],
-            challenge,
-        )
-            .into_response(),
-        Answer::Hang => std::future::pending::<Response>().await,
+    fn seen(&self) -> Vec<Received> {
+        self.receiver.received()
     }
 }
 
@@ -347,13 +291,13 @@ async fn the_callbacks_own_query_string_is_kept_and_ours_appended() {
     assert_eq!(seen[0].path, "/cb/query");
     assert!(
         seen[0]
-            .raw_query
+            .query()
             .starts_with("id=7&name=a%20b&hub.mode=theirs&hub.mode=subscribe&"),
         "{}",
-        seen[0].raw_query
+        seen[0].query()
     );
     let names: Vec<&str> = seen[0]
-        .pairs
+        .params
         .iter()
         .map(|(name, _)| name.as_str())
         .collect();
@@ -369,7 +313,7 @@ async fn the_callbacks_own_query_string_is_kept_and_ours_appended() {
             "hub.lease_seconds"
         ]
     );
-    assert_eq!(seen[0].pairs[1].1, "a b");
+    assert_eq!(seen[0].params[1].1, "a b");
 }
 
 #[tokio::test]

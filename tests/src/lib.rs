@@ -1,103 +1,29 @@
-//! What the end-to-end tests share: a scripted subscriber and publisher
-//! (real axum servers on 127.0.0.1), and a hub started in process on a free
-//! port.
+//! What the end-to-end tests share: the recording receiver ([`receiver`]),
+//! a WebSub subscriber on top of it and a publisher beside it (real axum
+//! servers on 127.0.0.1), and a hub started in process on a free port.
 //!
-//! The subscriber answers verification GETs as each test scripts them
-//! (echo the challenge, refuse, stall) and records every delivery POST with
-//! its headers and raw body; the publisher serves topics, honouring
+//! The subscriber is the recording receiver in WebSub's shape: callbacks at
+//! `/cb/<name>` that echo every challenge and take every delivery with a 204
+//! until a test scripts otherwise; the publisher serves topics, honouring
 //! conditional GETs. Tests wait for what they expect with an upper bound —
-//! they are woken by the event itself, never by sleeping.
+//! they are woken by the request itself, never by sleeping.
+
+pub mod receiver;
+
+pub use receiver::{Answer, LoopbackServer, Received, RecordingReceiver, Route, serve_on_loopback};
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-
-/// How a subscriber answers a verification GET.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VerifyAnswer {
-    /// 200 with the challenge as the body.
-    Echo,
-    /// This status, empty body.
-    Status(u16),
-    /// 200 with another body.
-    WrongBody,
-}
-
-/// How a subscriber answers a delivery POST.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeliveryAnswer {
-    /// This status.
-    Status(u16),
-    /// Wait this long, then 200.
-    Hang(Duration),
-    /// Each status in turn, then the last forever.
-    Sequence(Vec<u16>),
-}
-
-/// A verification request the subscriber received.
-#[derive(Debug, Clone)]
-pub struct Verification {
-    /// The callback path it came to.
-    pub path: String,
-    /// The raw query string.
-    pub raw_query: String,
-    /// The decoded query pairs.
-    pub params: Vec<(String, String)>,
-}
-
-impl Verification {
-    /// The first value of a query parameter.
-    pub fn param(&self, name: &str) -> Option<&str> {
-        self.params
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.as_str())
-    }
-}
-
-/// A delivery the subscriber received.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    /// The callback path it came to.
-    pub path: String,
-    /// The raw query string.
-    pub raw_query: Option<String>,
-    /// Every header.
-    pub headers: HeaderMap,
-    /// The body, byte for byte.
-    pub body: Bytes,
-    /// When it arrived.
-    pub received_at: Instant,
-}
-
-impl Delivery {
-    /// A header's value as text.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|value| value.to_str().ok())
-    }
-}
-
-#[derive(Debug, Default)]
-struct SubscriberState {
-    verify_answers: Mutex<HashMap<String, VerifyAnswer>>,
-    delivery_answers: Mutex<HashMap<String, DeliveryAnswer>>,
-    default_delivery_answer: Mutex<Option<DeliveryAnswer>>,
-    attempts: Mutex<HashMap<String, usize>>,
-    verifications: Mutex<Vec<Verification>>,
-    deliveries: Mutex<Vec<Delivery>>,
-    changed: Notify,
-}
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
@@ -105,87 +31,85 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A subscriber: one server, any number of callbacks (`/cb/<name>`).
+/// A WebSub subscriber: a [`RecordingReceiver`] whose callbacks are
+/// `/cb/<name>`. A verification is a GET to a callback, an attempt any POST
+/// to one, and a delivery an attempt answered with a 2xx.
 #[derive(Debug)]
 pub struct TestSubscriber {
-    server: LoopbackServer,
-    state: Arc<SubscriberState>,
+    receiver: RecordingReceiver,
 }
 
 impl TestSubscriber {
     /// Starts a subscriber on 127.0.0.1, echoing every challenge and
     /// answering every delivery 204 until told otherwise.
     pub async fn start() -> Self {
-        let state = Arc::new(SubscriberState::default());
-        let app = Router::new()
-            .route("/cb/{name}", get(verify_callback).post(deliver_callback))
-            .with_state(state.clone());
-        Self {
-            server: serve_on_loopback(app).await,
-            state,
-        }
+        let receiver = RecordingReceiver::start().await;
+        receiver.answer(Route::method(Method::GET), Answer::echo());
+        receiver.answer(Route::method(Method::POST), Answer::status(204));
+        Self { receiver }
+    }
+
+    /// The receiver underneath, for what this WebSub view does not cover.
+    pub fn receiver(&self) -> &RecordingReceiver {
+        &self.receiver
     }
 
     /// The callback URL named `name`.
     pub fn callback(&self, name: &str) -> String {
-        format!("http://{}/cb/{name}", self.server.address)
+        format!("http://{}{}", self.receiver.address(), path_of(name))
     }
 
     /// Scripts the verification answer of one callback.
-    pub fn answer_verification(&self, name: &str, answer: VerifyAnswer) {
-        lock(&self.state.verify_answers).insert(format!("/cb/{name}"), answer);
+    pub fn answer_verification(&self, name: &str, answer: Answer) {
+        self.receiver.answer(Route::get(&path_of(name)), answer);
     }
 
     /// Scripts the delivery answer of one callback.
-    pub fn answer_delivery(&self, name: &str, answer: DeliveryAnswer) {
-        lock(&self.state.delivery_answers).insert(format!("/cb/{name}"), answer);
+    pub fn answer_delivery(&self, name: &str, answer: Answer) {
+        self.receiver.answer(Route::post(&path_of(name)), answer);
+    }
+
+    /// Scripts the next delivery answers of one callback: each in turn, then
+    /// the last for ever.
+    pub fn answer_deliveries_in_turn(&self, name: &str, answers: impl IntoIterator<Item = Answer>) {
+        self.receiver
+            .answer_in_turn(Route::post(&path_of(name)), answers);
     }
 
     /// Scripts the delivery answer of every callback without its own.
-    pub fn answer_every_delivery(&self, answer: DeliveryAnswer) {
-        *lock(&self.state.default_delivery_answer) = Some(answer);
+    pub fn answer_every_delivery(&self, answer: Answer) {
+        self.receiver.answer(Route::method(Method::POST), answer);
     }
 
-    /// Every verification received so far.
-    pub fn verifications(&self) -> Vec<Verification> {
-        lock(&self.state.verifications).clone()
+    /// Every verification received so far, in arrival order.
+    pub fn verifications(&self) -> Vec<Received> {
+        self.receiver
+            .received_where(|received| received.method == Method::GET)
     }
 
-    /// Every delivery received so far, to any callback.
-    pub fn deliveries(&self) -> Vec<Delivery> {
-        lock(&self.state.deliveries).clone()
+    /// Every delivery received so far, to any callback, in arrival order.
+    pub fn deliveries(&self) -> Vec<Received> {
+        self.receiver.received_where(is_delivery)
     }
 
     /// Deliveries received by one callback.
-    pub fn deliveries_to(&self, name: &str) -> Vec<Delivery> {
-        let path = format!("/cb/{name}");
-        self.deliveries()
-            .into_iter()
-            .filter(|delivery| delivery.path == path)
-            .collect()
+    pub fn deliveries_to(&self, name: &str) -> Vec<Received> {
+        let path = path_of(name);
+        self.receiver
+            .received_where(|received| received.path == path && is_delivery(received))
     }
 
     /// How many delivery attempts one callback has seen (answered or not).
     pub fn attempts(&self, name: &str) -> usize {
-        lock(&self.state.attempts)
-            .get(&format!("/cb/{name}"))
-            .copied()
-            .unwrap_or(0)
+        let path = path_of(name);
+        self.receiver
+            .count_where(|received| received.method == Method::POST && received.path == path)
     }
 
     /// Waits until `condition` holds, for at most `limit`; woken by every
     /// request the subscriber receives. Returns whether it held.
     pub async fn wait_until(&self, limit: Duration, condition: impl Fn(&Self) -> bool) -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let changed = self.state.changed.notified();
-            if condition(self) {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return condition(self);
-            }
-        }
+        self.receiver.wait_until(limit, |_| condition(self)).await
     }
 
     /// Waits for `count` deliveries to `name`, at most `limit`.
@@ -194,7 +118,7 @@ impl TestSubscriber {
         name: &str,
         count: usize,
         limit: Duration,
-    ) -> Vec<Delivery> {
+    ) -> Vec<Received> {
         self.wait_until(limit, |subscriber| {
             subscriber.deliveries_to(name).len() >= count
         })
@@ -203,7 +127,7 @@ impl TestSubscriber {
     }
 
     /// Waits for `count` verifications in all, at most `limit`.
-    pub async fn wait_for_verifications(&self, count: usize, limit: Duration) -> Vec<Verification> {
+    pub async fn wait_for_verifications(&self, count: usize, limit: Duration) -> Vec<Received> {
         self.wait_until(limit, |subscriber| {
             subscriber.verifications().len() >= count
         })
@@ -212,83 +136,12 @@ impl TestSubscriber {
     }
 }
 
-async fn verify_callback(
-    State(state): State<Arc<SubscriberState>>,
-    Path(name): Path<String>,
-    RawQuery(query): RawQuery,
-) -> Response {
-    let path = format!("/cb/{name}");
-    let raw_query = query.unwrap_or_default();
-    let params: Vec<(String, String)> = serde_urlencoded::from_str(&raw_query).unwrap_or_default();
-    let challenge = params
-        .iter()
-        .find(|(key, _)| key == "hub.challenge")
-        .map(|(_, value)| value.clone())
-        .unwrap_or_default();
-    let answer = lock(&state.verify_answers)
-        .get(&path)
-        .cloned()
-        .unwrap_or(VerifyAnswer::Echo);
-    lock(&state.verifications).push(Verification {
-        path,
-        raw_query,
-        params,
-    });
-    state.changed.notify_waiters();
-    match answer {
-        VerifyAnswer::Echo => (StatusCode::OK, challenge).into_response(),
-        VerifyAnswer::WrongBody => (StatusCode::OK, format!("not-{challenge}")).into_response(),
-        VerifyAnswer::Status(status) => StatusCode::from_u16(status)
-            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-            .into_response(),
-    }
+fn path_of(callback: &str) -> String {
+    format!("/cb/{callback}")
 }
 
-async fn deliver_callback(
-    State(state): State<Arc<SubscriberState>>,
-    Path(name): Path<String>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let path = format!("/cb/{name}");
-    let attempt = {
-        let mut attempts = lock(&state.attempts);
-        let count = attempts.entry(path.clone()).or_default();
-        *count += 1;
-        *count
-    };
-    state.changed.notify_waiters();
-    let answer = lock(&state.delivery_answers)
-        .get(&path)
-        .cloned()
-        .or_else(|| lock(&state.default_delivery_answer).clone())
-        .unwrap_or(DeliveryAnswer::Status(204));
-    let status = match answer {
-        DeliveryAnswer::Status(status) => status,
-        DeliveryAnswer::Hang(duration) => {
-            tokio::time::sleep(duration).await;
-            200
-        }
-        DeliveryAnswer::Sequence(statuses) => statuses
-            .get(attempt - 1)
-            .or(statuses.last())
-            .copied()
-            .unwrap_or(200),
-    };
-    if (200..300).contains(&status) {
-        lock(&state.deliveries).push(Delivery {
-            path,
-            raw_query: query,
-            headers,
-            body,
-            received_at: Instant::now(),
-        });
-        state.changed.notify_waiters();
-    }
-    StatusCode::from_u16(status)
-        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-        .into_response()
+fn is_delivery(received: &Received) -> bool {
+    received.method == Method::POST && received.succeeded()
 }
 
 /// A topic the publisher serves.
@@ -382,38 +235,6 @@ async fn serve_topic(
         response.headers_mut().insert(header::ETAG, etag);
     }
     response
-}
-
-/// A server on a loopback port, stopped when dropped.
-#[derive(Debug)]
-pub struct LoopbackServer {
-    /// Where it listens.
-    pub address: SocketAddr,
-    stop: CancellationToken,
-}
-
-impl Drop for LoopbackServer {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-/// Serves `app` on a free loopback port until the returned server is dropped.
-pub async fn serve_on_loopback(app: Router) -> LoopbackServer {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|error| panic!("bind a loopback port: {error}"));
-    let address = listener
-        .local_addr()
-        .unwrap_or_else(|error| panic!("local address: {error}"));
-    let stop = CancellationToken::new();
-    let stopped = stop.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(stopped.cancelled_owned())
-            .await;
-    });
-    LoopbackServer { address, stop }
 }
 
 /// The internal API key test hubs are given (`config.internal_api_key`), and

@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use websub_hub::signature::{EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, sign};
 use websub_tests::{
-    Backend, DeliveryAnswer, INTERNAL_KEY, TestHub, TestPublisher, TestSubscriber, VerifyAnswer,
-    http_client, test_config,
+    Answer, Backend, INTERNAL_KEY, TestHub, TestPublisher, TestSubscriber, http_client, test_config,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -117,9 +116,12 @@ async fn refused_verification_stores_nothing() {
     let subscriber = TestSubscriber::start().await;
     let topic = "http://127.0.0.1:9/topics/refused";
     for (name, answer) in [
-        ("not-found", VerifyAnswer::Status(404)),
-        ("wrong-body", VerifyAnswer::WrongBody),
-        ("error", VerifyAnswer::Status(500)),
+        ("not-found", Answer::status(404)),
+        (
+            "wrong-body",
+            Answer::challenge_with(|challenge| format!("not-{challenge}")),
+        ),
+        ("error", Answer::status(500)),
     ] {
         subscriber.answer_verification(name, answer);
         let callback = subscriber.callback(name);
@@ -145,7 +147,7 @@ async fn failed_renewal_keeps_the_old_secret() {
     hub.subscribe(topic, &callback, &[("hub.secret", "old-secret")])
         .await;
 
-    subscriber.answer_verification("renewing", VerifyAnswer::Status(404));
+    subscriber.answer_verification("renewing", Answer::status(404));
     let (status, _) = hub
         .request(
             "subscribe",
@@ -176,7 +178,7 @@ async fn gone_callback_loses_its_subscription() {
     let topic = "http://127.0.0.1:9/topics/gone";
     let callback = subscriber.callback("leaving");
     hub.subscribe(topic, &callback, &[]).await;
-    subscriber.answer_delivery("leaving", DeliveryAnswer::Status(410));
+    subscriber.answer_delivery("leaving", Answer::status(410));
     let (status, _) = hub.fat_ping(topic, "text/plain", b"bye".to_vec()).await;
     assert_eq!(status, 202);
     assert!(hub.wait_for_subscription(topic, &callback, false).await);
@@ -193,7 +195,7 @@ async fn server_error_is_retried_until_delivered() {
     let topic = "http://127.0.0.1:9/topics/flaky";
     let callback = subscriber.callback("flaky");
     hub.subscribe(topic, &callback, &[]).await;
-    subscriber.answer_delivery("flaky", DeliveryAnswer::Sequence(vec![500, 503, 204]));
+    subscriber.answer_deliveries_in_turn("flaky", [500, 503, 204].map(Answer::status));
     let (status, _) = hub
         .fat_ping(topic, "text/plain", b"eventually".to_vec())
         .await;
@@ -215,7 +217,7 @@ async fn hanging_callback_does_not_delay_its_neighbour() {
     let quick = subscriber.callback("quick");
     hub.subscribe(topic, &slow, &[]).await;
     hub.subscribe(topic, &quick, &[]).await;
-    subscriber.answer_delivery("slow", DeliveryAnswer::Hang(Duration::from_secs(20)));
+    subscriber.answer_delivery("slow", Answer::status(200).after(Duration::from_secs(20)));
     let (status, _) = hub.fat_ping(topic, "text/plain", b"news".to_vec()).await;
     assert_eq!(status, 202);
     // Within 3 s of a 20 s hang: the quick one is delivered while the slow
@@ -301,9 +303,9 @@ async fn one_mebibyte_binary_body_arrives_byte_identical() {
         .await;
     let verification = &subscriber.verifications()[0];
     assert!(
-        verification.raw_query.starts_with("token=abc&x=%2F&"),
+        verification.query().starts_with("token=abc&x=%2F&"),
         "the callback's own query string is kept first: {}",
-        verification.raw_query
+        verification.query()
     );
     let body: Vec<u8> = (0..1024 * 1024).map(|index| (index % 251) as u8).collect();
     let (status, text) = hub

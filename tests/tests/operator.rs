@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use websub_tests::{
-    Backend, DeliveryAnswer, INTERNAL_KEY, TestHub, TestSubscriber, http_client, test_config,
+    Answer, Backend, INTERNAL_KEY, TestHub, TestSubscriber, http_client, test_config,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -98,7 +98,7 @@ async fn operator_api_lists_and_retries(backend: Backend) {
     assert!(listed[1]["expires_at"].is_string());
 
     // "two" fails every attempt until told otherwise.
-    subscriber.answer_delivery("two", DeliveryAnswer::Status(500));
+    subscriber.answer_delivery("two", Answer::status(500));
     publish(&hub, busy, "{\"n\":1}").await;
     assert_eq!(
         subscriber.wait_for_deliveries("one", 1, WAIT).await.len(),
@@ -129,7 +129,7 @@ async fn operator_api_lists_and_retries(backend: Backend) {
     );
     assert_eq!(subscriber.attempts("two"), 2);
 
-    subscriber.answer_delivery("two", DeliveryAnswer::Status(204));
+    subscriber.answer_delivery("two", Answer::status(204));
     let (status, answer) = operator(
         &hub,
         reqwest::Method::POST,

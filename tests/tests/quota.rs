@@ -2,8 +2,7 @@
 //! the fake subscriptions service and real PostgreSQL, and the subscriber
 //! API (own subscriptions with delivery health, removal, usage).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::TimeDelta;
@@ -12,8 +11,8 @@ use websub_hub::auth::issue_token;
 use websub_hub::quota::Quota;
 use websub_hub::quota::fake::FakeQuotaServer;
 use websub_tests::{
-    Backend, DeliveryAnswer, INTERNAL_KEY, LoopbackServer, TestHub, TestSubscriber, http_client,
-    serve_on_loopback, test_config,
+    Answer, Backend, INTERNAL_KEY, RecordingReceiver, TestHub, TestSubscriber, http_client,
+    test_config,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -254,32 +253,25 @@ async fn quota_caps_subscriptions_per_owner() {
 }
 
 /// Each verification's `hub.mode` and `hub.reason`, in arrival order.
-type SeenModes = Arc<Mutex<Vec<(String, Option<String>)>>>;
+fn modes(callback: &RecordingReceiver) -> Vec<(String, Option<String>)> {
+    callback
+        .received()
+        .iter()
+        .map(|received| {
+            (
+                received.param("hub.mode").unwrap_or_default().to_owned(),
+                received.param("hub.reason").map(str::to_owned),
+            )
+        })
+        .collect()
+}
 
-/// A callback whose subscribe verification waits for `gate`; it records
-/// the mode of every verification and echoes every challenge.
-async fn gated_callback(gate: Arc<tokio::sync::Semaphore>, modes: SeenModes) -> LoopbackServer {
-    let app = axum::Router::new().route(
-        "/cb",
-        axum::routing::get(
-            move |axum::extract::Query(params): axum::extract::Query<HashMap<String, String>>| {
-                let gate = gate.clone();
-                let modes = modes.clone();
-                async move {
-                    let mode = params.get("hub.mode").cloned().unwrap_or_default();
-                    if mode == "subscribe" {
-                        let _permit = gate.acquire().await;
-                    }
-                    modes
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
-                        .push((mode, params.get("hub.reason").cloned()));
-                    params.get("hub.challenge").cloned().unwrap_or_default()
-                }
-            },
-        ),
-    );
-    serve_on_loopback(app).await
+/// The `hub.reason` of the first denial `callback` received, if any.
+fn denial(callback: &RecordingReceiver) -> Option<Option<String>> {
+    modes(callback)
+        .into_iter()
+        .find(|(mode, _)| mode == "denied")
+        .map(|(_, reason)| reason)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -290,10 +282,12 @@ async fn a_limit_reached_after_the_answer_is_denied_at_save_time() {
         return;
     };
     let hub = TestHub::start(config).await;
+    // The subscribe verification waits for the gate; the denial after it
+    // does not.
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let modes: SeenModes = Arc::default();
-    let server = gated_callback(gate.clone(), modes.clone()).await;
-    let callback = format!("http://{}/cb", server.address);
+    let server = RecordingReceiver::start().await;
+    server.answer_in_turn("/cb", [Answer::echo().gated(gate.clone()), Answer::echo()]);
+    let callback = format!("http://{}/cb", server.address());
     let topic = "http://127.0.0.1:9/topics/late";
 
     // Nothing held yet: the early check passes and the verification starts.
@@ -306,21 +300,11 @@ async fn a_limit_reached_after_the_answer_is_denied_at_save_time() {
     hub.store.save(&held).await.expect("save");
     gate.add_permits(1);
 
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let denial = loop {
-        let seen = modes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
-        if let Some((_, reason)) = seen.iter().find(|(mode, _)| mode == "denied") {
-            break reason.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no denial: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let denied = server
+        .wait_until(WAIT, |server| denial(server).is_some())
+        .await;
+    assert!(denied, "no denial: {:?}", modes(&server));
+    let denial = denial(&server).flatten();
     assert!(denial.is_some_and(|reason| reason.contains("limit")));
     assert!(
         hub.store.get(topic, &callback).await.is_err(),
@@ -437,7 +421,7 @@ async fn subscriber_api_lists_removes_and_reports_usage() {
             .await
     );
 
-    subscriber.answer_delivery("broken", DeliveryAnswer::Status(500));
+    subscriber.answer_delivery("broken", Answer::status(500));
     assert_eq!(hub.fat_ping(topic, "text/plain", "news").await.0, 202);
     assert_eq!(subscriber.wait_for_deliveries("ok", 1, WAIT).await.len(), 1);
     assert!(

@@ -1,21 +1,17 @@
 //! Shared pieces of the outbox tests: a fresh database with the outbox
-//! tables, a producer, a webhook receiver (a real axum server on 127.0.0.1
-//! that records what it gets and answers as the test says), a private
-//! PostgreSQL cluster for restart tests, and bounded waits.
+//! tables, a producer, dispatchers delivering to the recording receiver of
+//! `websub-tests`, a private PostgreSQL cluster for restart tests, and
+//! bounded waits for what the receiver cannot wake a test for.
 //!
 //! Every test binary uses a different part of this module.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, Uri};
 use chrono::NaiveDateTime;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Row};
@@ -26,8 +22,9 @@ use uuid::Uuid;
 use websub_hub::delivery::RetryPolicy;
 use websub_hub::net::NetPolicy;
 use websub_hub::outbox::{
-    Dispatcher, DispatcherConfig, Envelope, Event, Outbox, OutboxTables, WebhookSubscriber, ddl,
+    Dispatcher, DispatcherConfig, Event, Outbox, OutboxTables, WebhookSubscriber, ddl,
 };
+use websub_tests::RecordingReceiver;
 
 // ---------------------------------------------------------------------------
 // Database
@@ -290,7 +287,7 @@ pub(crate) const EVENT: &str = "auth-api.user.authenticated";
 pub(crate) fn run_with_hook(
     pool: PgPool,
     config: DispatcherConfig,
-    receiver: &Receiver,
+    receiver: &RecordingReceiver,
 ) -> Running {
     let dispatcher = Dispatcher::new(pool, config).expect("dispatcher");
     dispatcher
@@ -318,7 +315,10 @@ pub(crate) fn webhook(
 // Waiting
 // ---------------------------------------------------------------------------
 
-/// Polls `condition` every 10 ms until it holds or `limit` passes.
+/// Polls `condition` every 10 ms until it holds or `limit` passes: for
+/// state nothing announces (a dispatcher's listener, a handler's counter).
+/// What a receiver gets is waited for with
+/// [`RecordingReceiver::wait_until`], which wakes on each request instead.
 pub(crate) async fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
     loop {
@@ -348,159 +348,6 @@ where
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-// ---------------------------------------------------------------------------
-// Webhook receiver
-// ---------------------------------------------------------------------------
-
-/// One request the receiver got.
-#[derive(Debug, Clone)]
-pub(crate) struct Received {
-    pub(crate) path: String,
-    pub(crate) headers: HeaderMap,
-    pub(crate) body: Bytes,
-    pub(crate) at: Instant,
-}
-
-impl Received {
-    pub(crate) fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|value| value.to_str().ok())
-    }
-
-    pub(crate) fn envelope(&self) -> Envelope {
-        serde_json::from_slice(&self.body).expect("the body is an envelope")
-    }
-
-    pub(crate) fn event_id(&self) -> Uuid {
-        self.envelope().event_id
-    }
-}
-
-#[derive(Debug, Default)]
-struct ReceiverState {
-    received: Mutex<Vec<Received>>,
-    /// Status per path; 200 when not set.
-    status: Mutex<HashMap<String, u16>>,
-    /// How long to take per path before answering.
-    delay: Mutex<HashMap<String, Duration>>,
-    /// Requests being answered now, per (path, event id).
-    in_flight: Mutex<HashMap<(String, String), usize>>,
-    /// Requests that arrived while another one for the same (path, event)
-    /// was being answered.
-    overlaps: AtomicUsize,
-}
-
-/// A webhook receiver on an ephemeral loopback port.
-#[derive(Clone)]
-pub(crate) struct Receiver {
-    pub(crate) address: SocketAddr,
-    state: Arc<ReceiverState>,
-}
-
-impl Receiver {
-    pub(crate) async fn start() -> Self {
-        let state = Arc::new(ReceiverState::default());
-        let app = Router::new().fallback(receive).with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the receiver");
-        let address = listener.local_addr().expect("local address");
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Self { address, state }
-    }
-
-    pub(crate) fn url(&self, path: &str) -> Url {
-        Url::parse(&format!("http://{}{path}", self.address)).expect("receiver URL")
-    }
-
-    pub(crate) fn set_status(&self, path: &str, status: u16) {
-        lock(&self.state.status).insert(path.to_owned(), status);
-    }
-
-    pub(crate) fn set_delay(&self, path: &str, delay: Duration) {
-        lock(&self.state.delay).insert(path.to_owned(), delay);
-    }
-
-    pub(crate) fn received(&self) -> Vec<Received> {
-        lock(&self.state.received).clone()
-    }
-
-    pub(crate) fn received_at(&self, path: &str) -> Vec<Received> {
-        self.received()
-            .into_iter()
-            .filter(|received| received.path == path)
-            .collect()
-    }
-
-    /// Event ids received at `path`, in arrival order.
-    pub(crate) fn event_ids(&self, path: &str) -> Vec<Uuid> {
-        self.received_at(path)
-            .iter()
-            .map(Received::event_id)
-            .collect()
-    }
-
-    pub(crate) fn overlaps(&self) -> usize {
-        self.state.overlaps.load(Ordering::SeqCst)
-    }
-
-    /// Waits until anything at all has been received.
-    pub(crate) async fn wait_for_any(&self, limit: Duration) -> bool {
-        eventually(limit, || !self.received().is_empty()).await
-    }
-
-    /// Waits until `path` has received at least `count` requests.
-    pub(crate) async fn wait_for(&self, path: &str, count: usize, limit: Duration) -> bool {
-        eventually(limit, || self.received_at(path).len() >= count).await
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-async fn receive(
-    State(state): State<Arc<ReceiverState>>,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> StatusCode {
-    let at = Instant::now();
-    let path = uri.path().to_owned();
-    let event = headers
-        .get("x-bootstrapify-messaging-event-id")
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let key = (path.clone(), event);
-    {
-        let mut in_flight = lock(&state.in_flight);
-        let count = in_flight.entry(key.clone()).or_default();
-        if *count > 0 {
-            state.overlaps.fetch_add(1, Ordering::SeqCst);
-        }
-        *count += 1;
-    }
-    lock(&state.received).push(Received {
-        path: path.clone(),
-        headers,
-        body,
-        at,
-    });
-    let delay = lock(&state.delay).get(&path).copied();
-    if let Some(delay) = delay {
-        tokio::time::sleep(delay).await;
-    }
-    if let Some(count) = lock(&state.in_flight).get_mut(&key) {
-        *count -= 1;
-    }
-    let status = lock(&state.status).get(&path).copied().unwrap_or(200);
-    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 // ---------------------------------------------------------------------------
