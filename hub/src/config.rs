@@ -68,7 +68,7 @@ pub struct HubConfig {
     pub quota_type: String,
     /// Producers' outbox tables the hub delivers from (`[[feed]]` in the
     /// configuration file).
-    pub feeds: Vec<crate::outbox::bridge::FeedConfig>,
+    pub feeds: Vec<crate::feed::FeedConfig>,
 }
 
 /// Lease bounds. Requests outside `[min, max]` are clamped; WebSub
@@ -360,7 +360,7 @@ impl HubConfig {
         }
         for feed in &self.feeds {
             feed.dispatcher_config()?;
-            let template = crate::outbox::bridge::TopicTemplate::parse(&feed.topic_template)?;
+            let template = crate::feed::TopicTemplate::parse(&feed.topic_template)?;
             template.check(&self.public_url)?;
         }
         if self.poll_interval.is_zero() {
@@ -435,7 +435,7 @@ pub struct FileConfig {
     pub quota_type: Option<String>,
     /// See [`HubConfig::feeds`]: one `[[feed]]` table each.
     #[serde(default)]
-    pub feed: Vec<crate::outbox::bridge::FeedConfig>,
+    pub feed: Vec<crate::feed::FeedConfig>,
 }
 
 impl FileConfig {

@@ -31,6 +31,7 @@ pub mod config;
 pub mod delivery;
 pub mod dispatch;
 pub mod events;
+pub mod feed;
 mod future;
 pub mod intake;
 pub mod lease;

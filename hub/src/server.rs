@@ -22,10 +22,10 @@ use crate::config::HubConfig;
 use crate::delivery::client::{self, Purpose};
 use crate::dispatch::Distributor;
 use crate::events::{self, EventLog, EventLogError};
+use crate::feed::{Feed, FeedHandle};
 use crate::intake::Intake;
 use crate::lease::Reaper;
 use crate::net::NetPolicy;
-use crate::outbox::bridge::{Feed, FeedHandle};
 use crate::quota::{QuotaConfig, QuotaEnforcer};
 use crate::verify::{Subscriptions, Verifier};
 
@@ -88,7 +88,7 @@ pub enum ServeError {
     Quota(#[from] crate::quota::QuotaError),
     /// An outbox feed could not start.
     #[error("outbox feed: {0}")]
-    Feed(#[from] crate::outbox::bridge::FeedError),
+    Feed(#[from] crate::feed::FeedError),
     /// Serving HTTP failed.
     #[error("serving HTTP failed: {0}")]
     Io(#[from] std::io::Error),

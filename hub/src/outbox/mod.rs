@@ -42,7 +42,6 @@
 //! # }
 //! ```
 
-pub mod bridge;
 pub mod dispatcher;
 mod envelope;
 mod listener;
