@@ -5,24 +5,59 @@
 //! bound listener, a validated [`HubConfig`] and a shutdown future, and runs
 //! the hub until the future resolves, then drains in-flight work.
 //!
-//! One module per job:
+//! There are **two sources** of events and **one delivery core**:
+//! - the hub's own event log, fed by WebSub publishers, distributed to the
+//!   subscriptions of each topic by the WebSub scheduler ([`dispatch`]);
+//! - producers' outbox tables, delivered to webhooks and in-process handlers
+//!   by the outbox scheduler ([`outbox::Dispatcher`]), which the hub runs per
+//!   [`feed`];
+//! - both hand every attempt to [`delivery`]: retry policy, request and
+//!   signature headers, POST, verdict, HTTP clients, outcome recorder and
+//!   metrics exist there once. `docs/architecture.md` draws the flow.
+//!
+//! The modules, one per job:
 //! - [`protocol`]: parsing and validating WebSub requests;
 //! - [`verify`]: verification of intent, denials, and the subscription
 //!   workflow that saves or deletes only after success;
 //! - [`lease`]: lease clamping and the reaper of expired subscriptions;
-//! - [`net`]: the network policy for callbacks and topic fetches;
-//! - [`intake`]: publish pings, topic fetches, fat pings;
-//! - [`events`]: the durable event log and per-subscriber delivery records;
-//! - [`dispatch`]: expand, claim, deliver, record;
-//! - [`outbox`]: producers' outbox tables: writing events, the dispatcher
-//!   that delivers them to handlers and webhooks, and the feed that turns
-//!   them into hub events;
-//! - [`signature`]: `X-Hub-Signature` and webhook signatures;
 //! - [`quota`]: total-quota enforcement against the subscriptions service;
 //! - [`auth`]: user tokens and the internal API key;
-//! - [`api`]: the HTTP adapter;
+//! - [`intake`]: publish pings, topic fetches, fat pings;
+//! - [`events`]: the durable event log and per-subscriber delivery records;
+//! - [`dispatch`]: the WebSub scheduler: expand, claim, hand to the core;
+//! - [`outbox`]: the producer side of the outbox, and the outbox scheduler;
+//! - [`feed`]: the hub consuming a producer's outbox, bridged to WebSub;
+//! - [`delivery`]: the delivery core both schedulers share;
+//! - [`net`]: the network policy for everything contacted on others' behalf;
+//! - [`signature`]: the HMAC signatures and their header names;
+//! - [`api`]: the HTTP adapter; [`server`]: assembling and running a hub;
 //! - [`subscriber`]: the receiving side for services that subscribe;
-//! - [`config`]: settings, defaults and validation.
+//! - [`config`]: settings, defaults and validation; [`clock`]: injected time.
+//!
+//! Running a hub on the embedded default until Ctrl-C:
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = websub_hub::HubConfig::default();
+//! let listener = tokio::net::TcpListener::bind(config.listen).await?;
+//! websub_hub::serve(listener, config, async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! })
+//! .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Deciding what follows a failed delivery, as both schedulers do:
+//!
+//! ```
+//! use std::time::Duration;
+//! use websub_hub::delivery::{NextStep, RetryPolicy};
+//!
+//! let policy = RetryPolicy::default();
+//! assert_eq!(policy.after_failure(0), NextStep::RetryAfter(Duration::ZERO));
+//! assert_eq!(policy.after_failure(10), NextStep::GiveUp);
+//! ```
 
 pub mod api;
 pub mod auth;

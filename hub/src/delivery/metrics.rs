@@ -2,12 +2,24 @@
 //! per channel when its scheduler starts, never looked up per delivery.
 
 use super::Channel;
-use super::verdict::Verdict;
 
 /// `websub_deliveries_total{channel, outcome}`: attempts by what they came
 /// to. `outcome` is `delivered`, `gone` (a WebSub 410 that ended the
 /// subscription), `retried` or `exhausted`.
 pub const DELIVERIES_TOTAL: &str = "websub_deliveries_total";
+
+/// The `outcome` label of an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tally {
+    /// Delivered.
+    Delivered,
+    /// A WebSub 410 that ended the subscription.
+    Gone,
+    /// Failed, to be retried.
+    Retried,
+    /// Failed with no retries left.
+    Exhausted,
+}
 
 /// One channel's counters.
 #[derive(Debug, Clone)]
@@ -35,12 +47,13 @@ impl DeliveryMetrics {
     }
 
     /// Counts one attempt.
-    pub fn count(&self, verdict: &Verdict) {
-        match verdict {
-            Verdict::Delivered => self.delivered.increment(1),
-            Verdict::Gone => self.gone.increment(1),
-            Verdict::Retry { .. } => self.retried.increment(1),
-            Verdict::Exhausted { .. } => self.exhausted.increment(1),
-        }
+    pub fn count(&self, outcome: Tally) {
+        let counter = match outcome {
+            Tally::Delivered => &self.delivered,
+            Tally::Gone => &self.gone,
+            Tally::Retried => &self.retried,
+            Tally::Exhausted => &self.exhausted,
+        };
+        counter.increment(1);
     }
 }

@@ -7,7 +7,7 @@ use tracing::{info, warn};
 
 use super::Channel;
 use super::attempt::{Answer, status_error};
-use super::metrics::DeliveryMetrics;
+use super::metrics::{DeliveryMetrics, Tally};
 use super::retry::{NextStep, RetryPolicy};
 
 /// The end of one attempt.
@@ -81,7 +81,12 @@ impl Judge {
     }
 
     fn counted(&self, verdict: Verdict) -> Verdict {
-        self.metrics.count(&verdict);
+        self.metrics.count(match verdict {
+            Verdict::Delivered => Tally::Delivered,
+            Verdict::Gone => Tally::Gone,
+            Verdict::Retry { .. } => Tally::Retried,
+            Verdict::Exhausted { .. } => Tally::Exhausted,
+        });
         verdict
     }
 }

@@ -59,6 +59,7 @@ mod discovery;
 mod intents;
 mod receiver;
 mod renew;
+mod report;
 
 pub use client::{ClientError, SubscriberClient};
 pub use dedup::{Claim, DEFAULT_DEDUP_CAPACITY, DedupError, DedupStore, MemoryDedup};
@@ -66,6 +67,7 @@ pub use discovery::{Discovery, LinkValue, discover, parse_link_header};
 pub use intents::{IntentError, Intents, State, Status};
 pub use receiver::{
     BuildError, DEFAULT_MAX_BODY_BYTES, Notification, NotificationError, NotificationHandler,
-    Receiver, ReceiverBuilder, ReceiverEvent, ReceiverStats, Source,
+    Receiver, ReceiverBuilder, Source,
 };
 pub use renew::{DEFAULT_RENEW_FRACTION, Renewer};
+pub use report::{ReceiverEvent, ReceiverStats};

@@ -1,5 +1,25 @@
 //! Scheduling: the run loop's passes (notified events, scans, claims), what
 //! each subscriber holds claimed, and when its rows get their turn.
+//!
+//! Terms used here:
+//! - a **pass** is one round of the run loop: expand the notified events,
+//!   claim what may be due, start the attempts;
+//! - a **scan** looks at the outbox by `created_at` for events without rows
+//!   (recent ones at every poll, all since `start_from` now and then);
+//! - a subscriber's **lane** is what it holds claimed in this dispatcher:
+//!   rows attempting or waiting, and its **turns** (one permit per attempt
+//!   it may have in flight, its `per_subscriber` limit);
+//! - its **room** is how many more rows a claim may give it: its **hold**
+//!   (the most rows it may hold claimed) less what its lane has;
+//! - the hold is the concurrency times the **waves**: how many rounds of
+//!   attempts, each up to the delivery timeout, fit in the **patience**
+//!   (three quarters of the visibility timeout) before a waiting row's claim
+//!   must be handed back.
+//!
+//! The WebSub scheduler (`crate::dispatch`) has none of this: its records
+//! are written claimed by the expansion and shared out per callback host;
+//! here the producer's fixed tables, registrations rather than rows, and
+//! fairness per subscriber call for holding rows per subscriber.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -15,12 +15,14 @@
 //! delays another: attempts run concurrently, bounded overall and per
 //! callback host, and each carries its own timeout.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+mod cache;
+mod expand;
+
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use http::{HeaderMap, HeaderValue};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -33,7 +35,10 @@ use crate::config::DeliveryPolicy;
 use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
 use crate::delivery::recorder::{self, Batching, OutcomeStore};
 use crate::delivery::{Channel, Judge, Verdict};
-use crate::events::{Claimed, Completion, EventLog, EventLogError, LoggedEvent, Outcome};
+use crate::events::{Claimed, Completion, EventLog, EventLogError, Outcome};
+
+pub use cache::SUBSCRIBERS_TTL;
+use cache::{EventCache, Outgoing, SubscriberCache, Subscribers};
 
 /// The WebSub scheduler. Cheap to clone; clones share state.
 #[derive(Debug, Clone)]
@@ -123,221 +128,6 @@ impl Distributor {
     /// saved or deleted here, and the next delivery must see that.
     pub fn forget_topic(&self, topic: &str) {
         self.inner.subscribers.forget(topic);
-    }
-
-    /// Expands every recorded but unexpanded event and starts the first
-    /// attempts of the records it writes. Returns how many records were
-    /// created; stops early, leaving the event it was on unexpanded, when
-    /// `shutdown` is cancelled.
-    async fn expand_pending(
-        &self,
-        pipeline: &Pipeline,
-        shutdown: &CancellationToken,
-    ) -> Result<u64, DispatchError> {
-        let mut created = 0;
-        loop {
-            let pending = self.inner.events.unexpanded(64).await?;
-            if pending.is_empty() {
-                return Ok(created);
-            }
-            for event in pending {
-                match self.expand_event(event, pipeline, shutdown).await? {
-                    Some(records) => created += records,
-                    None => return Ok(created),
-                }
-            }
-        }
-    }
-
-    /// Expands one event: reads its topic's subscribers page by page, writes
-    /// each part of a page as delivery records already claimed by this
-    /// process ([`EventLog::expand_claimed`]), starts the first attempt of
-    /// every record it created, and marks the event expanded after the last
-    /// page.
-    ///
-    /// The first deliveries leave after one small page, not after the whole
-    /// list, and no first attempt pays for a claim. The next page is read
-    /// while the current one goes out, in pages four times larger each time
-    /// (few round trips for a large topic), and parts are written one ahead
-    /// of the pipeline's room (see [`deliver_page`](Self::deliver_page)), so
-    /// a claimed record never waits long for its attempt. Records that exist
-    /// already (another replica expanding the same event, a restart after a
-    /// crash mid-expansion) are left to whoever holds them or to the claim
-    /// loop.
-    ///
-    /// Returns how many records were created, or `None` if `shutdown`
-    /// interrupted it (the event stays unexpanded and is expanded again).
-    async fn expand_event(
-        &self,
-        event: LoggedEvent,
-        pipeline: &Pipeline,
-        shutdown: &CancellationToken,
-    ) -> Result<Option<u64>, DispatchError> {
-        let outgoing = Arc::new(Outgoing::new(event, &self.inner.hub_url));
-        self.inner.bodies.insert(outgoing.clone());
-        let topic = outgoing.event.topic.as_str();
-        let mut limit = self.inner.policy.concurrency.clamp(1, MAX_PAGE);
-        let mut page = self
-            .inner
-            .store
-            .list_by_topic_page(topic, None, limit)
-            .await?;
-        let (mut created, mut subscribers) = (0, 0);
-        loop {
-            subscribers += page.len();
-            let next_limit = (limit * 4).min(MAX_PAGE);
-            let after = (page.len() == limit)
-                .then(|| {
-                    page.last()
-                        .map(|subscription| subscription.callback.clone())
-                })
-                .flatten();
-            let read_next = async {
-                let Some(after) = &after else {
-                    return Ok(None);
-                };
-                let started = std::time::Instant::now();
-                let next = self
-                    .inner
-                    .store
-                    .list_by_topic_page(topic, Some(after), next_limit)
-                    .await?;
-                debug!(subscribers = next.len(), took = ?started.elapsed(), "read a page of subscribers");
-                Ok::<_, websub_store::StoreError>(Some(next))
-            };
-            let (delivered, next) = tokio::join!(
-                self.deliver_page(&outgoing, page, pipeline, shutdown),
-                read_next
-            );
-            let Some(delivered) = delivered? else {
-                return Ok(None);
-            };
-            created += delivered;
-            match next? {
-                Some(next) => {
-                    page = next;
-                    limit = next_limit;
-                }
-                None => break,
-            }
-        }
-        let id = outgoing.event.id;
-        self.inner
-            .events
-            .expand(id, &[], self.inner.clock.now())
-            .await?;
-        debug!(event = %id, %topic, subscribers, created, "expanded");
-        Ok(Some(created))
-    }
-
-    /// Writes one page of an event's subscribers as claimed records, a part
-    /// at a time, and starts their attempts. Returns how many records were
-    /// created, or `None` on shutdown.
-    ///
-    /// A part is written while the previous one is still queued, then waits
-    /// for room in the pipeline: the write's latency (on SQLite, the wait
-    /// for the file's one writer) overlaps with the attempts already queued
-    /// instead of leaving the network idle, and a claimed record waits at
-    /// most for one part's worth of attempts to finish before its own starts.
-    /// A part written is a part delivered, shutdown or not: the pipeline
-    /// drains meanwhile, and its records are not left to wait for the
-    /// visibility timeout.
-    async fn deliver_page(
-        &self,
-        outgoing: &Arc<Outgoing>,
-        page: Vec<Subscription>,
-        pipeline: &Pipeline,
-        shutdown: &CancellationToken,
-    ) -> Result<Option<u64>, DispatchError> {
-        let mut rest = page.into_iter();
-        let mut created = 0;
-        while rest.len() > 0 {
-            if shutdown.is_cancelled() {
-                return Ok(None);
-            }
-            let part: Vec<Subscription> = rest.by_ref().take(pipeline.batch).collect();
-            let callbacks: Vec<&str> = part
-                .iter()
-                .map(|subscription| subscription.callback.as_str())
-                .collect();
-            let now = self.inner.clock.now();
-            let started = std::time::Instant::now();
-            let inserted = self
-                .inner
-                .events
-                .expand_claimed(outgoing.event.id, &callbacks, now)
-                .await?;
-            debug!(records = part.len(), created = inserted.len(), took = ?started.elapsed(), "wrote a claimed part");
-            created += inserted.len() as u64;
-            // Usually every record is new; otherwise only the new ones are
-            // this process's to deliver.
-            let ours: Option<HashSet<String>> =
-                (inserted.len() < part.len()).then(|| inserted.into_iter().collect());
-            let mut deliverable = Vec::with_capacity(part.len());
-            for subscription in part {
-                if ours
-                    .as_ref()
-                    .is_some_and(|ours| !ours.contains(&subscription.callback))
-                {
-                    continue;
-                }
-                if subscription.is_expired(now) {
-                    let _ = pipeline.completed.send(Completion {
-                        event_id: outgoing.event.id,
-                        subscriber: subscription.callback,
-                        outcome: Outcome::Dropped {
-                            reason: LEASE_EXPIRED.to_owned(),
-                        },
-                    });
-                    continue;
-                }
-                deliverable.push(subscription);
-            }
-            if deliverable.is_empty() {
-                continue;
-            }
-            let Ok(mut permits) = pipeline
-                .pending
-                .clone()
-                .acquire_many_owned(permit_count(deliverable.len()))
-                .await
-            else {
-                return Ok(None);
-            };
-            for subscription in deliverable {
-                let Some(permit) = permits.split(1) else {
-                    // One permit per record of the part was taken.
-                    break;
-                };
-                self.spawn_attempt(
-                    pipeline,
-                    permit,
-                    outgoing.clone(),
-                    Arc::new(subscription),
-                    0,
-                );
-            }
-        }
-        Ok(Some(created))
-    }
-
-    /// Expands whenever [`expand_soon`](Self::expand_soon) asks, apart from
-    /// the claim loop, so that claims and retries go on while a large
-    /// fan-out is being written.
-    async fn run_expander(self, pipeline: Pipeline, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = self.inner.expand.notified() => {}
-            }
-            if let Err(error) = self.expand_pending(&pipeline, &shutdown).await {
-                warn!(%error, "expanding events failed; retrying at the next poll");
-            }
-        }
-    }
-
-    fn expand_soon(&self) {
-        self.inner.expand.notify_one();
     }
 
     /// Runs until `shutdown` is cancelled, then waits for the attempts in
@@ -678,101 +468,6 @@ pub fn link_header(hub_url: &str, topic: &str) -> String {
     format!("<{hub_url}>; rel=\"hub\", <{topic}>; rel=\"self\"")
 }
 
-/// An event ready to go out, with the headers every subscriber gets built
-/// once rather than once per delivery.
-#[derive(Debug)]
-struct Outgoing {
-    event: LoggedEvent,
-    /// Its headers, or why they cannot be sent (a stored value no header can
-    /// hold: every attempt fails with it).
-    headers: Result<EventHeaders, String>,
-}
-
-/// The headers of an event's deliveries that do not depend on the
-/// subscription.
-#[derive(Debug)]
-struct EventHeaders {
-    content_type: HeaderValue,
-    event_id: HeaderValue,
-    /// `Link`, the hub and the topic.
-    link: HeaderMap,
-}
-
-impl Outgoing {
-    fn new(event: LoggedEvent, hub_url: &str) -> Self {
-        let headers = [
-            HeaderValue::from_str(&event.content_type),
-            HeaderValue::from_str(&link_header(hub_url, &event.topic)),
-            HeaderValue::from_str(&event.id.to_string()),
-        ];
-        let headers = match headers {
-            [Ok(content_type), Ok(link), Ok(event_id)] => Ok(EventHeaders {
-                content_type,
-                event_id,
-                link: HeaderMap::from_iter([(http::header::LINK, link)]),
-            }),
-            _ => Err(format!(
-                "the event's content type or topic cannot be sent in a header: {:?}, {:?}",
-                event.content_type, event.topic
-            )),
-        };
-        Self { event, headers }
-    }
-}
-
-/// Recently delivered events, so a fan-out to thousands of subscribers reads
-/// its body from the log once.
-#[derive(Debug)]
-struct EventCache {
-    capacity: usize,
-    entries: Mutex<CachedEvents>,
-}
-
-/// The cached events, and their ids oldest first for eviction.
-#[derive(Debug, Default)]
-struct CachedEvents {
-    by_id: HashMap<Uuid, Arc<Outgoing>>,
-    order: VecDeque<Uuid>,
-}
-
-impl EventCache {
-    fn new(capacity: usize) -> Self {
-        Self {
-            capacity,
-            entries: Mutex::new(CachedEvents::default()),
-        }
-    }
-
-    fn get(&self, id: Uuid) -> Option<Arc<Outgoing>> {
-        let entries = self
-            .entries
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        entries.by_id.get(&id).cloned()
-    }
-
-    fn insert(&self, outgoing: Arc<Outgoing>) {
-        let id = outgoing.event.id;
-        let mut guard = self
-            .entries
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let cached = &mut *guard;
-        if cached.by_id.insert(id, outgoing).is_none() {
-            cached.order.push_back(id);
-        }
-        while cached.order.len() > self.capacity {
-            if let Some(oldest) = cached.order.pop_front() {
-                cached.by_id.remove(&oldest);
-            }
-        }
-    }
-}
-
-/// The largest page of subscribers an expansion reads at once: a 100 000
-/// fan-out takes a dozen reads, and two pages in memory stay a few MB.
-const MAX_PAGE: usize = 10_000;
-
 /// Why a record of an expired subscription is closed undelivered.
 const LEASE_EXPIRED: &str = "the subscription's lease has expired";
 
@@ -791,59 +486,6 @@ fn batching(policy: &DeliveryPolicy) -> Batching {
         limit: policy.batch_size,
         gathering: Duration::from_millis(2),
         writers: 4,
-    }
-}
-
-/// How long a topic's subscriber list is reused between claimed batches.
-/// Changes made through this hub reach the cache at once
-/// ([`Distributor::forget_topic`]); this bounds how long one made through
-/// another replica (a renewed secret, an unsubscribe) takes to be seen.
-pub const SUBSCRIBERS_TTL: Duration = Duration::from_secs(10);
-
-/// A topic's subscriptions by callback, as read at one moment.
-#[derive(Debug)]
-struct Subscribers {
-    by_callback: HashMap<String, Arc<Subscription>>,
-    read_at: std::time::Instant,
-}
-
-#[derive(Debug, Default)]
-struct SubscriberCache {
-    topics: Mutex<HashMap<String, Arc<Subscribers>>>,
-}
-
-impl SubscriberCache {
-    fn get(&self, topic: &str) -> Option<Arc<Subscribers>> {
-        let topics = self
-            .topics
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let cached = topics.get(topic)?;
-        (cached.read_at.elapsed() < SUBSCRIBERS_TTL).then(|| cached.clone())
-    }
-
-    fn forget(&self, topic: &str) {
-        self.topics
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(topic);
-    }
-
-    fn put(&self, topic: &str, listed: Vec<Subscription>) -> Arc<Subscribers> {
-        let subscribers = Arc::new(Subscribers {
-            by_callback: listed
-                .into_iter()
-                .map(|subscription| (subscription.callback.clone(), Arc::new(subscription)))
-                .collect(),
-            read_at: std::time::Instant::now(),
-        });
-        let mut topics = self
-            .topics
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        topics.retain(|_, cached| cached.read_at.elapsed() < SUBSCRIBERS_TTL);
-        topics.insert(topic.to_owned(), subscribers.clone());
-        subscribers
     }
 }
 

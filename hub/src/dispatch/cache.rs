@@ -1,0 +1,159 @@
+//! What the WebSub scheduler keeps in memory between claims: events ready
+//! to go out with their headers built once, and each topic's subscribers
+//! for a short while.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+use uuid::Uuid;
+use websub_store::Subscription;
+
+use crate::events::LoggedEvent;
+
+use super::link_header;
+
+/// An event ready to go out, with the headers every subscriber gets built
+/// once rather than once per delivery.
+#[derive(Debug)]
+pub(super) struct Outgoing {
+    pub(super) event: LoggedEvent,
+    /// Its headers, or why they cannot be sent (a stored value no header can
+    /// hold: every attempt fails with it).
+    pub(super) headers: Result<EventHeaders, String>,
+}
+
+/// The headers of an event's deliveries that do not depend on the
+/// subscription.
+#[derive(Debug)]
+pub(super) struct EventHeaders {
+    pub(super) content_type: HeaderValue,
+    pub(super) event_id: HeaderValue,
+    /// `Link`, the hub and the topic.
+    pub(super) link: HeaderMap,
+}
+
+impl Outgoing {
+    pub(super) fn new(event: LoggedEvent, hub_url: &str) -> Self {
+        let headers = [
+            HeaderValue::from_str(&event.content_type),
+            HeaderValue::from_str(&link_header(hub_url, &event.topic)),
+            HeaderValue::from_str(&event.id.to_string()),
+        ];
+        let headers = match headers {
+            [Ok(content_type), Ok(link), Ok(event_id)] => Ok(EventHeaders {
+                content_type,
+                event_id,
+                link: HeaderMap::from_iter([(http::header::LINK, link)]),
+            }),
+            _ => Err(format!(
+                "the event's content type or topic cannot be sent in a header: {:?}, {:?}",
+                event.content_type, event.topic
+            )),
+        };
+        Self { event, headers }
+    }
+}
+
+/// Recently delivered events, so a fan-out to thousands of subscribers reads
+/// its body from the log once.
+#[derive(Debug)]
+pub(super) struct EventCache {
+    pub(super) capacity: usize,
+    pub(super) entries: Mutex<CachedEvents>,
+}
+
+/// The cached events, and their ids oldest first for eviction.
+#[derive(Debug, Default)]
+pub(super) struct CachedEvents {
+    pub(super) by_id: HashMap<Uuid, Arc<Outgoing>>,
+    pub(super) order: VecDeque<Uuid>,
+}
+
+impl EventCache {
+    pub(super) fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            entries: Mutex::new(CachedEvents::default()),
+        }
+    }
+
+    pub(super) fn get(&self, id: Uuid) -> Option<Arc<Outgoing>> {
+        let entries = self
+            .entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        entries.by_id.get(&id).cloned()
+    }
+
+    pub(super) fn insert(&self, outgoing: Arc<Outgoing>) {
+        let id = outgoing.event.id;
+        let mut guard = self
+            .entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let cached = &mut *guard;
+        if cached.by_id.insert(id, outgoing).is_none() {
+            cached.order.push_back(id);
+        }
+        while cached.order.len() > self.capacity {
+            if let Some(oldest) = cached.order.pop_front() {
+                cached.by_id.remove(&oldest);
+            }
+        }
+    }
+}
+
+/// How long a topic's subscriber list is reused between claimed batches.
+/// Changes made through this hub reach the cache at once
+/// ([`Distributor::forget_topic`]); this bounds how long one made through
+/// another replica (a renewed secret, an unsubscribe) takes to be seen.
+pub const SUBSCRIBERS_TTL: Duration = Duration::from_secs(10);
+
+/// A topic's subscriptions by callback, as read at one moment.
+#[derive(Debug)]
+pub(super) struct Subscribers {
+    pub(super) by_callback: HashMap<String, Arc<Subscription>>,
+    pub(super) read_at: std::time::Instant,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct SubscriberCache {
+    pub(super) topics: Mutex<HashMap<String, Arc<Subscribers>>>,
+}
+
+impl SubscriberCache {
+    pub(super) fn get(&self, topic: &str) -> Option<Arc<Subscribers>> {
+        let topics = self
+            .topics
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let cached = topics.get(topic)?;
+        (cached.read_at.elapsed() < SUBSCRIBERS_TTL).then(|| cached.clone())
+    }
+
+    pub(super) fn forget(&self, topic: &str) {
+        self.topics
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(topic);
+    }
+
+    pub(super) fn put(&self, topic: &str, listed: Vec<Subscription>) -> Arc<Subscribers> {
+        let subscribers = Arc::new(Subscribers {
+            by_callback: listed
+                .into_iter()
+                .map(|subscription| (subscription.callback.clone(), Arc::new(subscription)))
+                .collect(),
+            read_at: std::time::Instant::now(),
+        });
+        let mut topics = self
+            .topics
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        topics.retain(|_, cached| cached.read_at.elapsed() < SUBSCRIBERS_TTL);
+        topics.insert(topic.to_owned(), subscribers.clone());
+        subscribers
+    }
+}

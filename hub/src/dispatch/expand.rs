@@ -1,0 +1,236 @@
+//! Expansion: an event of the log becomes one delivery record per
+//! subscription of its topic, written in parts already claimed and handed
+//! straight to the attempts.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+use websub_store::{Subscription, SubscriptionStore};
+
+use crate::events::{Completion, LoggedEvent, Outcome};
+
+use super::cache::Outgoing;
+use super::{DispatchError, Distributor, LEASE_EXPIRED, Pipeline, permit_count};
+
+impl Distributor {
+    /// Expands every recorded but unexpanded event and starts the first
+    /// attempts of the records it writes. Returns how many records were
+    /// created; stops early, leaving the event it was on unexpanded, when
+    /// `shutdown` is cancelled.
+    pub(super) async fn expand_pending(
+        &self,
+        pipeline: &Pipeline,
+        shutdown: &CancellationToken,
+    ) -> Result<u64, DispatchError> {
+        let mut created = 0;
+        loop {
+            let pending = self.inner.events.unexpanded(64).await?;
+            if pending.is_empty() {
+                return Ok(created);
+            }
+            for event in pending {
+                match self.expand_event(event, pipeline, shutdown).await? {
+                    Some(records) => created += records,
+                    None => return Ok(created),
+                }
+            }
+        }
+    }
+
+    /// Expands one event: reads its topic's subscribers page by page, writes
+    /// each part of a page as delivery records already claimed by this
+    /// process ([`EventLog::expand_claimed`]), starts the first attempt of
+    /// every record it created, and marks the event expanded after the last
+    /// page.
+    ///
+    /// The first deliveries leave after one small page, not after the whole
+    /// list, and no first attempt pays for a claim. The next page is read
+    /// while the current one goes out, in pages four times larger each time
+    /// (few round trips for a large topic), and parts are written one ahead
+    /// of the pipeline's room (see [`deliver_page`](Self::deliver_page)), so
+    /// a claimed record never waits long for its attempt. Records that exist
+    /// already (another replica expanding the same event, a restart after a
+    /// crash mid-expansion) are left to whoever holds them or to the claim
+    /// loop.
+    ///
+    /// Returns how many records were created, or `None` if `shutdown`
+    /// interrupted it (the event stays unexpanded and is expanded again).
+    pub(super) async fn expand_event(
+        &self,
+        event: LoggedEvent,
+        pipeline: &Pipeline,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<u64>, DispatchError> {
+        let outgoing = Arc::new(Outgoing::new(event, &self.inner.hub_url));
+        self.inner.bodies.insert(outgoing.clone());
+        let topic = outgoing.event.topic.as_str();
+        let mut limit = self.inner.policy.concurrency.clamp(1, MAX_PAGE);
+        let mut page = self
+            .inner
+            .store
+            .list_by_topic_page(topic, None, limit)
+            .await?;
+        let (mut created, mut subscribers) = (0, 0);
+        loop {
+            subscribers += page.len();
+            let next_limit = (limit * 4).min(MAX_PAGE);
+            let after = (page.len() == limit)
+                .then(|| {
+                    page.last()
+                        .map(|subscription| subscription.callback.clone())
+                })
+                .flatten();
+            let read_next = async {
+                let Some(after) = &after else {
+                    return Ok(None);
+                };
+                let started = std::time::Instant::now();
+                let next = self
+                    .inner
+                    .store
+                    .list_by_topic_page(topic, Some(after), next_limit)
+                    .await?;
+                debug!(subscribers = next.len(), took = ?started.elapsed(), "read a page of subscribers");
+                Ok::<_, websub_store::StoreError>(Some(next))
+            };
+            let (delivered, next) = tokio::join!(
+                self.deliver_page(&outgoing, page, pipeline, shutdown),
+                read_next
+            );
+            let Some(delivered) = delivered? else {
+                return Ok(None);
+            };
+            created += delivered;
+            match next? {
+                Some(next) => {
+                    page = next;
+                    limit = next_limit;
+                }
+                None => break,
+            }
+        }
+        let id = outgoing.event.id;
+        self.inner
+            .events
+            .expand(id, &[], self.inner.clock.now())
+            .await?;
+        debug!(event = %id, %topic, subscribers, created, "expanded");
+        Ok(Some(created))
+    }
+
+    /// Writes one page of an event's subscribers as claimed records, a part
+    /// at a time, and starts their attempts. Returns how many records were
+    /// created, or `None` on shutdown.
+    ///
+    /// A part is written while the previous one is still queued, then waits
+    /// for room in the pipeline: the write's latency (on SQLite, the wait
+    /// for the file's one writer) overlaps with the attempts already queued
+    /// instead of leaving the network idle, and a claimed record waits at
+    /// most for one part's worth of attempts to finish before its own starts.
+    /// A part written is a part delivered, shutdown or not: the pipeline
+    /// drains meanwhile, and its records are not left to wait for the
+    /// visibility timeout.
+    pub(super) async fn deliver_page(
+        &self,
+        outgoing: &Arc<Outgoing>,
+        page: Vec<Subscription>,
+        pipeline: &Pipeline,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<u64>, DispatchError> {
+        let mut rest = page.into_iter();
+        let mut created = 0;
+        while rest.len() > 0 {
+            if shutdown.is_cancelled() {
+                return Ok(None);
+            }
+            let part: Vec<Subscription> = rest.by_ref().take(pipeline.batch).collect();
+            let callbacks: Vec<&str> = part
+                .iter()
+                .map(|subscription| subscription.callback.as_str())
+                .collect();
+            let now = self.inner.clock.now();
+            let started = std::time::Instant::now();
+            let inserted = self
+                .inner
+                .events
+                .expand_claimed(outgoing.event.id, &callbacks, now)
+                .await?;
+            debug!(records = part.len(), created = inserted.len(), took = ?started.elapsed(), "wrote a claimed part");
+            created += inserted.len() as u64;
+            // Usually every record is new; otherwise only the new ones are
+            // this process's to deliver.
+            let ours: Option<HashSet<String>> =
+                (inserted.len() < part.len()).then(|| inserted.into_iter().collect());
+            let mut deliverable = Vec::with_capacity(part.len());
+            for subscription in part {
+                if ours
+                    .as_ref()
+                    .is_some_and(|ours| !ours.contains(&subscription.callback))
+                {
+                    continue;
+                }
+                if subscription.is_expired(now) {
+                    let _ = pipeline.completed.send(Completion {
+                        event_id: outgoing.event.id,
+                        subscriber: subscription.callback,
+                        outcome: Outcome::Dropped {
+                            reason: LEASE_EXPIRED.to_owned(),
+                        },
+                    });
+                    continue;
+                }
+                deliverable.push(subscription);
+            }
+            if deliverable.is_empty() {
+                continue;
+            }
+            let Ok(mut permits) = pipeline
+                .pending
+                .clone()
+                .acquire_many_owned(permit_count(deliverable.len()))
+                .await
+            else {
+                return Ok(None);
+            };
+            for subscription in deliverable {
+                let Some(permit) = permits.split(1) else {
+                    // One permit per record of the part was taken.
+                    break;
+                };
+                self.spawn_attempt(
+                    pipeline,
+                    permit,
+                    outgoing.clone(),
+                    Arc::new(subscription),
+                    0,
+                );
+            }
+        }
+        Ok(Some(created))
+    }
+
+    /// Expands whenever [`expand_soon`](Self::expand_soon) asks, apart from
+    /// the claim loop, so that claims and retries go on while a large
+    /// fan-out is being written.
+    pub(super) async fn run_expander(self, pipeline: Pipeline, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = self.inner.expand.notified() => {}
+            }
+            if let Err(error) = self.expand_pending(&pipeline, &shutdown).await {
+                warn!(%error, "expanding events failed; retrying at the next poll");
+            }
+        }
+    }
+
+    pub(super) fn expand_soon(&self) {
+        self.inner.expand.notify_one();
+    }
+}
+
+/// The largest page of subscribers an expansion reads at once: a 100 000
+/// fan-out takes a dozen reads, and two pages in memory stay a few MB.
+pub(super) const MAX_PAGE: usize = 10_000;
