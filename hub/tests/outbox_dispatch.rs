@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use websub_hub::delivery::RetryPolicy;
+use websub_hub::net::NetPolicy;
 use websub_hub::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, MESSAGING_EVENT_ID_HEADER,
     MESSAGING_SIGNATURE_HEADER, RegistrationError, scan_index_ddl, verify,
@@ -288,6 +289,9 @@ async fn with_the_defaults_a_dead_subscriber_is_exhausted_in_about_twenty_second
     receiver.answer("/dead", Answer::status(502));
     let config = DispatcherConfig {
         tables: db.tables.clone(),
+        network: NetPolicy {
+            allow_private_network: true,
+        },
         ..DispatcherConfig::default()
     };
     let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
@@ -888,4 +892,66 @@ async fn ten_thousand_subscribers_of_one_event_expand_at_once() {
         "deliveries began"
     );
     running.stop().await;
+}
+
+/// A webhook that answers with a redirect has not received the event: the
+/// attempt fails with the status, and the redirect target (which would get
+/// the signature and the configured headers) is never contacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_is_a_failed_attempt_never_followed() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    let elsewhere = receiver.url("/elsewhere");
+    receiver.answer(
+        "/moved",
+        Answer::status(307).with_header("location", elsewhere.as_str()),
+    );
+    let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
+    dispatcher
+        .register_webhooks(EVENT, webhook("moved", None, receiver.url("/moved")))
+        .expect("register");
+    let running = Running::start(dispatcher);
+    let id = db.produce(EVENT, None, true).await;
+    let failed = eventually_async(WAIT, || async {
+        db.delivery(id, "moved")
+            .await
+            .is_some_and(|row| row.retry_count > 0)
+    })
+    .await;
+    assert!(failed, "the redirect counts as a failed attempt");
+    let row = db.delivery(id, "moved").await.expect("row");
+    assert_eq!(row.processed_at, None);
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("HTTP 307 Temporary Redirect")
+    );
+    assert!(receiver.received_at("/elsewhere").is_empty());
+    running.stop().await;
+}
+
+/// Webhook URLs go through the network policy that guards WebSub callbacks:
+/// a private address is refused at registration unless allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_webhook_is_refused_unless_private_networks_are_allowed() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    let public_only = DispatcherConfig {
+        network: NetPolicy::default(),
+        ..config(&db.tables)
+    };
+    let dispatcher = Dispatcher::new(db.pool.clone(), public_only).expect("dispatcher");
+    let refused =
+        dispatcher.register_webhooks(EVENT, webhook("local", None, receiver.url("/local")));
+    assert!(
+        matches!(refused, Err(RegistrationError::RefusedUrl { .. })),
+        "{refused:?}"
+    );
+    let allowed = Dispatcher::new(db.pool.clone(), config(&db.tables)).expect("dispatcher");
+    allowed
+        .register_webhooks(EVENT, webhook("local", None, receiver.url("/local")))
+        .expect("allowed when private networks are");
 }

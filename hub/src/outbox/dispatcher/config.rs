@@ -9,7 +9,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use super::super::{OutboxTables, check_channel};
 use crate::delivery::RetryPolicy;
 use crate::net::NetPolicy;
-use crate::setting::ConfigError;
+use crate::setting::{ConfigError, invalid};
 use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER};
 
 /// Everything a dispatcher needs besides its pool. [`Default`] gives the
@@ -121,18 +121,6 @@ impl Default for DispatcherConfig {
             query_timeout: Duration::from_secs(60),
             catch_up_interval: Duration::from_secs(300),
         }
-    }
-}
-
-pub(super) fn invalid(
-    setting: &'static str,
-    value: impl ToString,
-    reason: impl Into<String>,
-) -> ConfigError {
-    ConfigError::Invalid {
-        setting,
-        value: value.to_string(),
-        reason: reason.into(),
     }
 }
 
