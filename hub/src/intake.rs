@@ -15,6 +15,7 @@ use url::Url;
 use websub_store::SubscriptionStore;
 
 use crate::clock::Clock;
+use crate::delivery::attempt::status_error;
 use crate::delivery::error_chain;
 use crate::dispatch::Distributor;
 use crate::events::{EventLog, EventLogError, LoggedEvent, NewEvent};
@@ -221,7 +222,7 @@ impl Intake {
             return Ok(Fetched::NotModified);
         }
         if !status.is_success() {
-            return Err(fetch_error(format!("HTTP {}", status.as_u16())));
+            return Err(fetch_error(status_error(status)));
         }
         let header = |name: http::HeaderName| {
             response

@@ -4,7 +4,7 @@
 //! in-process subscriber is the [`WebSubBridge`], which turns every event
 //! into a hub event — the envelope as content, `application/json`, on a
 //! topic rendered from a [`TopicTemplate`] — recorded in the hub's own
-//! [`EventLog`]; the hub's dispatcher then delivers it to the topic's WebSub
+//! [`EventLog`]; the WebSub scheduler then delivers it to the topic's WebSub
 //! subscribers, signed and with `Link` headers, like any published content.
 //! The same feed can also deliver to webhooks listed in a file
 //! ([`WebhooksFile`]), which it watches and reloads on change.
