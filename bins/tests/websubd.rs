@@ -1,11 +1,12 @@
 //! The real `websubd` binary: start-up on the embedded default, errors that
-//! name bad values, a clean exit on SIGTERM, and no delivery lost when the
-//! process is killed with SIGKILL in the middle of a fan-out.
+//! name bad values, the layers of its configuration (file, environment,
+//! flags) and its help, a clean exit on SIGTERM, and no delivery lost when
+//! the process is killed with SIGKILL in the middle of a fan-out.
 
 mod common;
 
 use std::collections::HashSet;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,12 @@ fn bad_values_are_named_and_refused() {
             vec!["--user-token-header", "bad header"],
             "user-token-header",
         ),
+        (vec!["--delivery-batch-size", "0"], "delivery-batch-size"),
+        (
+            vec!["--verification-timeout", "soon"],
+            "verification-timeout",
+        ),
+        (vec!["--max-content-bytes", "many"], "max-content-bytes"),
     ] {
         let output = Command::new(env!("CARGO_BIN_EXE_websubd"))
             .args(&args)
@@ -55,6 +62,128 @@ fn bad_values_are_named_and_refused() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(named), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn a_bad_variable_is_named_and_refused() {
+    let output = Command::new(env!("CARGO_BIN_EXE_websubd"))
+        .env("WEBSUB_DELIVERY_RETRIES", "several")
+        .output()
+        .expect("run websubd");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("WEBSUB_DELIVERY_RETRIES"), "{stderr}");
+}
+
+#[test]
+fn the_help_lists_every_setting_with_its_default() {
+    let output = Command::new(env!("CARGO_BIN_EXE_websubd"))
+        .arg("--help")
+        .output()
+        .expect("run websubd --help");
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (flag, default) in [
+        ("--delivery-batch-size <N>", "500"),
+        ("--verification-timeout <DURATION>", "10s"),
+        ("--verification-concurrency <N>", "64"),
+        ("--reaper-interval <DURATION>", "1m"),
+        ("--max-form-bytes <BYTES>", "65536"),
+        ("--max-content-bytes <BYTES>", "16777216"),
+        ("--delivery-timeout <DURATION>", "10s"),
+        ("--allow-private-network [<BOOL>]", "false"),
+    ] {
+        let entry = help
+            .split_once(flag)
+            .map(|(_, rest)| rest)
+            .unwrap_or_else(|| panic!("{flag} is not listed: {help}"));
+        let shown = entry
+            .split_once("[default: ")
+            .and_then(|(_, rest)| rest.split_once(']'))
+            .map(|(value, _)| value);
+        assert_eq!(shown, Some(default), "{flag}");
+    }
+}
+
+/// A websubd started with `env` besides the arguments, killed when dropped.
+struct WithEnv(Child);
+
+impl Drop for WithEnv {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flags_and_the_environment_override_the_file() {
+    const FILE_KEY: &str = "the-internal-key-the-file-gives-0123456789";
+    const ENV_KEY: &str = "the-internal-key-the-environment-gives-0123";
+    let dir = scratch_dir("layers");
+    let (file_port, port) = (free_port(), free_port());
+    let config = dir.join("websubd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{file_port}\"\ninternal_api_key = \"{FILE_KEY}\"\n\
+             allow_private_network = true\n"
+        ),
+    )
+    .expect("write the file");
+    let child = Command::new(env!("CARGO_BIN_EXE_websubd"))
+        .current_dir(&dir)
+        .env("RUST_LOG", "warn")
+        .env("WEBSUB_CONFIG", &config)
+        .env("WEBSUB_INTERNAL_API_KEY", ENV_KEY)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--allow-private-network=false")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start websubd");
+    let _hub = WithEnv(child);
+    let client = http_client();
+    let url = format!("http://127.0.0.1:{port}/");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Serving on the flag's port, not the file's: the flag won.
+    loop {
+        if let Ok(response) = client.get(format!("{url}healthz")).send().await
+            && response.status().is_success()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "websubd did not serve on the flag's port"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let topics = |key: &'static str| {
+        client
+            .get(format!("{url}api/v1/operator/topics"))
+            .header("X-Internal-API-Key", key)
+            .send()
+    };
+    let by_env = topics(ENV_KEY).await.expect("answered");
+    assert_eq!(by_env.status().as_u16(), 200, "the environment's key works");
+    let by_file = topics(FILE_KEY).await.expect("answered");
+    assert_eq!(
+        by_file.status().as_u16(),
+        401,
+        "the file's key was overridden"
+    );
+    let response = client
+        .post(&url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("hub.mode=subscribe&hub.topic=https%3A%2F%2Fexample.com%2Ff&hub.callback=http%3A%2F%2F127.0.0.1%3A1%2Fcb")
+        .send()
+        .await
+        .expect("subscribe");
+    assert_eq!(
+        response.status().as_u16(),
+        400,
+        "--allow-private-network=false beats the file's true"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -10,14 +10,14 @@
 //!   time).
 //!
 //! Failures are [`AuthError`]s whose answer is a 401 with a plain-text
-//! reason (a 500 for a configuration that cannot work). [`User`] is also
-//! an axum extractor for routers whose state yields [`UserTokens`].
+//! reason (a 500 for a configuration that cannot work). The hub's routes
+//! call the checkers themselves rather than through extractors: a hub
+//! without a key answers differently (404 for the subscriber API, 403 for
+//! internal requests) from a caller without credentials.
 
 use std::fmt;
 use std::sync::Arc;
 
-use axum::extract::{FromRef, FromRequestParts};
-use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
@@ -27,15 +27,6 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-/// The variable holding the key user tokens are signed with.
-pub const USER_TOKEN_KEY_VAR: &str = "WEBSUB_USER_TOKEN_KEY";
-/// The variable naming the header user tokens travel in.
-pub const USER_TOKEN_HEADER_VAR: &str = "WEBSUB_USER_TOKEN_HEADER";
-/// The variable holding the internal API key.
-pub const INTERNAL_API_KEY_VAR: &str = "WEBSUB_INTERNAL_API_KEY";
-/// The variable naming the header the internal key travels in.
-pub const INTERNAL_API_KEY_HEADER_VAR: &str = "WEBSUB_INTERNAL_API_KEY_HEADER";
-
 /// The user token header when none is configured (`Bearer` scheme).
 pub const DEFAULT_USER_TOKEN_HEADER: &str = "Authorization";
 /// The internal key header when none is configured.
@@ -44,7 +35,8 @@ pub const DEFAULT_INTERNAL_API_KEY_HEADER: &str = "X-Internal-API-Key";
 pub const MIN_INTERNAL_KEY_CHARS: usize = 32;
 
 /// The authentication settings. A plain value: [`AuthConfig::default`] and
-/// set fields, or [`AuthConfig::from_env`].
+/// set fields. (The hub reads them, with every other setting, through
+/// [`crate::config::Settings`].)
 #[derive(Clone)]
 pub struct AuthConfig {
     /// The HS256 key user tokens are signed with; without it, no user can
@@ -84,30 +76,6 @@ impl fmt::Debug for AuthConfig {
 }
 
 impl AuthConfig {
-    /// Reads [`USER_TOKEN_KEY_VAR`], [`USER_TOKEN_HEADER_VAR`],
-    /// [`INTERNAL_API_KEY_VAR`] and [`INTERNAL_API_KEY_HEADER_VAR`] from the
-    /// process environment.
-    pub fn from_env() -> Self {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-
-    /// Reads the same variables through `lookup`; unset or empty ones keep
-    /// their defaults. Nothing is checked here: [`UserTokens::new`] and
-    /// [`InternalKey::new`] (or [`AuthConfig::user_tokens`] and
-    /// [`AuthConfig::internal_key`]) do that.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
-        let get = |name: &str| lookup(name).filter(|value| !value.trim().is_empty());
-        let defaults = Self::default();
-        Self {
-            user_token_key: get(USER_TOKEN_KEY_VAR),
-            user_token_header: get(USER_TOKEN_HEADER_VAR)
-                .map_or(defaults.user_token_header, |h| h.trim().to_owned()),
-            internal_api_key: get(INTERNAL_API_KEY_VAR),
-            internal_api_key_header: get(INTERNAL_API_KEY_HEADER_VAR)
-                .map_or(defaults.internal_api_key_header, |h| h.trim().to_owned()),
-        }
-    }
-
     /// The user token checker, or `None` when no key is configured.
     pub fn user_tokens(&self) -> Result<Option<UserTokens>, AuthError> {
         self.user_token_key
@@ -361,18 +329,6 @@ fn check_algorithm(token: &str) -> Result<(), AuthError> {
     }
 }
 
-impl<S> FromRequestParts<S> for User
-where
-    UserTokens: FromRef<S>,
-    S: Send + Sync,
-{
-    type Rejection = AuthError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        UserTokens::from_ref(state).authenticate(&parts.headers)
-    }
-}
-
 /// Checks the internal API key. Cheap to clone.
 #[derive(Clone)]
 pub struct InternalKey {
@@ -423,24 +379,6 @@ impl InternalKey {
         } else {
             Err(AuthError::WrongKey)
         }
-    }
-}
-
-/// An extractor that admits only callers with the internal key, for routers
-/// whose state yields an [`InternalKey`].
-#[derive(Debug, Clone, Copy)]
-pub struct InternalCaller;
-
-impl<S> FromRequestParts<S> for InternalCaller
-where
-    InternalKey: FromRef<S>,
-    S: Send + Sync,
-{
-    type Rejection = AuthError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        InternalKey::from_ref(state).check(&parts.headers)?;
-        Ok(Self)
     }
 }
 

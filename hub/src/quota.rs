@@ -42,17 +42,6 @@ use url::Url;
 use websub_store::{OwnerQuota, StoreError, Subscription, SubscriptionStore};
 
 use crate::delivery::client::{self, Purpose};
-use crate::setting::{ConfigError, parse_duration};
-
-/// The variable naming the subscriptions service's base URL.
-pub const URL_VAR: &str = "WEBSUB_QUOTA_URL";
-/// The variable holding the timeout of one quota lookup (e.g. `5s`).
-pub const TIMEOUT_VAR: &str = "WEBSUB_QUOTA_TIMEOUT";
-/// The variable holding the internal API key sent to the subscriptions
-/// service (the same one the hub's internal routes accept).
-pub const INTERNAL_API_KEY_VAR: &str = "WEBSUB_INTERNAL_API_KEY";
-/// The variable naming the header the internal key travels in.
-pub const INTERNAL_API_KEY_HEADER_VAR: &str = "WEBSUB_INTERNAL_API_KEY_HEADER";
 
 /// The internal key header when none is configured.
 pub const DEFAULT_INTERNAL_API_KEY_HEADER: &str = "X-Internal-API-Key";
@@ -64,10 +53,10 @@ pub const KIND_TOTAL: &str = "total";
 
 /// Where the limits come from and how they are fetched.
 ///
-/// A plain value: build it with [`QuotaConfig::default`] and set fields, or
-/// read it from the environment with [`QuotaConfig::from_env`]. It is
-/// checked by [`QuotaEnforcer::new`], so a misconfigured service fails at
-/// start-up.
+/// A plain value: build it with [`QuotaConfig::default`] and set fields
+/// (the hub fills it from its `quota-*` and `internal-api-key*` settings).
+/// It is checked by [`QuotaEnforcer::new`], so a misconfigured service
+/// fails at start-up.
 #[derive(Clone)]
 pub struct QuotaConfig {
     /// The subscriptions service; quotas are read from
@@ -108,44 +97,6 @@ impl fmt::Debug for QuotaConfig {
             .field("internal_api_key_header", &self.internal_api_key_header)
             .field("quota_type", &self.quota_type)
             .finish()
-    }
-}
-
-impl QuotaConfig {
-    /// Reads [`URL_VAR`], [`TIMEOUT_VAR`], [`INTERNAL_API_KEY_VAR`] and
-    /// [`INTERNAL_API_KEY_HEADER_VAR`] from the process environment; see
-    /// [`QuotaConfig::from_lookup`].
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-
-    /// Reads the settings through `lookup` (a variable's value, or `None`
-    /// when unset). Unset or empty variables keep their defaults.
-    ///
-    /// Fails only on a value that cannot be parsed (the URL or the
-    /// timeout), naming the variable; whether the result is complete is
-    /// [`QuotaEnforcer::new`]'s question.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let get = |name: &str| lookup(name).filter(|value| !value.trim().is_empty());
-        let mut config = Self::default();
-        if let Some(url) = get(URL_VAR) {
-            config.base_url =
-                Some(
-                    Url::parse(url.trim()).map_err(|error| ConfigError::Invalid {
-                        setting: URL_VAR,
-                        value: url.clone(),
-                        reason: error.to_string(),
-                    })?,
-                );
-        }
-        if let Some(timeout) = get(TIMEOUT_VAR) {
-            config.timeout = parse_duration(TIMEOUT_VAR, &timeout)?;
-        }
-        config.internal_api_key = get(INTERNAL_API_KEY_VAR);
-        if let Some(header) = get(INTERNAL_API_KEY_HEADER_VAR) {
-            config.internal_api_key_header = header.trim().to_owned();
-        }
-        Ok(config)
     }
 }
 

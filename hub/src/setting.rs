@@ -1,7 +1,7 @@
 //! Settings as text: the error that names a bad setting and its value, and
-//! the parsing of durations, shared by the hub's configuration, the outbox
-//! dispatcher's, the feeds' and the quota's. A leaf: it imports nothing of
-//! the crate, so every module that validates settings can use it.
+//! the parsing and writing of durations, shared by the hub's configuration,
+//! the outbox dispatcher's and the feeds'. A leaf: it imports nothing of the
+//! crate, so every module that validates settings can use it.
 
 use std::time::Duration;
 
@@ -15,6 +15,17 @@ pub enum ConfigError {
         /// The setting's name, as on the command line.
         setting: &'static str,
         /// The value given.
+        value: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// A `WEBSUB_*` environment variable holds no value of its setting's
+    /// type (a number, an address, `true` or `false`).
+    #[error("invalid {variable} {value:?}: {reason}")]
+    Environment {
+        /// The variable, e.g. `WEBSUB_DELIVERY_RETRIES`.
+        variable: String,
+        /// The value it holds.
         value: String,
         /// Why it is refused.
         reason: String,
@@ -73,6 +84,25 @@ pub fn parse_duration(setting: &'static str, value: &str) -> Result<Duration, Co
     Duration::try_from_secs_f64(number * scale).map_err(|_| invalid(setting, value, "out of range"))
 }
 
+/// Writes `duration` the way [`parse_duration`] reads it, in the largest
+/// unit that divides it (`10d`, `5m`, `250ms`), so defaults read as they
+/// would be typed.
+pub fn format_duration(duration: Duration) -> String {
+    if !duration.subsec_nanos().is_multiple_of(1_000_000) {
+        return format!("{}s", duration.as_secs_f64());
+    }
+    if duration.subsec_millis() != 0 {
+        return format!("{}ms", duration.as_millis());
+    }
+    let secs = duration.as_secs();
+    for (unit, size) in [("d", 86_400), ("h", 3600), ("m", 60)] {
+        if secs != 0 && secs.is_multiple_of(size) {
+            return format!("{}{unit}", secs / size);
+        }
+    }
+    format!("{secs}s")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,5 +129,21 @@ mod tests {
             })
         ));
         assert!(parse_duration("x", "5y").is_err());
+    }
+
+    #[test]
+    fn durations_are_written_in_their_largest_unit_and_read_back() {
+        for (duration, text) in [
+            (Duration::from_secs(864_000), "10d"),
+            (Duration::from_secs(7200), "2h"),
+            (Duration::from_secs(300), "5m"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_millis(250), "250ms"),
+            (Duration::from_millis(1500), "1500ms"),
+            (Duration::ZERO, "0s"),
+        ] {
+            assert_eq!(format_duration(duration), text);
+            assert_eq!(parse_duration("x", text).ok(), Some(duration), "{text}");
+        }
     }
 }

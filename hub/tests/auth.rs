@@ -1,24 +1,20 @@
 //! User tokens and the internal key: what is admitted, what is refused and
-//! with which answer, checked on header maps and through a real axum server
-//! on 127.0.0.1.
+//! with which answer, checked on header maps and through the hub's own
+//! routes.
 
-use std::collections::HashMap;
-
-use axum::Router;
-use axum::extract::FromRef;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::TimeDelta;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
+use tower::ServiceExt;
+use websub_hub::HubConfig;
 use websub_hub::auth::{
-    AuthConfig, AuthError, DEFAULT_INTERNAL_API_KEY_HEADER, DEFAULT_USER_TOKEN_HEADER,
-    INTERNAL_API_KEY_HEADER_VAR, INTERNAL_API_KEY_VAR, InternalCaller, InternalKey,
-    MIN_INTERNAL_KEY_CHARS, USER_TOKEN_HEADER_VAR, USER_TOKEN_KEY_VAR, User, UserTokens,
-    issue_token,
+    AuthConfig, AuthError, DEFAULT_INTERNAL_API_KEY_HEADER, DEFAULT_USER_TOKEN_HEADER, InternalKey,
+    MIN_INTERNAL_KEY_CHARS, UserTokens, issue_token,
 };
 
 const SECRET: &str = "the key user tokens are signed with";
@@ -344,32 +340,28 @@ fn the_internal_key_is_checked() {
 // Configuration
 // ---------------------------------------------------------------------------
 
-fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let vars: HashMap<String, String> = vars
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    move |name| vars.get(name).cloned()
-}
-
 #[test]
-fn config_from_lookup_reads_every_variable_and_defaults_the_rest() {
-    let config = AuthConfig::from_lookup(lookup(&[
-        (USER_TOKEN_KEY_VAR, SECRET),
-        (USER_TOKEN_HEADER_VAR, "X-User-Token"),
-        (INTERNAL_API_KEY_VAR, INTERNAL),
-        (INTERNAL_API_KEY_HEADER_VAR, "X-Service-Key"),
-    ]));
-    assert_eq!(config.user_token_key.as_deref(), Some(SECRET));
-    assert_eq!(config.user_token_header, "X-User-Token");
-    assert_eq!(config.internal_api_key.as_deref(), Some(INTERNAL));
-    assert_eq!(config.internal_api_key_header, "X-Service-Key");
+fn config_builds_both_checkers_and_keeps_the_keys_out_of_debug() {
+    let config = AuthConfig {
+        user_token_key: Some(SECRET.to_owned()),
+        user_token_header: "X-User-Token".to_owned(),
+        internal_api_key: Some(INTERNAL.to_owned()),
+        internal_api_key_header: "X-Service-Key".to_owned(),
+    };
     let shown = format!("{config:?}");
     assert!(
         !shown.contains(SECRET) && !shown.contains(INTERNAL),
         "{shown}"
     );
-    assert!(config.user_tokens().expect("valid").is_some());
+    let tokens = config.user_tokens().expect("valid").expect("a key");
+    let token = issue_token(SECRET, "alice", None, HOUR);
+    assert_eq!(
+        tokens
+            .authenticate(&with("x-user-token", &token))
+            .expect("admitted")
+            .id,
+        "alice"
+    );
     assert_eq!(
         config
             .internal_key()
@@ -378,17 +370,27 @@ fn config_from_lookup_reads_every_variable_and_defaults_the_rest() {
         Some("x-service-key".to_owned())
     );
 
-    let empty = AuthConfig::from_lookup(lookup(&[(USER_TOKEN_KEY_VAR, "")]));
-    assert_eq!(empty.user_token_key, None);
-    assert_eq!(empty.user_token_header, DEFAULT_USER_TOKEN_HEADER);
+    let none = AuthConfig::default();
+    assert_eq!(none.user_token_header, DEFAULT_USER_TOKEN_HEADER);
     assert_eq!(
-        empty.internal_api_key_header,
+        none.internal_api_key_header,
         DEFAULT_INTERNAL_API_KEY_HEADER
     );
-    assert!(empty.user_tokens().expect("nothing to check").is_none());
-    assert!(empty.internal_key().expect("nothing to check").is_none());
+    assert!(none.user_tokens().expect("nothing to check").is_none());
+    assert!(none.internal_key().expect("nothing to check").is_none());
 
-    let short = AuthConfig::from_lookup(lookup(&[(INTERNAL_API_KEY_VAR, "short")]));
+    let empty = AuthConfig {
+        user_token_key: Some(String::new()),
+        ..AuthConfig::default()
+    };
+    assert!(matches!(
+        empty.user_tokens(),
+        Err(AuthError::InvalidConfig(_))
+    ));
+    let short = AuthConfig {
+        internal_api_key: Some("short".to_owned()),
+        ..AuthConfig::default()
+    };
     assert!(matches!(
         short.internal_key(),
         Err(AuthError::InvalidConfig(_))
@@ -427,96 +429,118 @@ fn errors_answer_401_with_a_reason_and_500_for_configuration() {
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
 }
 
-#[derive(Clone)]
-struct AppState {
-    tokens: UserTokens,
-    internal: InternalKey,
+/// A hub with both keys, on a scratch SQLite file removed when dropped.
+struct ScratchHub {
+    router: axum::Router,
+    database: std::path::PathBuf,
 }
 
-impl FromRef<AppState> for UserTokens {
-    fn from_ref(state: &AppState) -> Self {
-        state.tokens.clone()
+impl Drop for ScratchHub {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = self.database.clone().into_os_string();
+            path.push(suffix);
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
-impl FromRef<AppState> for InternalKey {
-    fn from_ref(state: &AppState) -> Self {
-        state.internal.clone()
+async fn scratch_hub() -> ScratchHub {
+    websub_hub::net::install_crypto_provider();
+    let database = std::env::temp_dir().join(format!("websub-auth-{}.db", uuid::Uuid::new_v4()));
+    let config = HubConfig {
+        database_url: format!("sqlite:{}", database.display()),
+        store: Some("memory".to_owned()),
+        internal_api_key: Some(INTERNAL.to_owned()),
+        user_token_key: Some(SECRET.to_owned()),
+        ..HubConfig::default()
+    };
+    let hub = websub_hub::server::Hub::open(config)
+        .await
+        .expect("open the hub");
+    ScratchHub {
+        router: hub.router(),
+        database,
     }
+}
+
+async fn get(
+    hub: &ScratchHub,
+    path: &str,
+    header: Option<(&str, &str)>,
+) -> (StatusCode, HeaderMap, String) {
+    let mut request = Request::get(path);
+    if let Some((name, value)) = header {
+        request = request.header(name, value);
+    }
+    let response = hub
+        .router
+        .clone()
+        .oneshot(request.body(Body::empty()).expect("a request"))
+        .await
+        .expect("answered");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("a body");
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
 }
 
 #[tokio::test]
-async fn extractors_admit_and_refuse_over_http() {
-    let app = Router::new()
-        .route("/me", get(|user: User| async move { user.id }))
-        .route(
-            "/internal",
-            get(|_: InternalCaller| async { "hello, service" }),
-        )
-        .with_state(AppState {
-            tokens: tokens(),
-            internal: InternalKey::new(INTERNAL, DEFAULT_INTERNAL_API_KEY_HEADER)
-                .expect("long enough"),
-        });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("address"));
-    let serving = tokio::spawn(async move { axum::serve(listener, app).await });
-    websub_hub::net::install_crypto_provider();
-    let client = reqwest::Client::new();
-
+async fn the_hub_routes_admit_and_refuse_with_these_answers() {
+    let hub = scratch_hub().await;
     let token = issue_token(SECRET, "http-user", None, HOUR);
-    let ok = client
-        .get(format!("{base}/me"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(ok.status(), StatusCode::OK);
-    assert_eq!(ok.text().await.expect("a body"), "http-user");
+    let bearer = format!("Bearer {token}");
 
-    let missing = client
-        .get(format!("{base}/me"))
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(missing.status(), StatusCode::UNAUTHORIZED);
+    let (status, _, body) = get(
+        &hub,
+        "/api/v1/subscriptions",
+        Some(("authorization", &bearer)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body, "[]");
+
+    let (status, headers, body) = get(&hub, "/api/v1/subscriptions", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(
-        missing.headers().get(header::WWW_AUTHENTICATE),
+        headers.get(header::WWW_AUTHENTICATE),
         Some(&HeaderValue::from_static("Bearer"))
     );
-    assert_eq!(
-        missing.text().await.expect("a body"),
-        AuthError::MissingToken.to_string()
+    assert_eq!(body, AuthError::MissingToken.to_string());
+
+    let expired = format!(
+        "Bearer {}",
+        issue_token(SECRET, "u", None, TimeDelta::seconds(-5))
     );
-
-    let expired = client
-        .get(format!("{base}/me"))
-        .bearer_auth(issue_token(SECRET, "u", None, TimeDelta::seconds(-5)))
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(expired.status(), StatusCode::UNAUTHORIZED);
+    let (status, headers, body) = get(
+        &hub,
+        "/api/v1/subscriptions",
+        Some(("authorization", &expired)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(
-        expired.text().await.expect("a body"),
-        AuthError::ExpiredToken.to_string()
+        headers.get(header::WWW_AUTHENTICATE),
+        Some(&HeaderValue::from_static("Bearer error=\"invalid_token\""))
     );
+    assert_eq!(body, AuthError::ExpiredToken.to_string());
 
-    let service = client
-        .get(format!("{base}/internal"))
-        .header(DEFAULT_INTERNAL_API_KEY_HEADER, INTERNAL)
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(service.status(), StatusCode::OK);
+    let (status, _, body) = get(
+        &hub,
+        "/api/v1/operator/topics",
+        Some((DEFAULT_INTERNAL_API_KEY_HEADER, INTERNAL)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
 
-    let intruder = client
-        .get(format!("{base}/internal"))
-        .header(DEFAULT_INTERNAL_API_KEY_HEADER, "guess")
-        .send()
-        .await
-        .expect("answered");
-    assert_eq!(intruder.status(), StatusCode::UNAUTHORIZED);
-    serving.abort();
+    let (status, headers, _) = get(
+        &hub,
+        "/api/v1/operator/topics",
+        Some((DEFAULT_INTERNAL_API_KEY_HEADER, "guess")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(headers.get(header::WWW_AUTHENTICATE).is_none());
 }
