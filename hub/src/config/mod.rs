@@ -1,0 +1,480 @@
+//! The hub's configuration: every setting with its default
+//! ([`HubConfig`]), the one settings layer ([`Settings`]) that the TOML
+//! file, the `WEBSUB_*` environment and the flags are each read into, the
+//! layering of those (defaults, file, environment, flags: later layers win),
+//! and the validation that runs once at start-up so a bad value is named
+//! before anything is served. Behind the `cli` feature, [`CommandLine`]
+//! is the same settings as `clap` arguments and loads all the layers.
+
+#[cfg(feature = "cli")]
+mod command_line;
+mod settings;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use url::Url;
+
+use crate::delivery::RetryPolicy;
+use crate::feed::{FeedConfig, TopicTemplate};
+pub use crate::setting::{ConfigError, format_duration, parse_duration};
+use crate::setting::{invalid, secs};
+#[cfg(feature = "cli")]
+pub use command_line::{CommandLine, LoadError};
+pub use settings::Settings;
+
+/// Everything a hub needs to run. Build it with [`HubConfig::default`] (the
+/// embedded default), adjust fields, and call [`HubConfig::validate`]; or
+/// lay [`Settings`] over the default with [`HubConfig::layered`].
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    /// The address `websubd` listens on.
+    pub listen: SocketAddr,
+    /// The hub URL announced in `rel="hub"`, exactly as given; it ends with
+    /// a slash.
+    pub public_url: Url,
+    /// Where the event log lives, and by default the subscriptions:
+    /// `sqlite:PATH` or `postgres://…`.
+    pub database_url: String,
+    /// Where subscriptions live when not in the database: `memory`,
+    /// `sqlite:…`, `postgres://…` or `redis://…`.
+    pub store: Option<String>,
+    /// Lease granted when none is asked for, and the bounds requests are
+    /// clamped to.
+    pub lease: LeasePolicy,
+    /// How deliveries are made and retried.
+    pub delivery: DeliveryPolicy,
+    /// How verification requests are made.
+    pub verification: VerificationPolicy,
+    /// Allow callbacks and topics that resolve to loopback, private,
+    /// link-local or unique-local addresses. Off by default, so a public hub
+    /// cannot be aimed at its own network.
+    pub allow_private_network: bool,
+    /// The key that authorises fat pings and internal APIs (≥ 32 characters).
+    pub internal_api_key: Option<String>,
+    /// The header the internal key travels in.
+    pub internal_api_key_header: String,
+    /// The largest subscription or publish form accepted, in bytes.
+    pub max_form_bytes: usize,
+    /// The largest content accepted from a fat ping or a topic fetch, in
+    /// bytes.
+    pub max_content_bytes: usize,
+    /// How often expired subscriptions are removed.
+    pub reaper_interval: Duration,
+    /// How often the dispatcher polls for due deliveries when nothing wakes it.
+    pub poll_interval: Duration,
+    /// Delete events (and their delivery records) older than this, hourly.
+    pub retention: Option<Duration>,
+    /// The HS256 key of user tokens. Subscribers authenticate with one when
+    /// the quota is on, and for the subscriber API.
+    pub user_token_key: Option<String>,
+    /// The header carrying the user token (`Authorization: Bearer …` by
+    /// default).
+    pub user_token_header: String,
+    /// The subscriptions service that sets each subscriber's limit; the
+    /// quota is enforced when this is set.
+    pub quota_url: Option<Url>,
+    /// Time allowed for the subscriptions service to answer.
+    pub quota_timeout: Duration,
+    /// The quota type that caps a subscriber's subscriptions.
+    pub quota_type: String,
+    /// Producers' outbox tables the hub delivers from (`[[feed]]` in the
+    /// configuration file).
+    pub feeds: Vec<FeedConfig>,
+}
+
+/// Lease bounds. Requests outside `[min, max]` are clamped; WebSub
+/// subscriptions are never perpetual.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeasePolicy {
+    /// Granted when the subscriber asks for none (10 days).
+    pub default: Duration,
+    /// The shortest lease granted.
+    pub min: Duration,
+    /// The longest lease granted.
+    pub max: Duration,
+}
+
+/// Delivery timing, retries and concurrency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryPolicy {
+    /// Time allowed for one delivery POST, connection included.
+    pub timeout: Duration,
+    /// Retries and their backoff.
+    pub retry: RetryPolicy,
+    /// Deliveries in flight at once, over all callbacks.
+    pub concurrency: usize,
+    /// Deliveries in flight at once to one callback host.
+    pub per_host: usize,
+    /// Delivery records claimed per round trip to the event log.
+    pub batch_size: usize,
+    /// A claim older than this is taken to be from a dead process and the
+    /// delivery becomes claimable again.
+    pub visibility_timeout: Duration,
+}
+
+/// Verification of intent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VerificationPolicy {
+    /// Time allowed for the callback to answer.
+    pub timeout: Duration,
+    /// Verifications in flight at once.
+    pub concurrency: usize,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        let listen = SocketAddr::from(([127, 0, 0, 1], 8080));
+        Self {
+            listen,
+            public_url: public_url_for(listen),
+            database_url: "sqlite:websub.db".to_owned(),
+            store: None,
+            lease: LeasePolicy::default(),
+            delivery: DeliveryPolicy::default(),
+            verification: VerificationPolicy::default(),
+            allow_private_network: false,
+            internal_api_key: None,
+            internal_api_key_header: crate::auth::DEFAULT_INTERNAL_API_KEY_HEADER.to_owned(),
+            max_form_bytes: 64 * 1024,
+            max_content_bytes: 16 * 1024 * 1024,
+            reaper_interval: Duration::from_secs(60),
+            poll_interval: Duration::from_secs(1),
+            retention: None,
+            user_token_key: None,
+            user_token_header: crate::auth::DEFAULT_USER_TOKEN_HEADER.to_owned(),
+            quota_url: None,
+            quota_timeout: crate::quota::DEFAULT_TIMEOUT,
+            quota_type: websub_store::OwnerQuota::DEFAULT_TYPE.to_owned(),
+            feeds: Vec::new(),
+        }
+    }
+}
+
+impl Default for LeasePolicy {
+    fn default() -> Self {
+        Self {
+            default: Duration::from_secs(10 * 24 * 3600),
+            min: Duration::from_secs(60),
+            max: Duration::from_secs(365 * 24 * 3600),
+        }
+    }
+}
+
+impl Default for DeliveryPolicy {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(10),
+            retry: RetryPolicy::default(),
+            concurrency: 256,
+            per_host: 64,
+            batch_size: 500,
+            visibility_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Default for VerificationPolicy {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(10),
+            concurrency: 64,
+        }
+    }
+}
+
+/// The public URL a hub listening on `listen` announces by default.
+pub fn public_url_for(listen: SocketAddr) -> Url {
+    let host = match listen.ip() {
+        ip if ip.is_unspecified() => "127.0.0.1".to_owned(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        std::net::IpAddr::V4(ip) => ip.to_string(),
+    };
+    Url::parse(&format!("http://{host}:{}/", listen.port())).unwrap_or_else(|_| unreachable_url())
+}
+
+fn unreachable_url() -> Url {
+    // Only reachable if formatting an IP address produced an invalid URL.
+    Url::parse("http://127.0.0.1/").unwrap_or_else(|error| panic!("constant URL: {error}"))
+}
+
+impl HubConfig {
+    /// Checks every setting; the first bad one is named in the error.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let url = &self.public_url;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(invalid(
+                "public-url",
+                url,
+                "must be an absolute http(s) URL",
+            ));
+        }
+        if !url.path().ends_with('/') {
+            return Err(invalid("public-url", url, "must end with a slash"));
+        }
+        if !(self.database_url.starts_with("sqlite:")
+            || self.database_url.starts_with("postgres://")
+            || self.database_url.starts_with("postgresql://"))
+        {
+            return Err(invalid(
+                "database-url",
+                &self.database_url,
+                "must be sqlite:PATH or postgres://…",
+            ));
+        }
+        if let Some(store) = &self.store {
+            let known = store == "memory"
+                || [
+                    "sqlite:",
+                    "postgres://",
+                    "postgresql://",
+                    "redis://",
+                    "rediss://",
+                ]
+                .iter()
+                .any(|prefix| store.starts_with(prefix));
+            if !known {
+                return Err(invalid(
+                    "store",
+                    store,
+                    "must be memory, sqlite:PATH, postgres://… or redis://…",
+                ));
+            }
+        }
+        let lease = &self.lease;
+        if lease.min.is_zero() {
+            return Err(invalid("lease-min", secs(lease.min), "must be positive"));
+        }
+        if lease.min > lease.max {
+            return Err(invalid(
+                "lease-min",
+                secs(lease.min),
+                format!("is above lease-max ({})", secs(lease.max)),
+            ));
+        }
+        if lease.default < lease.min || lease.default > lease.max {
+            return Err(invalid(
+                "lease-default",
+                secs(lease.default),
+                format!(
+                    "must lie within lease-min ({}) and lease-max ({})",
+                    secs(lease.min),
+                    secs(lease.max)
+                ),
+            ));
+        }
+        if lease.max.as_secs() > u64::from(u32::MAX) {
+            return Err(invalid("lease-max", secs(lease.max), "is beyond 136 years"));
+        }
+        let delivery = &self.delivery;
+        if delivery.timeout.is_zero() {
+            return Err(invalid(
+                "delivery-timeout",
+                secs(delivery.timeout),
+                "must be positive",
+            ));
+        }
+        if delivery.concurrency == 0 {
+            return Err(invalid("delivery-concurrency", 0, "must be positive"));
+        }
+        if delivery.per_host == 0 {
+            return Err(invalid("delivery-per-host", 0, "must be positive"));
+        }
+        if delivery.batch_size == 0 || delivery.batch_size > 10_000 {
+            return Err(invalid(
+                "delivery-batch-size",
+                delivery.batch_size,
+                "must be between 1 and 10000",
+            ));
+        }
+        if delivery.visibility_timeout <= delivery.timeout {
+            return Err(invalid(
+                "visibility-timeout",
+                secs(delivery.visibility_timeout),
+                "must be longer than delivery-timeout, or a slow delivery would be claimed twice",
+            ));
+        }
+        if self.verification.timeout.is_zero() {
+            return Err(invalid(
+                "verification-timeout",
+                secs(self.verification.timeout),
+                "must be positive",
+            ));
+        }
+        if self.verification.concurrency == 0 {
+            return Err(invalid("verification-concurrency", 0, "must be positive"));
+        }
+        if let Some(key) = &self.internal_api_key
+            && key.chars().count() < 32
+        {
+            return Err(invalid(
+                "internal-api-key",
+                "<redacted>",
+                format!(
+                    "is {} characters; at least 32 are required",
+                    key.chars().count()
+                ),
+            ));
+        }
+        if self.internal_api_key_header.is_empty()
+            || http::HeaderName::from_bytes(self.internal_api_key_header.as_bytes()).is_err()
+        {
+            return Err(invalid(
+                "internal-api-key-header",
+                &self.internal_api_key_header,
+                "is not a valid HTTP header name",
+            ));
+        }
+        if self
+            .user_token_key
+            .as_ref()
+            .is_some_and(|key| key.is_empty())
+        {
+            return Err(invalid("user-token-key", "\"\"", "must not be empty"));
+        }
+        if self.user_token_header.is_empty()
+            || http::HeaderName::from_bytes(self.user_token_header.as_bytes()).is_err()
+        {
+            return Err(invalid(
+                "user-token-header",
+                &self.user_token_header,
+                "is not a valid HTTP header name",
+            ));
+        }
+        if let Some(url) = &self.quota_url {
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(invalid("quota-url", url, "must be an http(s) URL"));
+            }
+            if self.internal_api_key.is_none() {
+                return Err(invalid(
+                    "quota-url",
+                    url,
+                    "needs internal-api-key: the subscriptions service is called with it",
+                ));
+            }
+            if self.user_token_key.is_none() {
+                return Err(invalid(
+                    "quota-url",
+                    url,
+                    "needs user-token-key: subscribers are identified by their user token",
+                ));
+            }
+        }
+        if self.quota_timeout.is_zero() {
+            return Err(invalid(
+                "quota-timeout",
+                secs(self.quota_timeout),
+                "must be positive",
+            ));
+        }
+        if self.quota_type.is_empty() {
+            return Err(invalid("quota-type", "\"\"", "must not be empty"));
+        }
+        for feed in &self.feeds {
+            feed.dispatcher_config()?;
+            let template = TopicTemplate::parse(&feed.topic_template)?;
+            template.check(&self.public_url)?;
+        }
+        if self.poll_interval.is_zero() {
+            return Err(invalid(
+                "poll-interval",
+                secs(self.poll_interval),
+                "must be positive",
+            ));
+        }
+        if self.max_form_bytes == 0 {
+            return Err(invalid("max-form-bytes", 0, "must be positive"));
+        }
+        if self.max_content_bytes == 0 {
+            return Err(invalid("max-content-bytes", 0, "must be positive"));
+        }
+        if self.reaper_interval.is_zero() {
+            return Err(invalid(
+                "reaper-interval",
+                secs(self.reaper_interval),
+                "must be positive",
+            ));
+        }
+        Ok(())
+    }
+}
+impl HubConfig {
+    /// The defaults with each layer laid over them in turn (later layers
+    /// win), then validated: the one way a configuration is assembled from
+    /// settings. `websubd` passes the file, the environment and the flags.
+    pub fn layered(layers: impl IntoIterator<Item = Settings>) -> Result<Self, ConfigError> {
+        let mut config = Self::default();
+        for layer in layers {
+            layer.apply(&mut config)?;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid_and_announces_a_slash_terminated_hub_url() {
+        let config = HubConfig::default();
+        config.validate().expect("the default is valid");
+        assert_eq!(config.public_url.as_str(), "http://127.0.0.1:8080/");
+    }
+
+    #[test]
+    fn validation_names_the_bad_setting() {
+        let mut config = HubConfig::default();
+        config.lease.min = Duration::from_secs(100);
+        config.lease.max = Duration::from_secs(10);
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Invalid {
+                setting: "lease-min",
+                ..
+            })
+        ));
+
+        let config = HubConfig {
+            internal_api_key: Some("short".to_owned()),
+            ..HubConfig::default()
+        };
+        let error = config.validate().expect_err("a short key");
+        assert!(matches!(
+            error,
+            ConfigError::Invalid {
+                setting: "internal-api-key",
+                ..
+            }
+        ));
+        assert!(
+            !error.to_string().contains("short"),
+            "the key leaked: {error}"
+        );
+
+        let config = HubConfig {
+            public_url: Url::parse("http://hub.example/hub").expect("url"),
+            ..HubConfig::default()
+        };
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Invalid {
+                setting: "public-url",
+                ..
+            })
+        ));
+
+        let config = HubConfig {
+            store: Some("mongodb://x".to_owned()),
+            ..HubConfig::default()
+        };
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Invalid {
+                setting: "store",
+                ..
+            })
+        ));
+    }
+}

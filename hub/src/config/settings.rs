@@ -1,0 +1,539 @@
+//! The one settings layer: every setting optional, one name for the file,
+//! the environment and the flags, laid over the layers below it; and the
+//! settings a configuration stands for, which the help shows as defaults.
+
+#[cfg(feature = "cli")]
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use url::Url;
+
+use crate::delivery::RetryPolicy;
+use crate::feed::FeedConfig;
+use crate::setting::{ConfigError, format_duration, invalid, parse_duration};
+
+use super::{DeliveryPolicy, HubConfig, LeasePolicy, VerificationPolicy, public_url_for};
+
+/// One layer of settings: the TOML file, the `WEBSUB_*` environment and the
+/// flags are each read into one of these, and [`Settings::apply`] lays it
+/// over what the layers below it gave.
+///
+/// Every field is optional (unset leaves the value below), and one name
+/// serves every layer: `delivery_timeout` in the file, `--delivery-timeout`
+/// on the command line, `WEBSUB_DELIVERY_TIMEOUT` in the environment.
+/// Durations are strings like `"250ms"`, `"10s"`, `"5m"`, `"10d"`. The
+/// outbox feeds (`[[feed]]`) come from the file alone.
+///
+/// The field docs are also the lines of `websubd --help`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Address to listen on.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "ADDRESS"))]
+    pub listen: Option<SocketAddr>,
+    /// The hub URL announced in rel="hub", exactly as given, ending with a
+    /// slash; follows the listen address unless set.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "URL"))]
+    pub public_url: Option<String>,
+    /// The event log, and by default the subscriptions: sqlite:PATH or
+    /// postgres://…; migrations run at start.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "URL"))]
+    pub database_url: Option<String>,
+    /// Where subscriptions live instead of the database: memory,
+    /// sqlite:PATH, postgres://… or redis://….
+    #[cfg_attr(feature = "cli", arg(long, value_name = "URL"))]
+    pub store: Option<String>,
+    /// Lease granted when the subscriber asks for none.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub lease_default: Option<String>,
+    /// Shortest lease granted; shorter requests are raised to it.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub lease_min: Option<String>,
+    /// Longest lease granted; longer requests are lowered to it.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub lease_max: Option<String>,
+    /// Time allowed for one delivery, connection included.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub delivery_timeout: Option<String>,
+    /// Retries after a failed delivery: the first at once, the last after
+    /// the max backoff, doubling in between.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub delivery_retries: Option<u32>,
+    /// Wait before the last retry.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub delivery_max_backoff: Option<String>,
+    /// Deliveries in flight at once, over all callbacks.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub delivery_concurrency: Option<usize>,
+    /// Deliveries in flight at once to one callback host.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub delivery_per_host: Option<usize>,
+    /// Delivery records claimed per round trip to the event log (1 to
+    /// 10000).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub delivery_batch_size: Option<usize>,
+    /// A delivery claimed by a process that died is claimed again after
+    /// this; must exceed the delivery timeout.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub visibility_timeout: Option<String>,
+    /// How often due deliveries are looked for when nothing signals them.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub poll_interval: Option<String>,
+    /// Time allowed for a callback to answer a verification of intent.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub verification_timeout: Option<String>,
+    /// Verifications of intent in flight at once.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub verification_concurrency: Option<usize>,
+    /// How often expired subscriptions are removed.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub reaper_interval: Option<String>,
+    /// Delete events and their delivery records older than this, hourly;
+    /// kept for ever when unset.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub retention: Option<String>,
+    /// The largest subscription or publish form accepted, in bytes.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "BYTES"))]
+    pub max_form_bytes: Option<usize>,
+    /// The largest content accepted from a fat ping or a topic fetch, in
+    /// bytes.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "BYTES"))]
+    pub max_content_bytes: Option<usize>,
+    /// Allow callbacks and topics on loopback, private, link-local or
+    /// unique-local addresses (refused with 400 otherwise).
+    // A bare `--allow-private-network` means true, as it always has; a
+    // value is taken too, so a later layer can turn it off again.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")
+    )]
+    pub allow_private_network: Option<bool>,
+    /// The key for fat pings and the operator API (at least 32
+    /// characters).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "KEY"))]
+    pub internal_api_key: Option<String>,
+    /// The header carrying the internal key.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "HEADER"))]
+    pub internal_api_key_header: Option<String>,
+    /// The HS256 key of user tokens, for the subscriber API and the quota.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "KEY"))]
+    pub user_token_key: Option<String>,
+    /// The header carrying the user token (as "Bearer TOKEN" in
+    /// Authorization).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "HEADER"))]
+    pub user_token_header: Option<String>,
+    /// The subscriptions service that sets each subscriber's limit; the
+    /// quota is enforced when set (needs the internal key and the user
+    /// token key).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "URL"))]
+    pub quota_url: Option<String>,
+    /// Time allowed for the subscriptions service to answer.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub quota_timeout: Option<String>,
+    /// The quota type that caps a subscriber's subscriptions.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "NAME"))]
+    pub quota_type: Option<String>,
+    /// The outbox feeds, one `[[feed]]` table each; see [`HubConfig::feeds`].
+    #[serde(default, skip_serializing)]
+    #[cfg_attr(feature = "cli", arg(skip))]
+    pub feed: Vec<FeedConfig>,
+}
+
+impl Settings {
+    /// Reads and parses a TOML file.
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        let failed = |reason: String| ConfigError::File {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|error| failed(error.to_string()))?;
+        toml::from_str(&text).map_err(|error| failed(error.to_string()))
+    }
+
+    /// Lays every value this layer sets over `config`; what it leaves unset
+    /// keeps the value below. Durations and URLs are parsed here, so a bad
+    /// one is named whichever layer it came from.
+    pub fn apply(self, config: &mut HubConfig) -> Result<(), ConfigError> {
+        // Taken apart in full, so a setting cannot be read and never applied.
+        let Self {
+            listen,
+            public_url,
+            database_url,
+            store,
+            lease_default,
+            lease_min,
+            lease_max,
+            delivery_timeout,
+            delivery_retries,
+            delivery_max_backoff,
+            delivery_concurrency,
+            delivery_per_host,
+            delivery_batch_size,
+            visibility_timeout,
+            poll_interval,
+            verification_timeout,
+            verification_concurrency,
+            reaper_interval,
+            retention,
+            max_form_bytes,
+            max_content_bytes,
+            allow_private_network,
+            internal_api_key,
+            internal_api_key_header,
+            user_token_key,
+            user_token_header,
+            quota_url,
+            quota_timeout,
+            quota_type,
+            feed,
+        } = self;
+        if let Some(listen) = listen {
+            // The announced URL follows the address until some layer names
+            // one: a URL still equal to the one the old address gives is
+            // taken as derived, so a later `--listen` cannot undo a
+            // `public_url` from the file.
+            if config.public_url == public_url_for(config.listen) {
+                config.public_url = public_url_for(listen);
+            }
+            config.listen = listen;
+        }
+        if let Some(url) = public_url {
+            config.public_url = parse_public_url(&url)?;
+        }
+        set(&mut config.database_url, database_url);
+        if store.is_some() {
+            config.store = store;
+        }
+        let lease = &mut config.lease;
+        set_duration(&mut lease.default, "lease-default", lease_default)?;
+        set_duration(&mut lease.min, "lease-min", lease_min)?;
+        set_duration(&mut lease.max, "lease-max", lease_max)?;
+        let delivery = &mut config.delivery;
+        set_duration(&mut delivery.timeout, "delivery-timeout", delivery_timeout)?;
+        set(&mut delivery.retry.max_retries, delivery_retries);
+        set_duration(
+            &mut delivery.retry.max_backoff,
+            "delivery-max-backoff",
+            delivery_max_backoff,
+        )?;
+        set(&mut delivery.concurrency, delivery_concurrency);
+        set(&mut delivery.per_host, delivery_per_host);
+        set(&mut delivery.batch_size, delivery_batch_size);
+        set_duration(
+            &mut delivery.visibility_timeout,
+            "visibility-timeout",
+            visibility_timeout,
+        )?;
+        set_duration(&mut config.poll_interval, "poll-interval", poll_interval)?;
+        set_duration(
+            &mut config.verification.timeout,
+            "verification-timeout",
+            verification_timeout,
+        )?;
+        set(
+            &mut config.verification.concurrency,
+            verification_concurrency,
+        );
+        set_duration(
+            &mut config.reaper_interval,
+            "reaper-interval",
+            reaper_interval,
+        )?;
+        if let Some(retention) = retention {
+            config.retention = Some(parse_duration("retention", &retention)?);
+        }
+        set(&mut config.max_form_bytes, max_form_bytes);
+        set(&mut config.max_content_bytes, max_content_bytes);
+        set(&mut config.allow_private_network, allow_private_network);
+        if internal_api_key.is_some() {
+            config.internal_api_key = internal_api_key;
+        }
+        set(&mut config.internal_api_key_header, internal_api_key_header);
+        if user_token_key.is_some() {
+            config.user_token_key = user_token_key;
+        }
+        set(&mut config.user_token_header, user_token_header);
+        if let Some(url) = quota_url {
+            config.quota_url = Some(parse_quota_url(&url)?);
+        }
+        set_duration(&mut config.quota_timeout, "quota-timeout", quota_timeout)?;
+        set(&mut config.quota_type, quota_type);
+        if !feed.is_empty() {
+            config.feeds = feed;
+        }
+        Ok(())
+    }
+
+    /// Every value this layer sets, as text, by field name (which is also
+    /// the clap argument's id).
+    #[cfg(feature = "cli")]
+    pub(super) fn values(&self) -> BTreeMap<String, String> {
+        let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(self) else {
+            return BTreeMap::new();
+        };
+        fields
+            .into_iter()
+            .filter_map(|(name, value)| match value {
+                serde_json::Value::Null => None,
+                serde_json::Value::String(text) => Some((name, text)),
+                other => Some((name, other.to_string())),
+            })
+            .collect()
+    }
+}
+
+/// The settings that give `config` when laid over the defaults: each
+/// value written the way the file and the flags take it.
+impl From<&HubConfig> for Settings {
+    fn from(config: &HubConfig) -> Self {
+        // Taken apart in full, so a new field of the configuration is a
+        // compile error here until it has a setting.
+        let HubConfig {
+            listen,
+            public_url,
+            database_url,
+            store,
+            lease,
+            delivery,
+            verification,
+            allow_private_network,
+            internal_api_key,
+            internal_api_key_header,
+            max_form_bytes,
+            max_content_bytes,
+            reaper_interval,
+            poll_interval,
+            retention,
+            user_token_key,
+            user_token_header,
+            quota_url,
+            quota_timeout,
+            quota_type,
+            feeds,
+        } = config;
+        let LeasePolicy { default, min, max } = lease;
+        let DeliveryPolicy {
+            timeout,
+            retry,
+            concurrency,
+            per_host,
+            batch_size,
+            visibility_timeout,
+        } = delivery;
+        let RetryPolicy {
+            max_retries,
+            max_backoff,
+        } = retry;
+        let VerificationPolicy {
+            timeout: verification_timeout,
+            concurrency: verification_concurrency,
+        } = verification;
+        let duration = |duration: &Duration| Some(format_duration(*duration));
+        Self {
+            listen: Some(*listen),
+            public_url: Some(public_url.to_string()),
+            database_url: Some(database_url.clone()),
+            store: store.clone(),
+            lease_default: duration(default),
+            lease_min: duration(min),
+            lease_max: duration(max),
+            delivery_timeout: duration(timeout),
+            delivery_retries: Some(*max_retries),
+            delivery_max_backoff: duration(max_backoff),
+            delivery_concurrency: Some(*concurrency),
+            delivery_per_host: Some(*per_host),
+            delivery_batch_size: Some(*batch_size),
+            visibility_timeout: duration(visibility_timeout),
+            poll_interval: duration(poll_interval),
+            verification_timeout: duration(verification_timeout),
+            verification_concurrency: Some(*verification_concurrency),
+            reaper_interval: duration(reaper_interval),
+            retention: retention.as_ref().and_then(duration),
+            max_form_bytes: Some(*max_form_bytes),
+            max_content_bytes: Some(*max_content_bytes),
+            allow_private_network: Some(*allow_private_network),
+            internal_api_key: internal_api_key.clone(),
+            internal_api_key_header: Some(internal_api_key_header.clone()),
+            user_token_key: user_token_key.clone(),
+            user_token_header: Some(user_token_header.clone()),
+            quota_url: quota_url.as_ref().map(Url::to_string),
+            quota_timeout: duration(quota_timeout),
+            quota_type: Some(quota_type.clone()),
+            feed: feeds.clone(),
+        }
+    }
+}
+
+/// Parses the subscriptions service's base URL, naming it when it is bad.
+fn parse_quota_url(value: &str) -> Result<Url, ConfigError> {
+    Url::parse(value).map_err(|error| invalid("quota-url", value, error.to_string()))
+}
+
+/// Parses a public hub URL: absolute http(s), ending with a slash.
+fn parse_public_url(value: &str) -> Result<Url, ConfigError> {
+    let url = Url::parse(value).map_err(|error| invalid("public-url", value, error.to_string()))?;
+    if !url.path().ends_with('/') {
+        return Err(invalid("public-url", value, "must end with a slash"));
+    }
+    Ok(url)
+}
+
+fn set<T>(field: &mut T, value: Option<T>) {
+    if let Some(value) = value {
+        *field = value;
+    }
+}
+
+fn set_duration(
+    field: &mut Duration,
+    setting: &'static str,
+    value: Option<String>,
+) -> Result<(), ConfigError> {
+    if let Some(value) = value {
+        *field = parse_duration(setting, &value)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    #[test]
+    fn file_values_apply_and_unknown_keys_are_refused() {
+        let file: Settings = toml::from_str(
+            "listen = \"127.0.0.1:9000\"\nlease_default = \"1d\"\ndelivery_retries = 3\n",
+        )
+        .expect("parse");
+        let mut config = HubConfig::default();
+        file.apply(&mut config).expect("apply");
+        assert_eq!(config.public_url.as_str(), "http://127.0.0.1:9000/");
+        assert_eq!(config.lease.default, Duration::from_secs(86_400));
+        assert_eq!(config.delivery.retry.max_retries, 3);
+        assert!(toml::from_str::<Settings>("lease = 1").is_err());
+    }
+
+    /// A configuration with every field away from its default, and valid.
+    /// Written out in full (no `..`), so a new field must be added here.
+    pub(crate) fn every_field_changed() -> HubConfig {
+        HubConfig {
+            listen: SocketAddr::from(([127, 0, 0, 2], 9001)),
+            public_url: Url::parse("https://hub.example/websub/").expect("url"),
+            database_url: "postgres://hub@db.example/events".to_owned(),
+            store: Some("redis://cache.example/".to_owned()),
+            lease: LeasePolicy {
+                default: Duration::from_secs(2 * 86_400),
+                min: Duration::from_secs(120),
+                max: Duration::from_secs(30 * 86_400),
+            },
+            delivery: DeliveryPolicy {
+                timeout: Duration::from_secs(7),
+                retry: RetryPolicy {
+                    max_retries: 4,
+                    max_backoff: Duration::from_millis(2500),
+                },
+                concurrency: 100,
+                per_host: 9,
+                batch_size: 42,
+                visibility_timeout: Duration::from_secs(90),
+            },
+            verification: VerificationPolicy {
+                timeout: Duration::from_secs(3),
+                concurrency: 11,
+            },
+            allow_private_network: true,
+            internal_api_key: Some("an-internal-key-of-at-least-32-characters".to_owned()),
+            internal_api_key_header: "X-Service-Key".to_owned(),
+            max_form_bytes: 1000,
+            max_content_bytes: 2000,
+            reaper_interval: Duration::from_secs(5 * 60),
+            poll_interval: Duration::from_millis(200),
+            retention: Some(Duration::from_secs(7 * 86_400)),
+            user_token_key: Some("user-token-key".to_owned()),
+            user_token_header: "X-User-Token".to_owned(),
+            quota_url: Some(Url::parse("http://quota.example/api/").expect("url")),
+            quota_timeout: Duration::from_millis(750),
+            quota_type: "feeds".to_owned(),
+            // Feeds come from the file alone; see the layering test.
+            feeds: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn every_field_is_settable_from_the_file() {
+        let expected = every_field_changed();
+        expected
+            .validate()
+            .expect("the changed configuration is valid");
+        let text = toml::to_string(&Settings::from(&expected)).expect("serialise");
+        let file: Settings = toml::from_str(&text).expect("parse");
+        let config = HubConfig::layered([file]).expect("valid");
+        assert_eq!(format!("{config:?}"), format!("{expected:?}"), "{text}");
+    }
+
+    #[test]
+    fn the_new_settings_have_their_names_in_the_file() {
+        let file: Settings = toml::from_str(
+            "max_form_bytes = 1000\nmax_content_bytes = 2000\nreaper_interval = \"5m\"\n\
+             verification_timeout = \"3s\"\nverification_concurrency = 11\n\
+             delivery_batch_size = 42\nvisibility_timeout = \"90s\"\n",
+        )
+        .expect("parse");
+        let config = HubConfig::layered([file]).expect("valid");
+        assert_eq!(config.max_form_bytes, 1000);
+        assert_eq!(config.max_content_bytes, 2000);
+        assert_eq!(config.reaper_interval, Duration::from_secs(300));
+        assert_eq!(config.verification.timeout, Duration::from_secs(3));
+        assert_eq!(config.verification.concurrency, 11);
+        assert_eq!(config.delivery.batch_size, 42);
+        assert_eq!(config.delivery.visibility_timeout, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn a_later_listen_address_keeps_a_public_url_named_below() {
+        let file: Settings =
+            toml::from_str("public_url = \"https://hub.example/\"").expect("parse");
+        let flags = Settings {
+            listen: Some(SocketAddr::from(([0, 0, 0, 0], 9000))),
+            ..Settings::default()
+        };
+        let config = HubConfig::layered([file, flags]).expect("valid");
+        assert_eq!(config.public_url.as_str(), "https://hub.example/");
+
+        let flags = Settings {
+            listen: Some(SocketAddr::from(([0, 0, 0, 0], 9000))),
+            ..Settings::default()
+        };
+        let config = HubConfig::layered([Settings::default(), flags]).expect("valid");
+        assert_eq!(config.public_url.as_str(), "http://127.0.0.1:9000/");
+    }
+
+    #[test]
+    fn a_bad_file_value_names_its_setting() {
+        for (text, setting) in [
+            ("verification_timeout = \"soon\"", "verification-timeout"),
+            ("reaper_interval = \"0s\"", "reaper-interval"),
+            ("delivery_batch_size = 0", "delivery-batch-size"),
+            ("max_form_bytes = 0", "max-form-bytes"),
+            ("quota_url = \"not a url\"", "quota-url"),
+        ] {
+            let file: Settings = toml::from_str(text).expect("parse");
+            match HubConfig::layered([file]) {
+                Err(ConfigError::Invalid { setting: named, .. }) => {
+                    assert_eq!(named, setting, "{text}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        let wrong_type =
+            toml::from_str::<Settings>("delivery_batch_size = \"many\"").expect_err("not a number");
+        assert!(
+            wrong_type.to_string().contains("delivery_batch_size"),
+            "{wrong_type}"
+        );
+    }
+}
