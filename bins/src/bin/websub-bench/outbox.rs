@@ -305,7 +305,8 @@ async fn end_to_end(
         format!(
             "[[feed]]\ndatabase_url = \"{url}\"\noutbox_table = \"bench.outbox\"\n\
              deliveries_table = \"bench.outbox_deliveries\"\nwebhooks_file = \"{}\"\n\
-             signing_secret = \"bench\"\nevents = []\nstart_from = \"now\"\n",
+             signing_secret = \"bench\"\nevents = []\nstart_from = \"now\"\n\
+             allow_private_network = true\n",
             webhooks.display()
         ),
     )?;

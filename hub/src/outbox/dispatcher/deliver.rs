@@ -16,7 +16,7 @@ use super::super::sql::{ClaimedRow, RowCompletion, RowOutcome};
 use super::Dispatcher;
 use super::config::DispatcherConfig;
 use super::registry::{Handler, WebhookSubscriber};
-use super::schedule::Scan;
+use super::signals::Scan;
 use crate::delivery::attempt::{self, Answer, MESSAGING_SCHEME, Request};
 use crate::delivery::recorder::{Batching, OutcomeStore};
 use crate::delivery::{Verdict, error_chain};

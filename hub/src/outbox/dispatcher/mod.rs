@@ -20,8 +20,10 @@
 
 mod config;
 mod deliver;
+mod lanes;
 mod registry;
 mod schedule;
+mod signals;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -40,8 +42,9 @@ use crate::delivery::{Channel, Judge};
 use crate::net::NetError;
 use crate::setting::ConfigError;
 use config::static_headers;
+use lanes::{Lanes, waves};
 use registry::Registry;
-use schedule::{Lanes, Pending, waves};
+use signals::Pending;
 
 pub use config::DispatcherConfig;
 pub use registry::{

@@ -11,7 +11,7 @@ use url::Url;
 use super::super::envelope::Envelope;
 use super::super::sql::Registrations;
 use super::Dispatcher;
-use super::schedule::Scan;
+use super::signals::Scan;
 use crate::net::NetPolicy;
 
 /// A webhook subscriber of one event name.

@@ -23,7 +23,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
@@ -36,23 +35,12 @@ use uuid::Uuid;
 
 use super::super::sql::{ClaimedRow, Rooms, RowCompletion, RowOutcome};
 use super::Dispatcher;
-use super::config::DispatcherConfig;
 use super::deliver::{Prepared, RowOutcomes, batching, completion};
+use super::lanes::patience;
 use super::registry::Registry;
+use super::signals::{MAX_NOTIFIED_IDS, Scan};
 use crate::delivery::recorder;
 use crate::future::or_never;
-
-/// What the next pass must look at, gathered from wake-ups until it runs.
-#[derive(Debug, Default)]
-pub(super) struct Pending {
-    /// Events announced by `NOTIFY`.
-    pub(super) ids: Vec<Uuid>,
-    pub(super) scan: Scan,
-    /// Whether rows may be due that no expansion hands over claimed:
-    /// unclaimed ones written by a scan, retries, stale claims, rows other
-    /// dispatchers left.
-    pub(super) claim: bool,
-}
 
 /// How a scan ended.
 #[derive(Debug)]
@@ -70,34 +58,6 @@ pub(super) struct Expanded {
     pub(super) succeeded: bool,
     /// It may have written rows it did not claim.
     pub(super) left_unclaimed: bool,
-}
-
-/// The rows this dispatcher holds claimed.
-#[derive(Debug, Default)]
-pub(super) struct Lanes {
-    pub(super) by_subscriber: HashMap<String, Lane>,
-    /// In all.
-    pub(super) held: usize,
-}
-
-/// The rows one subscriber holds claimed in this dispatcher.
-#[derive(Debug)]
-pub(super) struct Lane {
-    /// Claimed and not done: attempting, or waiting for a turn.
-    pub(super) held: usize,
-    /// One permit per attempt the subscriber may have in flight.
-    pub(super) turns: Arc<Semaphore>,
-}
-
-/// How much of the outbox a pass expands, least to most.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Scan {
-    #[default]
-    None,
-    /// Events since the previous scan, less the lookback.
-    Recent,
-    /// Every event since `start_from`.
-    Full,
 }
 
 /// Where expansion stands between passes.
@@ -174,61 +134,7 @@ impl ClaimRound {
 /// interval, if shorter).
 pub(super) const ERROR_RETRY: Duration = Duration::from_secs(1);
 
-/// Event ids gathered from notifications before a pass falls back to a
-/// recent scan instead (one statement either way).
-pub(super) const MAX_NOTIFIED_IDS: usize = 10_000;
-
 impl Dispatcher {
-    /// Runs a pass now rather than at the next poll: expand recent events,
-    /// then claim and deliver.
-    pub fn wake(&self) {
-        self.request(Scan::Recent);
-    }
-
-    pub(super) fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
-        self.inner
-            .pending
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    pub(super) fn request(&self, scan: Scan) {
-        {
-            let mut pending = self.pending();
-            pending.scan = pending.scan.max(scan);
-            pending.claim = true;
-        }
-        self.inner.wake.notify_one();
-    }
-
-    /// A notification arrived on the channel: its payload names the event
-    /// when it came from [`super::Outbox`]; anything else asks for a scan.
-    pub(crate) fn notified(&self, payload: &str) {
-        {
-            let mut pending = self.pending();
-            match Uuid::try_parse(payload) {
-                Ok(id) if pending.ids.len() < MAX_NOTIFIED_IDS => pending.ids.push(id),
-                _ => pending.scan = pending.scan.max(Scan::Recent),
-            }
-        }
-        self.inner.wake.notify_one();
-    }
-
-    /// Whether the next pass has nothing to do but expand notified events,
-    /// and not so many that they should go at once.
-    pub(super) fn only_notified(&self) -> bool {
-        let pending = self.pending();
-        pending.scan == Scan::None && !pending.claim && pending.ids.len() < PASS_GATHERING_LIMIT
-    }
-
-    /// The listener connected (again): notifications may have been missed.
-    pub(crate) fn listener_connected(&self, connected: bool) {
-        self.inner.listening.store(connected, Ordering::Relaxed);
-        if connected {
-            self.request(Scan::Full);
-        }
-    }
-
     /// Runs until `shutdown` is cancelled, then lets the attempts in flight
     /// finish (rows still waiting for their turn are handed back) and
     /// records their outcomes before returning.
@@ -620,66 +526,6 @@ impl Dispatcher {
             None => RowOutcome::Released,
         }
     }
-
-    pub(super) fn lanes(&self) -> std::sync::MutexGuard<'_, Lanes> {
-        self.inner
-            .lanes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Counts one more row held for `subscriber`; returns its turns.
-    pub(super) fn hold(&self, subscriber: &str) -> Arc<Semaphore> {
-        let mut lanes = self.lanes();
-        lanes.held += 1;
-        let lane = lanes
-            .by_subscriber
-            .entry(subscriber.to_owned())
-            .or_insert_with(|| Lane {
-                held: 0,
-                turns: Arc::new(Semaphore::new(self.inner.config.per_subscriber)),
-            });
-        lane.held += 1;
-        lane.turns.clone()
-    }
-
-    /// One row of `subscriber` is done. Once half the room of the
-    /// subscriber, or of the dispatcher, is free, the run loop may claim
-    /// again: refilling in halves rather than one row at a time keeps claims
-    /// few, and what is still held covers the attempts in the meantime.
-    pub(super) fn finished(&self, subscriber: &str) {
-        let refill_at = |hold: usize| hold - (hold / 2).max(1);
-        let mut lanes = self.lanes();
-        lanes.held = lanes.held.saturating_sub(1);
-        let mut refill = lanes.held == refill_at(self.inner.hold_overall);
-        if let Some(lane) = lanes.by_subscriber.get_mut(subscriber) {
-            lane.held = lane.held.saturating_sub(1);
-            refill |= lane.held == refill_at(self.inner.hold);
-            if lane.held == 0 {
-                lanes.by_subscriber.remove(subscriber);
-            }
-        }
-        drop(lanes);
-        if refill {
-            self.inner.room.notify_one();
-        }
-    }
-}
-
-/// How many waves of attempts rows are claimed for: as many (at most four)
-/// as fit, each taking up to the delivery timeout, before a waiting row's
-/// claim must be handed back. Holding more than one wave means the next
-/// attempts are ready the moment a slot frees, without a claim in between.
-pub(super) fn waves(config: &DispatcherConfig) -> usize {
-    let waves = patience(config).as_nanos() / config.delivery_timeout.as_nanos().max(1);
-    usize::try_from(waves.clamp(1, 4)).unwrap_or(1)
-}
-
-/// How long after its claim a row may still be attempting, or waiting for
-/// its turn: three quarters of the visibility timeout, so that the claim
-/// never goes stale meanwhile.
-pub(super) fn patience(config: &DispatcherConfig) -> Duration {
-    config.visibility_timeout * 3 / 4
 }
 
 /// The lower bound of a scan without `start_from`: before any event.
@@ -695,9 +541,6 @@ pub(super) fn beginning_of_time() -> NaiveDateTime {
 /// producers about a tenth of their rate, and at 4 ms the median latency
 /// from commit to delivery came within a few percent of 5 ms.
 pub(super) const PASS_SPACING: Duration = Duration::from_millis(3);
-
-/// Notified events that start a pass at once, however soon after the last.
-pub(super) const PASS_GATHERING_LIMIT: usize = 64;
 
 #[cfg(test)]
 mod tests {

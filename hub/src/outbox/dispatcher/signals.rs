@@ -1,0 +1,91 @@
+//! What wakes the run loop: notifications, requests for a scan or a
+//! claim, the listener coming back; gathered in [`Pending`] until the next
+//! pass takes them.
+
+use std::sync::atomic::Ordering;
+
+use uuid::Uuid;
+
+use super::Dispatcher;
+
+/// What the next pass must look at, gathered from wake-ups until it runs.
+#[derive(Debug, Default)]
+pub(super) struct Pending {
+    /// Events announced by `NOTIFY`.
+    pub(super) ids: Vec<Uuid>,
+    pub(super) scan: Scan,
+    /// Whether rows may be due that no expansion hands over claimed:
+    /// unclaimed ones written by a scan, retries, stale claims, rows other
+    /// dispatchers left.
+    pub(super) claim: bool,
+}
+
+/// How much of the outbox a pass expands, least to most.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Scan {
+    #[default]
+    None,
+    /// Events since the previous scan, less the lookback.
+    Recent,
+    /// Every event since `start_from`.
+    Full,
+}
+
+/// Event ids gathered from notifications before a pass falls back to a
+/// recent scan instead (one statement either way).
+pub(super) const MAX_NOTIFIED_IDS: usize = 10_000;
+
+/// Notified events that start a pass at once, however soon after the last.
+pub(super) const PASS_GATHERING_LIMIT: usize = 64;
+
+impl Dispatcher {
+    /// Runs a pass now rather than at the next poll: expand recent events,
+    /// then claim and deliver.
+    pub fn wake(&self) {
+        self.request(Scan::Recent);
+    }
+
+    pub(super) fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(super) fn request(&self, scan: Scan) {
+        {
+            let mut pending = self.pending();
+            pending.scan = pending.scan.max(scan);
+            pending.claim = true;
+        }
+        self.inner.wake.notify_one();
+    }
+
+    /// A notification arrived on the channel: its payload names the event
+    /// when it came from [`super::Outbox`]; anything else asks for a scan.
+    pub(crate) fn notified(&self, payload: &str) {
+        {
+            let mut pending = self.pending();
+            match Uuid::try_parse(payload) {
+                Ok(id) if pending.ids.len() < MAX_NOTIFIED_IDS => pending.ids.push(id),
+                _ => pending.scan = pending.scan.max(Scan::Recent),
+            }
+        }
+        self.inner.wake.notify_one();
+    }
+
+    /// Whether the next pass has nothing to do but expand notified events,
+    /// and not so many that they should go at once.
+    pub(super) fn only_notified(&self) -> bool {
+        let pending = self.pending();
+        pending.scan == Scan::None && !pending.claim && pending.ids.len() < PASS_GATHERING_LIMIT
+    }
+
+    /// The listener connected (again): notifications may have been missed.
+    pub(crate) fn listener_connected(&self, connected: bool) {
+        self.inner.listening.store(connected, Ordering::Relaxed);
+        if connected {
+            self.request(Scan::Full);
+        }
+    }
+}
