@@ -4,7 +4,7 @@
 
 use url::Url;
 
-use super::client::ClientError;
+use super::error::{ClientError, reason};
 
 /// One link of a `Link` header (RFC 8288): its target as written and its
 /// relation types, lowercased.
@@ -105,7 +105,7 @@ pub async fn discover(http: &reqwest::Client, topic_url: &str) -> Result<Discove
     if !status.is_success() {
         return Err(ClientError::Unexpected {
             status,
-            reason: super::client::reason(response).await,
+            reason: reason(response).await,
         });
     }
     let fetched = response.url().clone();

@@ -56,14 +56,16 @@
 mod client;
 mod dedup;
 mod discovery;
+mod error;
 mod intents;
 mod receiver;
 mod renew;
 mod report;
 
-pub use client::{ClientError, SubscriberClient};
+pub use client::SubscriberClient;
 pub use dedup::{Claim, DEFAULT_DEDUP_CAPACITY, DedupError, DedupStore, MemoryDedup};
 pub use discovery::{Discovery, LinkValue, discover, parse_link_header};
+pub use error::ClientError;
 pub use intents::{IntentError, Intents, State, Status};
 pub use receiver::{
     BuildError, DEFAULT_MAX_BODY_BYTES, Notification, NotificationError, NotificationHandler,
