@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use crate::signature::sign;
@@ -54,7 +54,7 @@ pub struct Request<'a> {
     pub secret: Option<&'a [u8]>,
     /// Headers of the channel or the operator besides those above (WebSub's
     /// `Link`, a webhook's configured headers).
-    pub headers: Option<&'a HeaderMap>,
+    pub headers: &'a [(HeaderName, HeaderValue)],
 }
 
 /// What the target's answer means, before the retry policy has its say.
@@ -90,8 +90,8 @@ pub async fn post(
         .post(request.url)
         .timeout(timeout)
         .header(http::header::CONTENT_TYPE, request.content_type);
-    if let Some(headers) = request.headers {
-        builder = builder.headers(headers.clone());
+    for (name, value) in request.headers {
+        builder = builder.header(name.clone(), value.clone());
     }
     builder = builder.header(request.scheme.event_id.clone(), request.event_id);
     if let Some(secret) = request.secret {

@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderName, HeaderValue};
 use uuid::Uuid;
 use websub_store::Subscription;
 
@@ -31,7 +31,7 @@ pub(super) struct EventHeaders {
     pub(super) content_type: HeaderValue,
     pub(super) event_id: HeaderValue,
     /// `Link`, the hub and the topic.
-    pub(super) link: HeaderMap,
+    pub(super) link: [(HeaderName, HeaderValue); 1],
 }
 
 impl Outgoing {
@@ -45,7 +45,7 @@ impl Outgoing {
             [Ok(content_type), Ok(link), Ok(event_id)] => Ok(EventHeaders {
                 content_type,
                 event_id,
-                link: HeaderMap::from_iter([(http::header::LINK, link)]),
+                link: [(http::header::LINK, link)],
             }),
             _ => Err(format!(
                 "the event's content type or topic cannot be sent in a header: {:?}, {:?}",

@@ -366,7 +366,7 @@ impl Distributor {
                     event_id: headers.event_id.clone(),
                     body: outgoing.event.body.clone(),
                     secret: subscription.secret.as_deref().map(str::as_bytes),
-                    headers: Some(&headers.link),
+                    headers: &headers.link,
                 };
                 attempt::post(&self.inner.client, request, self.inner.policy.timeout, None).await
             }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{HeaderName, HeaderValue};
 
 use super::super::{OutboxTables, check_channel};
 use crate::delivery::RetryPolicy;
@@ -192,8 +192,10 @@ impl DispatcherConfig {
 
 /// The configured webhook headers, checked: valid names and values, and none
 /// of the headers the contract itself sets.
-pub(super) fn static_headers(headers: &[(String, String)]) -> Result<HeaderMap, ConfigError> {
-    let mut map = HeaderMap::new();
+pub(super) fn static_headers(
+    headers: &[(String, String)],
+) -> Result<Vec<(HeaderName, HeaderValue)>, ConfigError> {
+    let mut checked = Vec::with_capacity(headers.len());
     for (name, value) in headers {
         let header = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| invalid("webhook-header", name, "not a valid header name"))?;
@@ -220,9 +222,9 @@ pub(super) fn static_headers(headers: &[(String, String)]) -> Result<HeaderMap, 
                 "the value is not a valid header value",
             )
         })?;
-        map.append(header, value);
+        checked.push((header, value));
     }
-    Ok(map)
+    Ok(checked)
 }
 
 #[cfg(test)]

@@ -113,7 +113,7 @@ impl Dispatcher {
                 .signing_secret
                 .as_deref()
                 .map(str::as_bytes),
-            headers: Some(&self.inner.headers),
+            headers: &self.inner.headers,
         };
         attempt::post(
             &client,

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use reqwest::header::HeaderMap;
+use reqwest::header::{HeaderName, HeaderValue};
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -83,7 +83,7 @@ struct DispatcherState {
     channel: String,
     queries: Queries,
     client: RwLock<reqwest::Client>,
-    headers: HeaderMap,
+    headers: Vec<(HeaderName, HeaderValue)>,
     handlers: Judge,
     webhooks: Judge,
     registry: RwLock<Arc<Registry>>,
