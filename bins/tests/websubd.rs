@@ -172,13 +172,7 @@ async fn flags_and_the_environment_override_the_file() {
         401,
         "the file's key was overridden"
     );
-    let response = client
-        .post(&url)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body("hub.mode=subscribe&hub.topic=https%3A%2F%2Fexample.com%2Ff&hub.callback=http%3A%2F%2F127.0.0.1%3A1%2Fcb")
-        .send()
-        .await
-        .expect("subscribe");
+    let response = subscribe_a_loopback_callback(&client, &url).await;
     assert_eq!(
         response.status().as_u16(),
         400,
@@ -194,13 +188,7 @@ async fn embedded_default_serves_and_sigterm_exits_cleanly() {
         dir.join("websub.db").exists(),
         "the embedded SQLite file is created"
     );
-    let response = http_client()
-        .post(&hub.url)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body("hub.mode=subscribe&hub.topic=https%3A%2F%2Fexample.com%2Ff&hub.callback=http%3A%2F%2F127.0.0.1%3A1%2Fcb")
-        .send()
-        .await
-        .expect("subscribe");
+    let response = subscribe_a_loopback_callback(&http_client(), &hub.url).await;
     assert_eq!(
         response.status().as_u16(),
         400,
@@ -321,4 +309,16 @@ async fn kill_9_during_fan_out_loses_nothing_on_postgres() {
         return;
     };
     kill_9_during_fan_out_loses_nothing(url).await;
+}
+
+/// A subscribe request whose callback is on loopback: 400 unless private
+/// networks are allowed.
+async fn subscribe_a_loopback_callback(client: &reqwest::Client, hub: &str) -> reqwest::Response {
+    client
+        .post(hub)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("hub.mode=subscribe&hub.topic=https%3A%2F%2Fexample.com%2Ff&hub.callback=http%3A%2F%2F127.0.0.1%3A1%2Fcb")
+        .send()
+        .await
+        .expect("subscribe")
 }

@@ -193,7 +193,7 @@ mod tests {
 
     use clap::error::{ContextKind, ContextValue, ErrorKind};
 
-    use crate::config::settings::tests::every_field_changed;
+    use crate::config::settings::tests::{assert_the_new_settings, every_field_changed};
 
     fn websubd() -> clap::Command {
         clap::Command::new("websubd")
@@ -330,12 +330,7 @@ mod tests {
             no_env,
         )
         .expect("valid");
-        assert_eq!(config.max_form_bytes, 1000);
-        assert_eq!(config.max_content_bytes, 2000);
-        assert_eq!(config.reaper_interval, Duration::from_secs(300));
-        assert_eq!(config.verification.timeout, Duration::from_secs(3));
-        assert_eq!(config.verification.concurrency, 11);
-        assert_eq!(config.delivery.batch_size, 42);
+        assert_the_new_settings(&config);
     }
 
     #[test]

@@ -419,6 +419,17 @@ pub(super) mod tests {
 
     /// A configuration with every field away from its default, and valid.
     /// Written out in full (no `..`), so a new field must be added here.
+    /// The values the tests of the newer settings give, in the file and on
+    /// the command line alike.
+    pub(crate) fn assert_the_new_settings(config: &HubConfig) {
+        assert_eq!(config.max_form_bytes, 1000);
+        assert_eq!(config.max_content_bytes, 2000);
+        assert_eq!(config.reaper_interval, Duration::from_secs(300));
+        assert_eq!(config.verification.timeout, Duration::from_secs(3));
+        assert_eq!(config.verification.concurrency, 11);
+        assert_eq!(config.delivery.batch_size, 42);
+    }
+
     pub(crate) fn every_field_changed() -> HubConfig {
         HubConfig {
             listen: SocketAddr::from(([127, 0, 0, 2], 9001)),
@@ -484,12 +495,7 @@ pub(super) mod tests {
         )
         .expect("parse");
         let config = HubConfig::layered([file]).expect("valid");
-        assert_eq!(config.max_form_bytes, 1000);
-        assert_eq!(config.max_content_bytes, 2000);
-        assert_eq!(config.reaper_interval, Duration::from_secs(300));
-        assert_eq!(config.verification.timeout, Duration::from_secs(3));
-        assert_eq!(config.verification.concurrency, 11);
-        assert_eq!(config.delivery.batch_size, 42);
+        assert_the_new_settings(&config);
         assert_eq!(config.delivery.visibility_timeout, Duration::from_secs(90));
     }
 
