@@ -955,3 +955,49 @@ async fn a_private_webhook_is_refused_unless_private_networks_are_allowed() {
         .register_webhooks(EVENT, webhook("local", None, receiver.url("/local")))
         .expect("allowed when private networks are");
 }
+
+/// Producers that write the contract's tables from another language send a
+/// bare `NOTIFY channel;`: it wakes the dispatcher as promptly as the
+/// library's own notification naming the event, and the poll is a minute
+/// away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notify_without_the_event_id_wakes_the_dispatcher_without_a_poll() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    let config = DispatcherConfig {
+        poll_interval: Duration::from_secs(60),
+        ..config(&db.tables)
+    };
+    let running = run_with_hook(db.pool.clone(), config, &receiver);
+    running.listening().await;
+    // The start-up scan is done once the listener is up and a moment has
+    // passed; what follows can only be found through the notification.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for round in 0..5 {
+        let event = common::TestEvent::named(EVENT);
+        let mut tx = db.pool.begin().await.expect("begin");
+        db.outbox()
+            .message(&event)
+            .send(&mut tx)
+            .await
+            .expect("send");
+        let notify = format!("NOTIFY {}", db.tables.default_channel());
+        sqlx::query(AssertSqlSafe(notify))
+            .execute(&mut *tx)
+            .await
+            .expect("notify");
+        tx.commit().await.expect("commit");
+        let committed = Instant::now();
+        assert!(
+            receiver
+                .wait_for("/hook", round + 1, Duration::from_secs(3))
+                .await,
+            "event {round} waited for a poll"
+        );
+        let took = committed.elapsed();
+        assert!(took < Duration::from_secs(1), "event {round} took {took:?}");
+    }
+    running.stop().await;
+}

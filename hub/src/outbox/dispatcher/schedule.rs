@@ -47,6 +47,8 @@ use crate::future::or_never;
 pub(super) struct ScanResult {
     pub(super) scan: Scan,
     pub(super) since: NaiveDateTime,
+    /// Whether it included the newest events.
+    pub(super) newest: bool,
     /// Rows written, and the database time the scan ran at.
     pub(super) outcome: Result<(u64, NaiveDateTime), sqlx::Error>,
 }
@@ -168,6 +170,7 @@ impl Dispatcher {
         // held up behind it. One at a time; what is asked for meanwhile
         // waits in `scan_wanted`.
         let mut scan_wanted = Scan::None;
+        let mut scan_newest = false;
         let mut scanning: Option<tokio::task::JoinHandle<ScanResult>> = None;
         // After a failed scan, when the next may start.
         let mut scan_retry: Option<Instant> = None;
@@ -191,6 +194,7 @@ impl Dispatcher {
             let mut failed = false;
             if !registry.subscriptions.is_empty() {
                 scan_wanted = scan_wanted.max(work.scan);
+                scan_newest |= work.newest;
                 if expansion.last_full_scan.elapsed() >= config.catch_up_interval {
                     scan_wanted = Scan::Full;
                 }
@@ -202,6 +206,7 @@ impl Dispatcher {
                         registry.clone(),
                         std::mem::take(&mut scan_wanted),
                         since,
+                        std::mem::take(&mut scan_newest),
                     )));
                 }
                 // Notified events come back claimed; a claim runs only when
@@ -241,20 +246,22 @@ impl Dispatcher {
                 scanned = or_never(scanning.as_mut()), if scanning.is_some() => {
                     scanning = None;
                     match scanned {
-                        Ok(ScanResult { scan, since, outcome: Ok((written, scanned_at)) }) => {
+                        Ok(ScanResult { scan, since, outcome: Ok((written, scanned_at)), .. }) => {
                             debug!(written, ?scan, "expanded");
                             expansion.scanned(since, scanned_at);
                             // Rows a scan writes are unclaimed.
                             self.pending().claim |= written > 0;
                         }
-                        Ok(ScanResult { scan, outcome: Err(error), .. }) => {
+                        Ok(ScanResult { scan, newest, outcome: Err(error), .. }) => {
                             warn!(%error, "expanding outbox events failed; retrying shortly");
                             scan_wanted = scan_wanted.max(scan);
+                            scan_newest |= newest;
                             scan_retry = Some(Instant::now() + retry_after_error);
                         }
                         Err(error) => {
                             warn!(%error, "an outbox expansion scan stopped abnormally");
                             scan_wanted = scan_wanted.max(Scan::Full);
+                            scan_newest = true;
                             scan_retry = Some(Instant::now() + retry_after_error);
                         }
                     }
@@ -298,12 +305,13 @@ impl Dispatcher {
         registry: Arc<Registry>,
         scan: Scan,
         since: NaiveDateTime,
+        newest: bool,
     ) -> ScanResult {
         // While the listener is up, the newest events are left to their
-        // notifications; the next scan looks at them, the lookback covering
-        // the gap.
+        // notifications, unless something committed that no notification
+        // names; the next scan looks at them, the lookback covering the gap.
         let config = &self.inner.config;
-        let spare = if self.is_listening() {
+        let spare = if self.is_listening() && !newest {
             config.poll_interval.min(config.expand_lookback / 4)
         } else {
             Duration::ZERO
@@ -316,6 +324,7 @@ impl Dispatcher {
         ScanResult {
             scan,
             since,
+            newest,
             outcome,
         }
     }
@@ -363,6 +372,7 @@ impl Dispatcher {
                 pending.ids.splice(0..0, again.iter().copied());
                 if again.len() < ids.len() {
                     pending.scan = pending.scan.max(Scan::Recent);
+                    pending.newest = true;
                 }
                 Expanded {
                     succeeded: false,

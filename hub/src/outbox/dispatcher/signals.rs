@@ -18,6 +18,11 @@ pub(super) struct Pending {
     /// unclaimed ones written by a scan, retries, stale claims, rows other
     /// dispatchers left.
     pub(super) claim: bool,
+    /// Whether the next scan must include the newest events, which scans
+    /// otherwise leave to their notifications: something was committed that
+    /// no notification names (a `NOTIFY` without the event's id, as
+    /// producers other than this library send, or more ids than are kept).
+    pub(super) newest: bool,
 }
 
 /// How much of the outbox a pass expands, least to most.
@@ -42,6 +47,7 @@ impl Dispatcher {
     /// Runs a pass now rather than at the next poll: expand recent events,
     /// then claim and deliver.
     pub fn wake(&self) {
+        self.pending().newest = true;
         self.request(Scan::Recent);
     }
 
@@ -68,7 +74,10 @@ impl Dispatcher {
             let mut pending = self.pending();
             match Uuid::try_parse(payload) {
                 Ok(id) if pending.ids.len() < MAX_NOTIFIED_IDS => pending.ids.push(id),
-                _ => pending.scan = pending.scan.max(Scan::Recent),
+                _ => {
+                    pending.scan = pending.scan.max(Scan::Recent);
+                    pending.newest = true;
+                }
             }
         }
         self.inner.wake.notify_one();
