@@ -317,3 +317,31 @@ async fn a_silently_dead_listener_is_found_by_its_liveness_check() {
     assert!(took < Duration::from_secs(5), "took {took:?}");
     running.stop().await;
 }
+
+/// An idle, healthy listener answers its own liveness checks and keeps its
+/// connection: twenty check intervals with nothing else happening, and the
+/// same backend is still listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_healthy_listener_keeps_its_connection() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    let interval = Duration::from_millis(100);
+    let config = DispatcherConfig {
+        listener_ping_interval: interval,
+        ..config(&db.tables)
+    };
+    let running = run_with_hook(db.pool.clone(), config, &receiver);
+    running.listening().await;
+    let first = db.listener_pid().await.expect("a LISTEN connection");
+    // Observing that nothing happens takes the time it covers.
+    tokio::time::sleep(interval * 20).await;
+    assert_eq!(
+        db.listener_pids().await,
+        vec![first],
+        "the listener gave up a healthy connection"
+    );
+    assert!(notified_delivery(&db, &receiver).await < Duration::from_secs(1));
+    running.stop().await;
+}

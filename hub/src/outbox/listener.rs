@@ -171,8 +171,9 @@ async fn serve(
                 sending = None;
                 // Not sent (the pool failed or was too slow): there is
                 // nothing to compare with, and the next check decides.
+                // `heard` is left alone: the answer may have come already,
+                // before this branch ran.
                 if sent.is_ok() {
-                    heard.store(false, Ordering::Relaxed);
                     unanswered = Some(Instant::now() + interval);
                 }
             }
@@ -191,6 +192,8 @@ async fn serve(
                     }
                     Some(_) => {}
                     None if sending.is_none() => {
+                        // Only what is heard from now on answers this check.
+                        heard.store(false, Ordering::Relaxed);
                         sending = Some(send_check(dispatcher, interval));
                     }
                     None => {}
