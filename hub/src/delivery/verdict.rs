@@ -49,11 +49,6 @@ impl Judge {
         }
     }
 
-    /// The retry policy it judges by.
-    pub fn retry(&self) -> &RetryPolicy {
-        &self.retry
-    }
-
     /// The verdict on `answer` for a delivery that had `failures_before`
     /// failed attempts. Only WebSub gives 410 a meaning of its own; to a
     /// webhook it is a failure like any other status.

@@ -371,8 +371,7 @@ impl Dispatcher {
                 let again = &ids[..ids.len().min(room)];
                 pending.ids.splice(0..0, again.iter().copied());
                 if again.len() < ids.len() {
-                    pending.scan = pending.scan.max(Scan::Recent);
-                    pending.newest = true;
+                    pending.newest_unnamed();
                 }
                 Expanded {
                     succeeded: false,

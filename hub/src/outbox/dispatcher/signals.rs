@@ -25,6 +25,15 @@ pub(super) struct Pending {
     pub(super) newest: bool,
 }
 
+impl Pending {
+    /// Something was committed that no notification names: a recent scan,
+    /// the newest events included.
+    pub(super) fn newest_unnamed(&mut self) {
+        self.scan = self.scan.max(Scan::Recent);
+        self.newest = true;
+    }
+}
+
 /// How much of the outbox a pass expands, least to most.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Scan {
@@ -47,8 +56,10 @@ impl Dispatcher {
     /// Runs a pass now rather than at the next poll: expand recent events,
     /// then claim and deliver.
     pub fn wake(&self) {
-        self.pending().newest = true;
-        self.request(Scan::Recent);
+        self.ask(|pending| {
+            pending.newest_unnamed();
+            pending.claim = true;
+        });
     }
 
     pub(super) fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
@@ -59,28 +70,25 @@ impl Dispatcher {
     }
 
     pub(super) fn request(&self, scan: Scan) {
-        {
-            let mut pending = self.pending();
+        self.ask(|pending| {
             pending.scan = pending.scan.max(scan);
             pending.claim = true;
-        }
+        });
+    }
+
+    /// Adds to what the next pass must look at, and wakes the run loop.
+    fn ask(&self, change: impl FnOnce(&mut Pending)) {
+        change(&mut self.pending());
         self.inner.wake.notify_one();
     }
 
     /// A notification arrived on the channel: its payload names the event
     /// when it came from [`super::Outbox`]; anything else asks for a scan.
     pub(crate) fn notified(&self, payload: &str) {
-        {
-            let mut pending = self.pending();
-            match Uuid::try_parse(payload) {
-                Ok(id) if pending.ids.len() < MAX_NOTIFIED_IDS => pending.ids.push(id),
-                _ => {
-                    pending.scan = pending.scan.max(Scan::Recent);
-                    pending.newest = true;
-                }
-            }
-        }
-        self.inner.wake.notify_one();
+        self.ask(|pending| match Uuid::try_parse(payload) {
+            Ok(id) if pending.ids.len() < MAX_NOTIFIED_IDS => pending.ids.push(id),
+            _ => pending.newest_unnamed(),
+        });
     }
 
     /// Whether the next pass has nothing to do but expand notified events,
