@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{NaiveDateTime, Utc};
-use common::{Db, EVENT, Running, config, eventually_async, pool, run_with_hook, webhook};
+use common::{
+    Db, EVENT, Running, config, eventually_async, pool, run_listening_with_hook, run_with_hook,
+    webhook,
+};
 use sqlx::AssertSqlSafe;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -32,13 +35,7 @@ async fn a_committed_event_wakes_the_dispatcher_through_notify_within_millisecon
         return;
     };
     let receiver = RecordingReceiver::start().await;
-    // Polling once a minute: only the NOTIFY can explain a prompt delivery.
-    let config = DispatcherConfig {
-        poll_interval: Duration::from_secs(60),
-        ..config(&db.tables)
-    };
-    let running = run_with_hook(db.pool.clone(), config, &receiver);
-    running.listening().await;
+    let running = run_listening_with_hook(&db, &receiver).await;
 
     let mut latencies = Vec::new();
     for round in 0..40 {
@@ -966,12 +963,7 @@ async fn a_notify_without_the_event_id_wakes_the_dispatcher_without_a_poll() {
         return;
     };
     let receiver = RecordingReceiver::start().await;
-    let config = DispatcherConfig {
-        poll_interval: Duration::from_secs(60),
-        ..config(&db.tables)
-    };
-    let running = run_with_hook(db.pool.clone(), config, &receiver);
-    running.listening().await;
+    let running = run_listening_with_hook(&db, &receiver).await;
     // The start-up scan is done once the listener is up and a moment has
     // passed; what follows can only be found through the notification.
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -8,7 +8,10 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{Db, EVENT, PrivateCluster, config, eventually, eventually_async, run_with_hook};
+use common::{
+    Db, EVENT, PrivateCluster, config, eventually, eventually_async, run_listening_with_hook,
+    run_with_hook,
+};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio::time::Instant;
@@ -44,13 +47,7 @@ async fn a_terminated_listener_comes_back_and_notify_is_fast_again() {
         return;
     };
     let receiver = RecordingReceiver::start().await;
-    // Polling once a minute: a prompt delivery is the listener's doing.
-    let config = DispatcherConfig {
-        poll_interval: Duration::from_secs(60),
-        ..config(&db.tables)
-    };
-    let running = run_with_hook(db.pool.clone(), config, &receiver);
-    running.listening().await;
+    let running = run_listening_with_hook(&db, &receiver).await;
     assert!(notified_delivery(&db, &receiver).await < Duration::from_secs(1));
 
     let first = db.listener_pid().await.expect("a LISTEN connection");

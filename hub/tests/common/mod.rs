@@ -282,6 +282,19 @@ impl Running {
 /// The event name the outbox tests produce, unless a test needs another.
 pub(crate) const EVENT: &str = "auth-api.user.authenticated";
 
+/// [`run_with_hook`] on `db` with the test timings, polling only once a
+/// minute, once its listener is up: a prompt delivery can only be the
+/// listener's doing.
+pub(crate) async fn run_listening_with_hook(db: &Db, receiver: &RecordingReceiver) -> Running {
+    let config = DispatcherConfig {
+        poll_interval: Duration::from_secs(60),
+        ..config(&db.tables)
+    };
+    let running = run_with_hook(db.pool.clone(), config, receiver);
+    running.listening().await;
+    running
+}
+
 /// A dispatcher on `pool` with `config`, running, whose one webhook
 /// subscriber, "hook", gets every [`EVENT`] at `receiver`'s `/hook`.
 pub(crate) fn run_with_hook(
