@@ -86,7 +86,7 @@ struct Pipeline {
 }
 
 impl Distributor {
-    /// A dispatcher delivering `events` to the subscriptions in `store`,
+    /// A scheduler delivering `events` to the subscriptions in `store`,
     /// announcing `hub_url` in its `Link` headers.
     pub fn new(
         events: Arc<dyn EventLog>,

@@ -45,7 +45,7 @@ impl std::fmt::Debug for WebSubBridge {
 
 impl WebSubBridge {
     /// A bridge recording into `events` and calling `wake` after each
-    /// record (the hub's `dispatch::Dispatcher::wake`).
+    /// record (the WebSub scheduler's [`crate::dispatch::Distributor::wake`]).
     pub fn new(
         events: Arc<dyn EventLog>,
         wake: Arc<dyn Fn() + Send + Sync>,
