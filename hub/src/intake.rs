@@ -1,19 +1,28 @@
 //! Content intake: publish pings (the hub fetches each topic and records its
 //! content) and fat pings (the publisher sends the content). Whatever is
-//! accepted is recorded in the durable event log before anyone is told so;
-//! the dispatcher takes it from there.
+//! accepted is durable before anyone is told so: a fat ping's content in the
+//! event log, a publish ping's topics in the backlog, from which fetchers
+//! claim them, fetch (conditionally, with the validators the topic sent
+//! last), retry a failed fetch with backoff, and record the content in the
+//! event log. A fetch that cannot be honoured (content over the size limit,
+//! a topic still failing after its retries) stays in the backlog as failed,
+//! for operators to see. The dispatcher takes it from the event log.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, info, info_span, warn};
 use url::Url;
 use websub_store::SubscriptionStore;
 
+use crate::backlog::worker::{self, Job};
+use crate::backlog::{Backlog, BacklogError, ClaimedFetch, FetchResult, Validators};
 use crate::clock::Clock;
 use crate::delivery::attempt::status_error;
 use crate::delivery::error_chain;
@@ -27,6 +36,17 @@ pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 /// How many times a failing topic fetch is tried.
 const FETCH_ATTEMPTS: u32 = 3;
 
+/// The wait before a failed fetch's first retry; the next waits twice as
+/// long.
+const FETCH_RETRY_WAIT: Duration = Duration::from_secs(2);
+
+/// Topic fetches in flight at once.
+const FETCH_CONCURRENCY: usize = 32;
+
+/// Topic fetches by outcome: `recorded`, `not_modified`, `no_subscribers`,
+/// `retried`, `failed` (given up, kept in the backlog).
+pub const FETCHES_TOTAL: &str = "websub_topic_fetches_total";
+
 /// Accepts content for distribution. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Intake {
@@ -37,28 +57,25 @@ pub struct Intake {
 struct IntakeState {
     events: Arc<dyn EventLog>,
     store: Arc<dyn SubscriptionStore>,
+    backlog: Arc<dyn Backlog>,
     dispatcher: Distributor,
     client: reqwest::Client,
+    /// The fetch timeout, of which a fetch's claim outlives twice.
+    timeout: Duration,
     net: NetPolicy,
     clock: Arc<dyn Clock>,
     max_content_bytes: usize,
-    validators: Mutex<HashMap<String, Validators>>,
+    /// Told when a ping is written, so that a fetcher claims it at once.
+    written: Arc<Notify>,
     tracker: TaskTracker,
-}
-
-/// What a topic answered last time, for a conditional fetch.
-#[derive(Debug, Clone, Default)]
-struct Validators {
-    etag: Option<String>,
-    last_modified: Option<String>,
 }
 
 /// What a topic fetch came to.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Fetched {
-    /// New content, recorded.
-    Recorded(LoggedEvent),
+    /// New content, recorded, and what the topic sent to validate it.
+    Recorded(LoggedEvent, Validators),
     /// The topic answered 304: nothing new to distribute.
     NotModified,
     /// Nobody subscribes to the topic: nothing fetched.
@@ -89,16 +106,23 @@ pub enum IntakeError {
     /// The subscription store failed.
     #[error(transparent)]
     Store(#[from] websub_store::StoreError),
+    /// The backlog failed; the ping was not accepted.
+    #[error(transparent)]
+    Backlog(#[from] BacklogError),
 }
 
 impl Intake {
-    /// Intake recording into `events` and waking `dispatcher`.
+    /// Intake recording into `events` and waking `dispatcher`, its pings
+    /// waiting in `backlog`, fetching with `client` (whose timeout is
+    /// `timeout`).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         events: Arc<dyn EventLog>,
         store: Arc<dyn SubscriptionStore>,
+        backlog: Arc<dyn Backlog>,
         dispatcher: Distributor,
         client: reqwest::Client,
+        timeout: Duration,
         net: NetPolicy,
         clock: Arc<dyn Clock>,
         max_content_bytes: usize,
@@ -107,18 +131,26 @@ impl Intake {
             inner: Arc::new(IntakeState {
                 events,
                 store,
+                backlog,
                 dispatcher,
                 client,
+                timeout,
                 net,
                 clock,
                 max_content_bytes,
-                validators: Mutex::new(HashMap::new()),
+                written: Arc::new(Notify::new()),
                 tracker: TaskTracker::new(),
             }),
         }
     }
 
-    /// The fetches in flight, for draining at shutdown.
+    /// The backlog the pings wait in.
+    pub fn backlog(&self) -> &Arc<dyn Backlog> {
+        &self.inner.backlog
+    }
+
+    /// The fetches in flight, for draining at shutdown, once the fetchers
+    /// have stopped.
     pub fn tracker(&self) -> &TaskTracker {
         &self.inner.tracker
     }
@@ -153,45 +185,112 @@ impl Intake {
         Ok(event)
     }
 
-    /// Fetches each pinged topic in the background and records what is new.
-    pub fn ping(&self, topics: Vec<String>) {
-        for topic in topics {
-            let intake = self.clone();
-            let span = info_span!("fetch", topic = %topic);
-            self.inner.tracker.spawn(
-                async move {
-                    match intake.fetch_with_retries(&topic).await {
-                        Ok(Fetched::Recorded(event)) => {
-                            info!(event = %event.id, bytes = event.body.len(), "topic content recorded");
-                        }
-                        Ok(Fetched::NotModified) => info!("topic not modified; nothing to distribute"),
-                        Ok(Fetched::NoSubscribers) => info!("no subscribers; topic not fetched"),
-                        Err(error) => warn!(%error, "publish ping dropped"),
-                    }
-                }
-                .instrument(span),
-            );
-        }
+    /// Writes a fetch of each pinged topic to the backlog; returns once it
+    /// is durable. Fetchers take it from there.
+    pub async fn ping(&self, topics: &[String]) -> Result<(), IntakeError> {
+        self.inner
+            .backlog
+            .request_fetches(topics, self.inner.clock.now())
+            .await?;
+        self.inner.written.notify_one();
+        Ok(())
     }
 
-    async fn fetch_with_retries(&self, topic: &str) -> Result<Fetched, IntakeError> {
-        let mut attempt = 1;
-        loop {
-            match self.fetch(topic).await {
-                Err(IntakeError::Fetch { reason, .. }) if attempt < FETCH_ATTEMPTS => {
-                    info!(%reason, attempt, "topic fetch failed; retrying");
-                    tokio::time::sleep(Duration::from_secs(u64::from(attempt))).await;
-                    attempt += 1;
-                }
-                other => return other,
+    /// Claims and fetches pinged topics until `stop`; the fetches in flight
+    /// then go on in [`Intake::tracker`].
+    pub async fn run_fetchers(self, stop: CancellationToken) {
+        let written = self.inner.written.clone();
+        let tracker = self.inner.tracker.clone();
+        worker::work(
+            Arc::new(Fetchers(self)),
+            FETCH_CONCURRENCY,
+            written,
+            tracker,
+            stop,
+        )
+        .await;
+    }
+
+    async fn fetch_claimed(&self, claimed: ClaimedFetch) {
+        let span = info_span!("fetch", topic = %claimed.topic, attempt = claimed.attempts + 1);
+        let outcome = self
+            .fetch(&claimed.topic, &claimed.validators)
+            .instrument(span.clone())
+            .await;
+        let _entered = span.enter();
+        let (result, label) = match outcome {
+            Ok(Fetched::Recorded(event, validators)) => {
+                info!(event = %event.id, bytes = event.body.len(), "topic content recorded");
+                (
+                    FetchResult::Done {
+                        validators: Some(validators),
+                    },
+                    "recorded",
+                )
             }
+            Ok(Fetched::NotModified) => {
+                info!("topic not modified; nothing to distribute");
+                (FetchResult::Done { validators: None }, "not_modified")
+            }
+            Ok(Fetched::NoSubscribers) => {
+                info!("no subscribers; topic not fetched");
+                (FetchResult::Done { validators: None }, "no_subscribers")
+            }
+            Err(error @ IntakeError::TooLarge { .. }) => {
+                warn!(%error, "topic fetch failed for good");
+                (
+                    FetchResult::Failed {
+                        error: error.to_string(),
+                    },
+                    "failed",
+                )
+            }
+            Err(error) => {
+                let failures = claimed.attempts + 1;
+                if failures < FETCH_ATTEMPTS {
+                    let wait = FETCH_RETRY_WAIT * 2u32.pow(failures - 1);
+                    info!(%error, ?wait, "topic fetch failed; to be tried again");
+                    let at = self.inner.clock.now()
+                        + chrono::TimeDelta::from_std(wait).unwrap_or(chrono::TimeDelta::MAX);
+                    (
+                        FetchResult::Retry {
+                            at,
+                            error: error.to_string(),
+                        },
+                        "retried",
+                    )
+                } else {
+                    warn!(%error, attempts = failures, "topic fetch failed for good");
+                    (
+                        FetchResult::Failed {
+                            error: error.to_string(),
+                        },
+                        "failed",
+                    )
+                }
+            }
+        };
+        metrics::counter!(FETCHES_TOTAL, "outcome" => label).increment(1);
+        if let Err(error) = self
+            .inner
+            .backlog
+            .finish_fetch(&claimed, result, self.inner.clock.now())
+            .await
+        {
+            // The claim expires and the topic is fetched again.
+            warn!(%error, "recording a fetch's outcome failed; it will be fetched again");
         }
     }
 
-    /// Fetches a topic once (conditionally, when it sent validators before)
-    /// and records its content when it changed.
-    pub async fn fetch(&self, topic: &str) -> Result<Fetched, IntakeError> {
-        if self.inner.store.list_by_topic(topic).await?.is_empty() {
+    /// Fetches a topic once (conditionally, when it sent validators before:
+    /// `known`) and records its content when it changed. A topic nobody
+    /// subscribes to is not fetched, unless a subscribe to it is waiting
+    /// for its verification: that subscription receives what this fetch
+    /// records once it is saved.
+    pub async fn fetch(&self, topic: &str, known: &Validators) -> Result<Fetched, IntakeError> {
+        if self.inner.store.list_by_topic(topic).await?.is_empty()
+            && !self.inner.backlog.subscribing(topic).await?
+        {
             return Ok(Fetched::NoSubscribers);
         }
         let fetch_error = |reason: String| IntakeError::Fetch {
@@ -205,7 +304,6 @@ impl Intake {
             .await
             .map_err(|error| fetch_error(error.to_string()))?;
 
-        let known = self.validators(topic);
         let mut request = self.inner.client.get(url);
         if let Some(etag) = &known.etag {
             request = request.header(http::header::IF_NONE_MATCH, etag);
@@ -247,8 +345,7 @@ impl Intake {
                 ReadError::Failed(reason) => fetch_error(reason),
             })?;
         let event = self.record(topic.to_owned(), content_type, body).await?;
-        self.remember(topic, fresh);
-        Ok(Fetched::Recorded(event))
+        Ok(Fetched::Recorded(event, fresh))
     }
 
     async fn read_bounded(&self, response: reqwest::Response) -> Result<Bytes, ReadError> {
@@ -270,32 +367,34 @@ impl Intake {
         }
         Ok(Bytes::from(body))
     }
-
-    fn validators(&self, topic: &str) -> Validators {
-        self.inner
-            .validators
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(topic)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    fn remember(&self, topic: &str, validators: Validators) {
-        let mut known = self
-            .inner
-            .validators
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if validators.etag.is_none() && validators.last_modified.is_none() {
-            known.remove(topic);
-        } else {
-            known.insert(topic.to_owned(), validators);
-        }
-    }
 }
 
 enum ReadError {
     TooLarge,
     Failed(String),
+}
+
+struct Fetchers(Intake);
+
+#[async_trait]
+impl Job for Fetchers {
+    type Item = ClaimedFetch;
+
+    fn name(&self) -> &'static str {
+        "topic fetch"
+    }
+
+    async fn claim(&self, limit: usize) -> Result<Vec<ClaimedFetch>, BacklogError> {
+        let inner = &self.0.inner;
+        // A claim outlives the fetch (its timeout) and the recording.
+        let visibility = inner.timeout * 2 + Duration::from_secs(5);
+        inner
+            .backlog
+            .claim_fetches(limit, inner.clock.now(), visibility)
+            .await
+    }
+
+    async fn run(&self, claimed: ClaimedFetch) {
+        self.0.fetch_claimed(claimed).await;
+    }
 }

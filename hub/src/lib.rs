@@ -61,6 +61,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod backlog;
 pub mod clock;
 pub mod config;
 pub mod delivery;

@@ -17,6 +17,7 @@ use websub_store::SubscriptionStore;
 
 use crate::api::{self, ApiState};
 use crate::auth::{InternalKey, UserTokens};
+use crate::backlog::Backlog;
 use crate::clock::{Clock, SystemClock};
 use crate::config::HubConfig;
 use crate::delivery::client::{self, Purpose};
@@ -27,7 +28,7 @@ use crate::intake::Intake;
 use crate::lease::Reaper;
 use crate::net::NetPolicy;
 use crate::quota::{QuotaConfig, QuotaEnforcer};
-use crate::verify::{Subscriptions, Verifier};
+use crate::verify::{CatchUp, Subscriptions, Verifier};
 
 /// How long shutdown waits for work in flight before giving up on it. What
 /// is cut short is not lost: unrecorded deliveries are claimed again after
@@ -77,6 +78,9 @@ pub enum ServeError {
     /// The event log could not be opened.
     #[error("opening the event log failed: {0}")]
     Events(#[from] EventLogError),
+    /// The backlog could not be opened.
+    #[error("opening the backlog failed: {0}")]
+    Backlog(#[from] crate::backlog::BacklogError),
     /// The HTTP clients could not be built.
     #[error("building the HTTP clients failed: {0}")]
     Net(#[from] crate::net::NetError),
@@ -124,20 +128,22 @@ impl Hub {
     pub async fn open(config: HubConfig) -> Result<Self, ServeError> {
         config.validate()?;
         let events = events::connect(&config.database_url).await?;
+        let backlog = crate::backlog::connect(&config.database_url).await?;
         let store_url = config
             .store
             .clone()
             .unwrap_or_else(|| config.database_url.clone());
         let store = open_store(&store_url).await?;
-        Self::assemble(config, store, events, Arc::new(SystemClock))
+        Self::assemble(config, store, events, backlog, Arc::new(SystemClock))
     }
 
     /// Assembles a hub from parts already open (tests inject their own store,
-    /// log and clock here).
+    /// log, backlog and clock here).
     pub fn assemble(
         config: HubConfig,
         store: Arc<dyn SubscriptionStore>,
         events: Arc<dyn EventLog>,
+        backlog: Arc<dyn Backlog>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ServeError> {
         let policy = NetPolicy {
@@ -162,6 +168,7 @@ impl Hub {
         let verifier = Verifier::new(delivery_client, config.verification);
         let subscriptions = Subscriptions::new(
             store.clone(),
+            backlog.clone(),
             verifier,
             policy.clone(),
             config.lease,
@@ -172,9 +179,12 @@ impl Hub {
         subscriptions.on_change(crate::verify::ChangeListener::new(move |topic| {
             cache.forget_topic(topic);
         }));
+        let woken = dispatcher.clone();
+        subscriptions.catch_up_with(CatchUp::new(events.clone(), move || woken.wake()));
         let intake = Intake::new(
             events.clone(),
             store.clone(),
+            backlog,
             dispatcher.clone(),
             client::build(
                 Purpose::TopicFetches {
@@ -182,6 +192,7 @@ impl Hub {
                 },
                 config.delivery.timeout,
             )?,
+            config.delivery.timeout,
             policy,
             clock.clone(),
             config.max_content_bytes,
@@ -287,6 +298,20 @@ impl Hub {
         let background = CancellationToken::new();
         let dispatcher = tokio::spawn(self.dispatcher.clone().run(background.clone()));
         let reaper = tokio::spawn(self.reaper.clone().run(background.clone()));
+        // The backlog's workers stop claiming when serving stops; what they
+        // claimed finishes in the drain, and the rest resumes at the next
+        // start.
+        let intake_stop = CancellationToken::new();
+        let verifiers = tokio::spawn(
+            self.subscriptions
+                .clone()
+                .run_verifiers(intake_stop.clone()),
+        );
+        let fetchers = tokio::spawn(self.intake.clone().run_fetchers(intake_stop.clone()));
+        let backlog_sweep = tokio::spawn(sweep_backlog(
+            self.intake.backlog().clone(),
+            background.clone(),
+        ));
         let retention = self.config.retention.map(|ttl| {
             tokio::spawn(sweep_retention(
                 self.events.clone(),
@@ -340,6 +365,9 @@ impl Hub {
 
         info!("shutting down: draining work in flight");
         let drain = async {
+            intake_stop.cancel();
+            let _ = verifiers.await;
+            let _ = fetchers.await;
             self.subscriptions.tracker().close();
             self.intake.tracker().close();
             self.subscriptions.tracker().wait().await;
@@ -353,6 +381,7 @@ impl Hub {
             background.cancel();
             let _ = dispatcher.await;
             let _ = reaper.await;
+            let _ = backlog_sweep.await;
             if let Some(retention) = retention {
                 let _ = retention.await;
             }
@@ -387,6 +416,27 @@ async fn reload_feeds(
 }
 
 /// Deletes events older than `ttl` every hour until cancelled.
+/// How long fetches and verifications that failed for good stay readable.
+const FAILED_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Deletes, hourly, the backlog's rows that failed for good longer ago than
+/// [`FAILED_KEPT`], until `stop`.
+async fn sweep_backlog(backlog: Arc<dyn Backlog>, stop: CancellationToken) {
+    let mut every_hour = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = every_hour.tick() => {}
+        }
+        let cutoff = chrono::Utc::now()
+            - chrono::Duration::from_std(FAILED_KEPT).unwrap_or(chrono::Duration::MAX);
+        match backlog.purge_failed_before(cutoff).await {
+            Ok(deleted) => info!(deleted, "failed fetches and verifications swept"),
+            Err(error) => warn!(%error, "backlog sweep failed"),
+        }
+    }
+}
+
 async fn sweep_retention(events: Arc<dyn EventLog>, ttl: Duration, stop: CancellationToken) {
     let mut every_hour = tokio::time::interval(Duration::from_secs(3600));
     loop {

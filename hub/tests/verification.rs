@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use chrono::{DateTime, TimeZone, Utc};
+use websub_hub::backlog::{Admission, Backlog, Listing};
 use websub_hub::clock::{Clock, ManualClock};
 use websub_hub::config::{LeasePolicy, VerificationPolicy};
+use websub_hub::events::sqlite::SqliteEventLog;
 use websub_hub::net::{NetError, NetPolicy};
 use websub_hub::protocol::{Mode, SubscriptionRequest};
 use websub_hub::verify::{
@@ -108,6 +110,19 @@ fn lease_policy() -> LeasePolicy {
     }
 }
 
+/// A backlog in a fresh SQLite file (its tables come with the event log's
+/// migrations).
+async fn temporary_backlog() -> Arc<dyn Backlog> {
+    let url = format!(
+        "sqlite:{}",
+        std::env::temp_dir()
+            .join(format!("websub-verification-{}.db", uuid::Uuid::new_v4()))
+            .display()
+    );
+    SqliteEventLog::connect(&url).await.expect("event log");
+    websub_hub::backlog::connect(&url).await.expect("backlog")
+}
+
 /// The hub side: the workflow over a memory store, a manual clock, and a
 /// client allowed to reach loopback.
 struct Hub {
@@ -117,7 +132,7 @@ struct Hub {
 }
 
 impl Hub {
-    fn new(allow_private_network: bool, timeout: Duration) -> Self {
+    async fn new(allow_private_network: bool, timeout: Duration) -> Self {
         let store = Arc::new(MemoryStore::new());
         let clock = Arc::new(ManualClock::new(start_time()));
         let policy = NetPolicy {
@@ -126,11 +141,13 @@ impl Hub {
         let verification = VerificationPolicy {
             timeout,
             concurrency: 8,
+            ..VerificationPolicy::default()
         };
         let client =
             websub_hub::delivery::client::for_deliveries(&policy, timeout, 2).expect("client");
         let subscriptions = Subscriptions::new(
             store.clone(),
+            temporary_backlog().await,
             Verifier::new(client, verification),
             policy,
             lease_policy(),
@@ -144,8 +161,8 @@ impl Hub {
         }
     }
 
-    fn allowing_loopback() -> Self {
-        Self::new(true, TIMEOUT)
+    async fn allowing_loopback() -> Self {
+        Self::new(true, TIMEOUT).await
     }
 
     async fn process(&self, request: SubscriptionRequest) -> Result<Processed, ProcessError> {
@@ -197,7 +214,7 @@ fn unsubscribe(callback: &str) -> SubscriptionRequest {
 #[tokio::test]
 async fn echoed_challenge_saves_the_subscription_with_the_granted_lease() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let callback = subscriber.callback("/cb/long", Answer::Echo);
 
     // Asked for far more than the maximum: clamped to 3600.
@@ -248,7 +265,7 @@ async fn echoed_challenge_saves_the_subscription_with_the_granted_lease() {
 #[tokio::test]
 async fn leases_are_clamped_up_and_defaulted() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let short = subscriber.callback("/cb/short", Answer::Echo);
     let default = subscriber.callback("/cb/default", Answer::EchoAccepted);
 
@@ -279,7 +296,7 @@ async fn leases_are_clamped_up_and_defaulted() {
 #[tokio::test]
 async fn the_callbacks_own_query_string_is_kept_and_ours_appended() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let callback = subscriber.callback("/cb/query?id=7&name=a%20b&hub.mode=theirs", Answer::Echo);
 
     assert!(hub.process(subscribe(&callback, None, None)).await.is_ok());
@@ -319,7 +336,7 @@ async fn the_callbacks_own_query_string_is_kept_and_ours_appended() {
 #[tokio::test]
 async fn every_failed_verification_saves_nothing() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let cases = [
         ("/cb/not-found", Answer::NotFound),
         ("/cb/wrong-body", Answer::WrongBody),
@@ -371,7 +388,7 @@ async fn every_failed_verification_saves_nothing() {
 #[tokio::test]
 async fn a_callback_that_hangs_times_out_and_saves_nothing() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::new(true, Duration::from_millis(300));
+    let hub = Hub::new(true, Duration::from_millis(300)).await;
     let callback = subscriber.callback("/cb/hang", Answer::Hang);
     let outcome = hub.process(subscribe(&callback, None, None)).await;
     assert!(
@@ -386,7 +403,7 @@ async fn a_callback_that_hangs_times_out_and_saves_nothing() {
 
 #[tokio::test]
 async fn a_callback_nobody_listens_on_is_a_connection_error() {
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let closed = {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -410,7 +427,7 @@ async fn a_callback_nobody_listens_on_is_a_connection_error() {
 #[tokio::test]
 async fn resubscribing_replaces_the_state_and_keeps_created_at() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let callback = subscriber.callback("/cb/renew", Answer::Echo);
 
     assert!(
@@ -448,7 +465,7 @@ async fn resubscribing_replaces_the_state_and_keeps_created_at() {
 #[tokio::test]
 async fn a_failed_renewal_keeps_the_old_subscription_and_secret() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let callback = subscriber.callback("/cb/flaky", Answer::Echo);
     assert!(
         hub.process(subscribe(&callback, Some(300), Some("kept")))
@@ -476,7 +493,7 @@ async fn a_failed_renewal_keeps_the_old_subscription_and_secret() {
 #[tokio::test]
 async fn a_verified_unsubscribe_deletes() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let callback = subscriber.callback("/cb/leaving", Answer::Echo);
     assert!(hub.process(subscribe(&callback, None, None)).await.is_ok());
 
@@ -503,7 +520,7 @@ async fn a_verified_unsubscribe_deletes() {
 #[tokio::test]
 async fn a_refused_unsubscribe_keeps_the_subscription() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let callback = subscriber.callback("/cb/staying", Answer::Echo);
     assert!(
         hub.process(subscribe(&callback, None, Some("s")))
@@ -529,7 +546,7 @@ async fn a_refused_unsubscribe_keeps_the_subscription() {
 #[tokio::test]
 async fn challenges_are_unique_across_requests() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let callback = subscriber.callback("/cb/many", Answer::Echo);
     for _ in 0..8 {
         assert!(hub.process(subscribe(&callback, None, None)).await.is_ok());
@@ -548,7 +565,7 @@ async fn challenges_are_unique_across_requests() {
 #[tokio::test]
 async fn deny_sends_mode_denied_with_the_reason() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let callback = subscriber.callback("/cb/denied?id=9", Answer::Empty);
 
     let sent = hub
@@ -571,7 +588,7 @@ async fn deny_sends_mode_denied_with_the_reason() {
 #[tokio::test]
 async fn the_network_policy_refuses_loopback_callbacks_when_not_allowed() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::new(false, TIMEOUT);
+    let hub = Hub::new(false, TIMEOUT).await;
     let literal = subscriber.callback("/cb/private", Answer::Echo);
     let named = literal.replace("127.0.0.1", "localhost");
 
@@ -606,7 +623,7 @@ async fn the_network_policy_refuses_loopback_callbacks_when_not_allowed() {
     assert!(hub.all().await.is_empty());
 
     // The same callback passes when private networks are allowed.
-    let allowed = Hub::allowing_loopback();
+    let allowed = Hub::allowing_loopback().await;
     assert!(
         allowed
             .subscriptions
@@ -619,18 +636,51 @@ async fn the_network_policy_refuses_loopback_callbacks_when_not_allowed() {
 #[tokio::test]
 async fn accepted_requests_are_processed_in_the_background_and_drained() {
     let subscriber = Subscriber::start().await;
-    let hub = Hub::allowing_loopback();
+    let hub = Hub::allowing_loopback().await;
     let first = subscriber.callback("/cb/bg-1", Answer::Echo);
     let second = subscriber.callback("/cb/bg-2", Answer::NotFound);
 
-    hub.subscriptions.accept(subscribe(&first, None, None));
-    hub.subscriptions.accept(subscribe(&second, None, None));
+    for callback in [&first, &second] {
+        let admission = hub
+            .subscriptions
+            .accept(subscribe(callback, None, None))
+            .await;
+        assert_eq!(admission.expect("accepted"), Admission::Accepted);
+    }
+    let stop = tokio_util::sync::CancellationToken::new();
+    let verifiers = tokio::spawn(hub.subscriptions.clone().run_verifiers(stop.clone()));
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while subscriber.seen().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("both callbacks asked");
+    stop.cancel();
+    verifiers.await.expect("verifiers stop");
     hub.subscriptions.tracker().close();
     hub.subscriptions.tracker().wait().await;
 
     assert!(hub.stored(&first).await.is_some());
     assert!(hub.stored(&second).await.is_none());
     assert_eq!(subscriber.seen().len(), 2);
+    // The refusal is final and kept, with its reason, for the requester.
+    let failed = hub
+        .subscriptions
+        .backlog()
+        .intents(Listing::default(), 10)
+        .await
+        .expect("listing");
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].callback, second);
+    assert_eq!(failed[0].next_attempt_at, None);
+    assert!(
+        failed[0]
+            .last_error
+            .as_deref()
+            .is_some_and(|error| error.contains("404")),
+        "{failed:?}"
+    );
 }
 
 /// A store whose every save is refused as over quota: stands in for the
@@ -691,9 +741,11 @@ async fn a_save_refused_by_policy_sends_a_denial_after_verification() {
     let verification = VerificationPolicy {
         timeout: TIMEOUT,
         concurrency: 1,
+        ..VerificationPolicy::default()
     };
     let subscriptions = Subscriptions::new(
         store.clone(),
+        temporary_backlog().await,
         Verifier::new(
             websub_hub::delivery::client::for_deliveries(&policy, TIMEOUT, 1).expect("client"),
             verification,

@@ -50,13 +50,18 @@ impl TestRouter {
         configure(&mut config);
         let database =
             std::env::temp_dir().join(format!("websub-router-{}.db", uuid::Uuid::new_v4()));
-        let events = SqliteEventLog::connect(&format!("sqlite:{}", database.display()))
+        let url = format!("sqlite:{}", database.display());
+        let events = SqliteEventLog::connect(&url)
             .await
             .unwrap_or_else(|error| panic!("open the event log: {error}"));
+        let backlog = websub_hub::backlog::connect(&url)
+            .await
+            .unwrap_or_else(|error| panic!("open the backlog: {error}"));
         let hub = Hub::assemble(
             config,
             Arc::new(MemoryStore::new()),
             Arc::new(events),
+            backlog,
             Arc::new(SystemClock),
         )
         .unwrap_or_else(|error| panic!("assemble the hub: {error}"));

@@ -12,6 +12,7 @@
 //!   internal key;
 //! - `/healthz`, `/metrics`.
 
+mod backlog;
 mod operator;
 mod subscriber;
 
@@ -27,6 +28,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tracing::{debug, error};
 
 use crate::auth::{AuthError, InternalKey, User, UserTokens};
+use crate::backlog::Admission;
 use crate::clock::Clock;
 use crate::dispatch::{Distributor, link_header};
 use crate::events::EventLog;
@@ -86,7 +88,12 @@ pub fn router(state: ApiState) -> Router {
 pub struct ApiError {
     status: StatusCode,
     reason: String,
+    retry_after: Option<u32>,
 }
+
+/// The `Retry-After` of a 503: long enough for a backlog to move or a
+/// database to come back, short enough that clients do not give up.
+const RETRY_AFTER_SECONDS: u32 = 5;
 
 impl ApiError {
     /// An error answer.
@@ -94,8 +101,25 @@ impl ApiError {
         Self {
             status,
             reason: reason.into(),
+            retry_after: None,
         }
     }
+
+    /// A `503 Service Unavailable` with `Retry-After`: the request was not
+    /// accepted, nothing of it was kept, and the same request may succeed
+    /// later.
+    pub fn unavailable(reason: impl Into<String>) -> Self {
+        Self {
+            retry_after: Some(RETRY_AFTER_SECONDS),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, reason)
+        }
+    }
+}
+
+/// The backlog failed before a request was accepted.
+fn backlog_failed(error: crate::backlog::BacklogError) -> ApiError {
+    tracing::warn!(%error, "request not accepted");
+    ApiError::unavailable("the hub could not record the request; try again later")
 }
 
 impl IntoResponse for ApiError {
@@ -107,12 +131,18 @@ impl IntoResponse for ApiError {
         }
         let mut reason = self.reason;
         reason.push('\n');
-        (
+        let mut response = (
             self.status,
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
             reason,
         )
-            .into_response()
+            .into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 
@@ -197,8 +227,16 @@ async fn hub_endpoint(
             if let Some(refusal) = authorize_subscription(&state, &headers, &mut request).await? {
                 return Ok(refusal);
             }
-            state.subscriptions.accept(request);
-            Ok((StatusCode::ACCEPTED, "verification of intent pending\n").into_response())
+            match state.subscriptions.accept(request).await {
+                Ok(Admission::Accepted) => {
+                    Ok((StatusCode::ACCEPTED, "verification of intent pending\n").into_response())
+                }
+                Ok(Admission::Full { pending }) => Err(ApiError::unavailable(format!(
+                    "{pending} verifications of intent are waiting, the most this hub holds; \
+                     try again later"
+                ))),
+                Err(error) => Err(backlog_failed(error)),
+            }
         }
         HubRequest::Publish(request) => {
             for topic in &request.topics {
@@ -208,8 +246,14 @@ async fn hub_endpoint(
                     .await
                     .map_err(|error| ApiError::new(StatusCode::BAD_REQUEST, error.to_string()))?;
             }
-            state.intake.ping(request.topics);
-            Ok((StatusCode::ACCEPTED, "publish accepted\n").into_response())
+            match state.intake.ping(&request.topics).await {
+                Ok(()) => Ok((StatusCode::ACCEPTED, "publish accepted\n").into_response()),
+                Err(crate::intake::IntakeError::Backlog(error)) => Err(backlog_failed(error)),
+                Err(error) => Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    error.to_string(),
+                )),
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The operator API under `/api/v1/operator/`, behind the internal API key:
 //! what the hub is holding (topics and their subscriptions) and what it
-//! could not deliver (exhausted delivery records), with a way to retry them.
+//! could not deliver (exhausted delivery records), with a way to retry them,
+//! and what it has accepted but not yet done (see [`super::backlog`]).
 //! JSON in, JSON out; errors are plain-text reasons like the hub endpoint's.
 
 use axum::Json;
@@ -12,14 +13,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::{ApiError, ApiState, authorize_internal};
+use super::{ApiError, ApiState, authorize_internal, backlog};
 use crate::events::FailedFilter;
 use websub_store::Subscription;
-
-/// The most failed records one listing returns, whatever `limit` asks.
-const MAX_FAILED_LISTED: usize = 1000;
-/// How many failed records a listing returns by default.
-const DEFAULT_FAILED_LISTED: usize = 100;
 
 /// The operator routes, nested under `/api/v1/operator`.
 pub(super) fn routes() -> Router<ApiState> {
@@ -28,6 +24,8 @@ pub(super) fn routes() -> Router<ApiState> {
         .route("/subscriptions", get(subscriptions))
         .route("/deliveries/failed", get(failed))
         .route("/deliveries/retry", post(retry))
+        .route("/verifications", get(backlog::operator_intents))
+        .route("/fetches", get(backlog::fetches))
 }
 
 /// A topic and how many subscriptions it has.
@@ -140,20 +138,7 @@ async fn failed(
     Query(query): Query<FailedQuery>,
 ) -> Result<Json<Vec<FailedView>>, ApiError> {
     authorize_internal(&state, &headers)?;
-    let limit = match query.limit.as_deref() {
-        None => DEFAULT_FAILED_LISTED,
-        Some(text) => match text.parse::<usize>() {
-            Ok(limit) if (1..=MAX_FAILED_LISTED).contains(&limit) => limit,
-            _ => {
-                return Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "limit must be a whole number from 1 to {MAX_FAILED_LISTED}, got {text:?}"
-                    ),
-                ));
-            }
-        },
-    };
+    let limit = backlog::parse_limit(query.limit.as_deref())?;
     let filter = FailedFilter {
         topic: query.topic.as_deref(),
         subscriber: query.subscriber.as_deref(),

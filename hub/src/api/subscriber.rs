@@ -1,7 +1,8 @@
 //! The subscriber API under `/api/v1/`, for the holder of a user token: the
 //! caller's own subscriptions with how their deliveries are going, removal
 //! of one of them (the owner is authenticated, so no verification of
-//! intent), and the caller's usage of the subscription quota.
+//! intent), the caller's usage of the subscription quota, and the caller's
+//! verifications waiting or failed.
 
 use axum::Json;
 use axum::Router;
@@ -26,10 +27,11 @@ pub(super) fn routes() -> Router<ApiState> {
     Router::new()
         .route("/subscriptions", get(list).delete(remove))
         .route("/usage", get(usage))
+        .route("/verifications", get(super::backlog::own_intents))
 }
 
 /// The caller, by user token; an answer to send when there is none.
-fn caller(state: &ApiState, headers: &HeaderMap) -> Result<User, Refusal> {
+pub(super) fn caller(state: &ApiState, headers: &HeaderMap) -> Result<User, Refusal> {
     let Some(tokens) = &state.user_tokens else {
         return Err(Refusal::Api(ApiError::new(
             StatusCode::NOT_FOUND,

@@ -120,6 +120,14 @@ pub struct VerificationPolicy {
     pub timeout: Duration,
     /// Verifications in flight at once.
     pub concurrency: usize,
+    /// Attempts a verification gets when the callback cannot be reached,
+    /// times out or answers 5xx; a 4xx or a wrong challenge is final.
+    pub attempts: u32,
+    /// The wait before the first retry; each later one waits twice as long.
+    pub retry_wait: Duration,
+    /// Verifications waiting at most; past it a subscribe or unsubscribe is
+    /// answered 503 with `Retry-After`.
+    pub max_pending: u64,
 }
 
 impl Default for HubConfig {
@@ -179,6 +187,11 @@ impl Default for VerificationPolicy {
         Self {
             timeout: Duration::from_secs(10),
             concurrency: 64,
+            // With the timeout, a callback that never answers is given up
+            // after about a minute: 10 s, a 10 s wait, 10 s, 20 s, 10 s.
+            attempts: 3,
+            retry_wait: Duration::from_secs(10),
+            max_pending: 10_000,
         }
     }
 }
@@ -303,6 +316,23 @@ impl HubConfig {
         }
         if self.verification.concurrency == 0 {
             return Err(invalid("verification-concurrency", 0, "must be positive"));
+        }
+        if !(1..=20).contains(&self.verification.attempts) {
+            return Err(invalid(
+                "verification-attempts",
+                self.verification.attempts,
+                "must be between 1 and 20",
+            ));
+        }
+        if self.verification.retry_wait.is_zero() {
+            return Err(invalid(
+                "verification-retry-wait",
+                secs(self.verification.retry_wait),
+                "must be positive",
+            ));
+        }
+        if self.verification.max_pending == 0 {
+            return Err(invalid("max-pending-verifications", 0, "must be positive"));
         }
         if let Some(key) = &self.internal_api_key
             && key.chars().count() < 32

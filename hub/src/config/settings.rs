@@ -89,6 +89,17 @@ pub struct Settings {
     /// Verifications of intent in flight at once.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub verification_concurrency: Option<usize>,
+    /// Attempts a verification of intent gets when the callback cannot be
+    /// reached, times out or answers 5xx.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub verification_attempts: Option<u32>,
+    /// The wait before a verification's first retry; later ones double it.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub verification_retry_wait: Option<String>,
+    /// Verifications of intent waiting at most; past it subscribe answers
+    /// 503.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub max_pending_verifications: Option<u64>,
     /// How often expired subscriptions are removed.
     #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
     pub reaper_interval: Option<String>,
@@ -177,6 +188,9 @@ impl Settings {
             poll_interval,
             verification_timeout,
             verification_concurrency,
+            verification_attempts,
+            verification_retry_wait,
+            max_pending_verifications,
             reaper_interval,
             retention,
             max_form_bytes,
@@ -237,6 +251,16 @@ impl Settings {
         set(
             &mut config.verification.concurrency,
             verification_concurrency,
+        );
+        set(&mut config.verification.attempts, verification_attempts);
+        set_duration(
+            &mut config.verification.retry_wait,
+            "verification-retry-wait",
+            verification_retry_wait,
+        )?;
+        set(
+            &mut config.verification.max_pending,
+            max_pending_verifications,
         );
         set_duration(
             &mut config.reaper_interval,
@@ -331,6 +355,9 @@ impl From<&HubConfig> for Settings {
         let VerificationPolicy {
             timeout: verification_timeout,
             concurrency: verification_concurrency,
+            attempts: verification_attempts,
+            retry_wait: verification_retry_wait,
+            max_pending: max_pending_verifications,
         } = verification;
         let duration = |duration: &Duration| Some(format_duration(*duration));
         Self {
@@ -351,6 +378,9 @@ impl From<&HubConfig> for Settings {
             poll_interval: duration(poll_interval),
             verification_timeout: duration(verification_timeout),
             verification_concurrency: Some(*verification_concurrency),
+            verification_attempts: Some(*verification_attempts),
+            verification_retry_wait: duration(verification_retry_wait),
+            max_pending_verifications: Some(*max_pending_verifications),
             reaper_interval: duration(reaper_interval),
             retention: retention.as_ref().and_then(duration),
             max_form_bytes: Some(*max_form_bytes),
@@ -455,6 +485,9 @@ pub(super) mod tests {
             verification: VerificationPolicy {
                 timeout: Duration::from_secs(3),
                 concurrency: 11,
+                attempts: 5,
+                retry_wait: Duration::from_secs(2),
+                max_pending: 77,
             },
             allow_private_network: true,
             internal_api_key: Some("an-internal-key-of-at-least-32-characters".to_owned()),

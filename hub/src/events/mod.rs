@@ -295,6 +295,19 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// Deletes events created before `cutoff` with their delivery records.
     /// Returns how many events were deleted.
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError>;
+
+    /// Writes a delivery record, due at `now`, for `subscriber` of every
+    /// event of `topic` recorded at or after `since`: the events a
+    /// subscription verified at `since` but saved later could otherwise miss.
+    /// Records that exist are left as they are. Returns how many were
+    /// created.
+    async fn deliver_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
 }
 
 /// The oldest claim still alive at `now`, or `None` when the visibility

@@ -365,6 +365,10 @@ async fn expand_in(
     Ok(created)
 }
 
+const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
+     SELECT id, $2, $4 FROM websub_events WHERE topic = $1 AND created_at >= $3 \
+     ON CONFLICT DO NOTHING";
+
 #[async_trait]
 impl EventLog for PostgresEventLog {
     async fn record(
@@ -628,5 +632,22 @@ impl EventLog for PostgresEventLog {
                 return Ok(deleted);
             }
         }
+    }
+
+    async fn deliver_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        Ok(sqlx::query(DELIVER_SINCE)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(since)
+            .bind(now)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
     }
 }

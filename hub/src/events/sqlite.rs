@@ -376,6 +376,10 @@ async fn expand_in(
     Ok(created)
 }
 
+const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
+     SELECT id, ?2, ?4 FROM websub_events WHERE topic = ?1 AND created_at >= ?3 \
+     ON CONFLICT DO NOTHING";
+
 #[async_trait]
 impl EventLog for SqliteEventLog {
     async fn record(
@@ -660,5 +664,23 @@ impl EventLog for SqliteEventLog {
                 return Ok(deleted);
             }
         }
+    }
+
+    async fn deliver_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let mut writer = self.writer().await?;
+        Ok(sqlx::query(DELIVER_SINCE)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(since.timestamp_micros())
+            .bind(now.timestamp_micros())
+            .execute(&mut *writer)
+            .await?
+            .rows_affected())
     }
 }

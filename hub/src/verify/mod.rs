@@ -3,9 +3,14 @@
 //! store only after the subscriber has confirmed it.
 //!
 //! [`Verifier`] makes the GET requests; [`Subscriptions`] runs the workflow
-//! (network policy, lease, verification, save or delete) in the background
-//! after the hub has answered 202, bounded in concurrency and drained at
-//! shutdown.
+//! (network policy, lease, verification, save or delete). A request is
+//! written to the backlog before the hub answers 202, and verifiers claim
+//! it from there ([`queue`]): bounded in number and in concurrency, retried
+//! when the callback could not answer, resumed after a restart.
+
+mod queue;
+
+pub use queue::VERIFICATIONS_TOTAL;
 
 use std::fmt;
 use std::sync::Arc;
@@ -19,8 +24,10 @@ use tracing::Instrument;
 use url::Url;
 use websub_store::{StoreError, Subscription, SubscriptionStore};
 
+use crate::backlog::Backlog;
 use crate::clock::Clock;
 use crate::config::{LeasePolicy, VerificationPolicy};
+use crate::events::{EventLog, EventLogError};
 use crate::lease;
 use crate::net::{self, NetError, NetPolicy};
 use crate::protocol::{Mode, SubscriptionRequest};
@@ -288,6 +295,10 @@ pub enum ProcessError {
     /// The subscriber's limit could not be obtained; nothing was saved.
     #[error("the subscription quota could not be checked")]
     Quota(#[source] QuotaError),
+    /// Saved, but the events published since the verification request could
+    /// not be handed to the new subscription.
+    #[error("the events published during verification could not be delivered")]
+    CatchUp(#[source] EventLogError),
 }
 
 /// The subscription workflow. Cheap to clone: clones share everything.
@@ -299,16 +310,46 @@ pub struct Subscriptions {
 #[derive(Debug)]
 struct WorkflowState {
     store: Arc<dyn SubscriptionStore>,
+    backlog: Arc<dyn Backlog>,
     verifier: Verifier,
     net: NetPolicy,
     lease: LeasePolicy,
     clock: Arc<dyn Clock>,
-    /// Bounds verifications in flight (`VerificationPolicy::concurrency`);
-    /// requests beyond it wait in their task.
+    /// Bounds verifications in flight (`VerificationPolicy::concurrency`)
+    /// for callers of [`Subscriptions::process`]; the verifiers claim no
+    /// more than that many.
     verifications: Semaphore,
+    /// Told when an intent is written, so that a verifier claims it at once.
+    written: Arc<tokio::sync::Notify>,
     tracker: TaskTracker,
     on_change: std::sync::OnceLock<ChangeListener>,
     quota: std::sync::OnceLock<QuotaEnforcer>,
+    catch_up: std::sync::OnceLock<CatchUp>,
+}
+
+/// Where a new subscription finds the events published while it was being
+/// verified.
+#[derive(Clone)]
+pub struct CatchUp {
+    events: Arc<dyn EventLog>,
+    wake: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl CatchUp {
+    /// Catch-up from `events`, calling `wake` (the WebSub scheduler's) when
+    /// it wrote delivery records.
+    pub fn new(events: Arc<dyn EventLog>, wake: impl Fn() + Send + Sync + 'static) -> Self {
+        Self {
+            events,
+            wake: Arc::new(wake),
+        }
+    }
+}
+
+impl std::fmt::Debug for CatchUp {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("CatchUp")
+    }
 }
 
 /// Told the topic of every subscription the workflow saves or deletes, so
@@ -341,11 +382,12 @@ enum SaveError {
 }
 
 impl Subscriptions {
-    /// The workflow over `store`, verifying with `verifier`, at most
-    /// `verification.concurrency` verifications at once, granting leases by
-    /// `lease`.
+    /// The workflow over `store`, its pending requests in `backlog`,
+    /// verifying with `verifier`, at most `verification.concurrency`
+    /// verifications at once, granting leases by `lease`.
     pub fn new(
         store: Arc<dyn SubscriptionStore>,
+        backlog: Arc<dyn Backlog>,
         verifier: Verifier,
         net: NetPolicy,
         lease: LeasePolicy,
@@ -356,14 +398,17 @@ impl Subscriptions {
         Self {
             inner: Arc::new(WorkflowState {
                 store,
+                backlog,
                 verifier,
                 net,
                 lease,
                 clock,
                 verifications: Semaphore::new(permits),
+                written: Arc::new(tokio::sync::Notify::new()),
                 tracker: TaskTracker::new(),
                 on_change: std::sync::OnceLock::new(),
                 quota: std::sync::OnceLock::new(),
+                catch_up: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -379,6 +424,14 @@ impl Subscriptions {
     /// conditional save, and one over the limit is denied.
     pub fn enforce_quota(&self, quota: QuotaEnforcer) {
         let _ = self.inner.quota.set(quota);
+    }
+
+    /// Hands every new subscription the events of its topic recorded since
+    /// its verification request was sent (once; later calls are ignored):
+    /// a publish answered after the subscriber confirmed reaches it,
+    /// whichever of the publish and the save commits first.
+    pub fn catch_up_with(&self, catch_up: CatchUp) {
+        let _ = self.inner.catch_up.set(catch_up);
     }
 
     /// The quota enforced on saves, if any.
@@ -406,8 +459,8 @@ impl Subscriptions {
         }
     }
 
-    /// The tasks started by [`accept`](Self::accept). At shutdown:
-    /// `tracker().close()`, then `tracker().wait().await`.
+    /// The verifications in flight. At shutdown, once the verifiers have
+    /// stopped: `tracker().close()`, then `tracker().wait().await`.
     pub fn tracker(&self) -> &TaskTracker {
         &self.inner.tracker
     }
@@ -427,17 +480,6 @@ impl Subscriptions {
     /// (publish pings), before answering.
     pub async fn check_topic(&self, topic: &str) -> Result<(), NetError> {
         self.inner.net.check_str(topic).await.map(drop)
-    }
-
-    /// Processes `request` in the background and returns at once: the 202
-    /// never depends on the outcome. Failures are logged by
-    /// [`process`](Self::process).
-    pub fn accept(&self, request: SubscriptionRequest) {
-        let subscriptions = self.clone();
-        self.inner.tracker.spawn(async move {
-            // The outcome is logged inside; nobody waits for it.
-            let _outcome = subscriptions.process(request).await;
-        });
     }
 
     /// Verifies `request` and only then saves (subscribe) or deletes
@@ -514,6 +556,7 @@ impl Subscriptions {
             Ok(()) => {
                 self.changed(&subscription.topic);
                 tracing::info!(lease_seconds, "subscribed");
+                self.catch_up(&subscription, requested_at).await?;
                 Ok(Processed::Subscribed { lease_seconds })
             }
             Err(SaveError::Refused { reason }) => {
@@ -530,6 +573,39 @@ impl Subscriptions {
             Err(SaveError::Store(error)) => Err(ProcessError::Store(error)),
             Err(SaveError::Quota(error)) => Err(ProcessError::Quota(error)),
         }
+    }
+
+    /// Delivers to a subscription just saved the events of its topic
+    /// recorded since `since`, when its verification request was sent. A
+    /// publish fetched before the save saw no subscription (or the backlog's
+    /// pending subscribe, which kept the fetch from being skipped) and was
+    /// expanded without this one; its event is recorded after `since`.
+    async fn catch_up(
+        &self,
+        subscription: &Subscription,
+        since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), ProcessError> {
+        let Some(catch_up) = self.inner.catch_up.get() else {
+            return Ok(());
+        };
+        let written = catch_up
+            .events
+            .deliver_since(
+                &subscription.topic,
+                &subscription.callback,
+                since,
+                self.inner.clock.now(),
+            )
+            .await
+            .map_err(ProcessError::CatchUp)?;
+        if written > 0 {
+            tracing::info!(
+                events = written,
+                "events published during verification handed over"
+            );
+            (catch_up.wake)();
+        }
+        Ok(())
     }
 
     async fn unsubscribe(&self, request: SubscriptionRequest) -> Result<Processed, ProcessError> {
@@ -592,6 +668,7 @@ fn log_failure(error: &ProcessError) {
         ProcessError::Denied { .. } => tracing::info!(error = %chain, "denied"),
         ProcessError::Store(_) => tracing::warn!(error = %chain, "not saved"),
         ProcessError::Quota(_) => tracing::warn!(error = %chain, "not saved"),
+        ProcessError::CatchUp(_) => tracing::warn!(error = %chain, "saved, not caught up"),
     }
 }
 

@@ -1,0 +1,431 @@
+//! The SQLite backlog: the backlog's tables in the embedded default's file,
+//! beside the event log's. Timestamps are INTEGER microseconds and ids
+//! 16-byte BLOBs, as there. Every write queues for the file's write lock,
+//! so claims cannot overlap; topic lists travel as one JSON array parameter
+//! read with `json_each`.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::sqlite::{SqlitePool, SqliteRow};
+use uuid::Uuid;
+
+use super::{
+    Admission, Backlog, BacklogError, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult,
+    IntentState, Listing, Validators, mode, stale_bound, unsigned,
+};
+use crate::protocol::SubscriptionRequest;
+
+// `WHERE true` is SQLite's required disambiguation between an upsert's ON and
+// a join's ON after INSERT … SELECT.
+const REQUEST_FETCHES: &str = "INSERT INTO websub_fetches (topic, requested_at, next_attempt_at) \
+     SELECT DISTINCT value, ?2, ?2 FROM json_each(?1) WHERE true \
+     ON CONFLICT (topic) DO UPDATE SET \
+         requested_at = excluded.requested_at, \
+         generation = websub_fetches.generation + 1, \
+         attempts = 0, \
+         next_attempt_at = excluded.next_attempt_at";
+
+// RETURNING may read only the updated table, so the validators come from
+// scalar subqueries (primary-key lookups).
+const CLAIM_FETCHES: &str = "UPDATE websub_fetches SET processing_since = ?1 \
+     WHERE rowid IN ( \
+         SELECT rowid FROM websub_fetches \
+         WHERE next_attempt_at <= ?1 \
+           AND (processing_since IS NULL OR processing_since < ?2) \
+         ORDER BY next_attempt_at LIMIT ?3) \
+     RETURNING topic, requested_at, generation, attempts, \
+         (SELECT etag FROM websub_topic_validators AS known \
+          WHERE known.topic = websub_fetches.topic) AS etag, \
+         (SELECT last_modified FROM websub_topic_validators AS known \
+          WHERE known.topic = websub_fetches.topic) AS last_modified";
+
+const FETCH_DONE: &str = "DELETE FROM websub_fetches WHERE topic = ?1 AND generation = ?2";
+
+// A failure counts against the claim's budget; a row overtaken by a newer
+// ping starts again, due at once (`?5`), with a fresh one.
+const FETCH_FAILED: &str = "UPDATE websub_fetches SET \
+         processing_since = NULL, \
+         last_error = ?3, \
+         attempts = CASE WHEN generation = ?2 THEN attempts + 1 ELSE 0 END, \
+         next_attempt_at = CASE WHEN generation = ?2 THEN ?4 ELSE ?5 END \
+     WHERE topic = ?1";
+
+const RELEASE_FETCH: &str = "UPDATE websub_fetches SET processing_since = NULL, attempts = 0, \
+         next_attempt_at = ?2 \
+     WHERE topic = ?1";
+
+const KEEP_VALIDATORS: &str = "INSERT INTO websub_topic_validators \
+         (topic, etag, last_modified, updated_at) VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (topic) DO UPDATE SET etag = excluded.etag, \
+         last_modified = excluded.last_modified, updated_at = excluded.updated_at";
+
+const FORGET_VALIDATORS: &str = "DELETE FROM websub_topic_validators WHERE topic = ?1";
+
+const FETCHES: &str = "SELECT topic, requested_at, attempts, next_attempt_at, last_error \
+     FROM websub_fetches \
+     WHERE ?1 IS NULL OR (next_attempt_at IS NULL) = ?1 \
+     ORDER BY requested_at DESC LIMIT ?2";
+
+const REQUEST_INTENT: &str = "INSERT INTO websub_verifications \
+         (topic, callback, id, mode, secret, lease_seconds, owner, requested_at, next_attempt_at) \
+     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8 \
+     WHERE (SELECT count(*) FROM websub_verifications WHERE next_attempt_at IS NOT NULL) < ?9 \
+     ON CONFLICT (topic, callback) DO UPDATE SET \
+         id = excluded.id, mode = excluded.mode, secret = excluded.secret, \
+         lease_seconds = excluded.lease_seconds, owner = excluded.owner, \
+         requested_at = excluded.requested_at, attempts = 0, \
+         next_attempt_at = excluded.next_attempt_at, last_error = NULL";
+
+const WAITING_INTENTS: &str =
+    "SELECT count(*) FROM websub_verifications WHERE next_attempt_at IS NOT NULL";
+
+const CLAIM_INTENTS: &str = "UPDATE websub_verifications SET processing_since = ?1 \
+     WHERE rowid IN ( \
+         SELECT rowid FROM websub_verifications \
+         WHERE next_attempt_at <= ?1 \
+           AND (processing_since IS NULL OR processing_since < ?2) \
+         ORDER BY next_attempt_at, requested_at LIMIT ?3) \
+     RETURNING topic, callback, id, mode, secret, lease_seconds, owner, requested_at, attempts";
+
+const INTENT_DONE: &str =
+    "DELETE FROM websub_verifications WHERE topic = ?1 AND callback = ?2 AND id = ?3";
+
+// An outcome of a request that a newer one replaced only releases the claim.
+const INTENT_FAILED: &str = "UPDATE websub_verifications SET \
+         processing_since = NULL, \
+         attempts = CASE WHEN id = ?3 THEN attempts + 1 ELSE attempts END, \
+         next_attempt_at = CASE WHEN id = ?3 THEN ?4 ELSE next_attempt_at END, \
+         last_error = CASE WHEN id = ?3 THEN ?5 ELSE last_error END \
+     WHERE topic = ?1 AND callback = ?2";
+
+const INTENTS: &str = "SELECT mode, topic, callback, owner, requested_at, attempts, \
+         next_attempt_at, last_error \
+     FROM websub_verifications \
+     WHERE (?1 IS NULL OR owner = ?1) \
+       AND (?2 IS NULL OR (next_attempt_at IS NULL) = ?2) \
+     ORDER BY requested_at DESC LIMIT ?3";
+
+const SUBSCRIBING: &str = "SELECT EXISTS (SELECT 1 FROM websub_verifications \
+     WHERE topic = ?1 AND mode = 'subscribe' AND next_attempt_at IS NOT NULL)";
+
+const PURGE_FETCHES: &str =
+    "DELETE FROM websub_fetches WHERE next_attempt_at IS NULL AND requested_at < ?1";
+
+const PURGE_INTENTS: &str =
+    "DELETE FROM websub_verifications WHERE next_attempt_at IS NULL AND requested_at < ?1";
+
+/// The backlog in a SQLite file.
+#[derive(Debug, Clone)]
+pub struct SqliteBacklog {
+    pool: SqlitePool,
+}
+
+impl SqliteBacklog {
+    /// Opens the file `url_or_path` names, whose tables the event log's
+    /// migrations made.
+    pub async fn connect(url_or_path: &str) -> Result<Self, BacklogError> {
+        let options = websub_store::sqlite::connect_options(url_or_path)?;
+        Ok(Self::from_pool(
+            websub_store::sqlite::open_pool(options).await?,
+        ))
+    }
+
+    /// A backlog on an existing pool.
+    pub fn from_pool(pool: SqlitePool) -> Self {
+        Self { pool }
+    }
+}
+
+fn limit(value: usize) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn time(micros: i64) -> Result<DateTime<Utc>, BacklogError> {
+    DateTime::from_timestamp_micros(micros)
+        .ok_or_else(|| BacklogError::Invalid(format!("timestamp out of range: {micros}")))
+}
+
+fn optional_time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, BacklogError> {
+    row.try_get::<Option<i64>, _>(column)?.map(time).transpose()
+}
+
+fn attempts(row: &SqliteRow) -> Result<u32, BacklogError> {
+    unsigned(row.try_get("attempts")?)
+}
+
+fn json(topics: &[String]) -> String {
+    serde_json::to_string(topics).unwrap_or_else(|_| "[]".to_owned())
+}
+
+#[async_trait]
+impl Backlog for SqliteBacklog {
+    async fn request_fetches(
+        &self,
+        topics: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<(), BacklogError> {
+        sqlx::query(REQUEST_FETCHES)
+            .bind(json(topics))
+            .bind(now.timestamp_micros())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn claim_fetches(
+        &self,
+        limit_to: usize,
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<ClaimedFetch>, BacklogError> {
+        let rows = sqlx::query(CLAIM_FETCHES)
+            .bind(now.timestamp_micros())
+            .bind(stale_bound(now, visibility).timestamp_micros())
+            .bind(limit(limit_to))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(ClaimedFetch {
+                    topic: row.try_get("topic")?,
+                    requested_at: time(row.try_get("requested_at")?)?,
+                    generation: row.try_get("generation")?,
+                    attempts: attempts(row)?,
+                    validators: Validators {
+                        etag: row.try_get("etag")?,
+                        last_modified: row.try_get("last_modified")?,
+                    },
+                })
+            })
+            .collect()
+    }
+
+    async fn finish_fetch(
+        &self,
+        fetch: &ClaimedFetch,
+        result: FetchResult,
+        now: DateTime<Utc>,
+    ) -> Result<(), BacklogError> {
+        let now = now.timestamp_micros();
+        let mut tx = self.pool.begin().await?;
+        match result {
+            FetchResult::Done { validators } => {
+                if let Some(validators) = validators {
+                    if validators == Validators::default() {
+                        sqlx::query(FORGET_VALIDATORS)
+                            .bind(&fetch.topic)
+                            .execute(&mut *tx)
+                            .await?;
+                    } else {
+                        sqlx::query(KEEP_VALIDATORS)
+                            .bind(&fetch.topic)
+                            .bind(&validators.etag)
+                            .bind(&validators.last_modified)
+                            .bind(now)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                }
+                let done = sqlx::query(FETCH_DONE)
+                    .bind(&fetch.topic)
+                    .bind(fetch.generation)
+                    .execute(&mut *tx)
+                    .await?;
+                if done.rows_affected() == 0 {
+                    sqlx::query(RELEASE_FETCH)
+                        .bind(&fetch.topic)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            FetchResult::Retry { at, error } => {
+                sqlx::query(FETCH_FAILED)
+                    .bind(&fetch.topic)
+                    .bind(fetch.generation)
+                    .bind(error)
+                    .bind(Some(at.timestamp_micros()))
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            FetchResult::Failed { error } => {
+                sqlx::query(FETCH_FAILED)
+                    .bind(&fetch.topic)
+                    .bind(fetch.generation)
+                    .bind(error)
+                    .bind(None::<i64>)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn fetches(
+        &self,
+        listing: Listing<'_>,
+        limit_to: usize,
+    ) -> Result<Vec<FetchState>, BacklogError> {
+        let rows = sqlx::query(FETCHES)
+            .bind(listing.failed)
+            .bind(limit(limit_to))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(FetchState {
+                    topic: row.try_get("topic")?,
+                    requested_at: time(row.try_get("requested_at")?)?,
+                    attempts: attempts(row)?,
+                    next_attempt_at: optional_time(row, "next_attempt_at")?,
+                    last_error: row.try_get("last_error")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn request_intent(&self, intent: &Intent, bound: u64) -> Result<Admission, BacklogError> {
+        let request = &intent.request;
+        let lease = request
+            .lease_seconds
+            .map(|seconds| i64::try_from(seconds).unwrap_or(i64::MAX));
+        let written = sqlx::query(REQUEST_INTENT)
+            .bind(&request.topic)
+            .bind(&request.callback)
+            .bind(intent.id.as_bytes().as_slice())
+            .bind(request.mode.as_str())
+            .bind(&request.secret)
+            .bind(lease)
+            .bind(&request.owner)
+            .bind(intent.requested_at.timestamp_micros())
+            .bind(i64::try_from(bound).unwrap_or(i64::MAX))
+            .execute(&self.pool)
+            .await?;
+        if written.rows_affected() > 0 {
+            return Ok(Admission::Accepted);
+        }
+        let pending: i64 = sqlx::query_scalar(WAITING_INTENTS)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(Admission::Full {
+            pending: u64::try_from(pending).unwrap_or(0),
+        })
+    }
+
+    async fn claim_intents(
+        &self,
+        limit_to: usize,
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Intent>, BacklogError> {
+        let rows = sqlx::query(CLAIM_INTENTS)
+            .bind(now.timestamp_micros())
+            .bind(stale_bound(now, visibility).timestamp_micros())
+            .bind(limit(limit_to))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let lease: Option<i64> = row.try_get("lease_seconds")?;
+                let id: Vec<u8> = row.try_get("id")?;
+                Ok(Intent {
+                    id: Uuid::from_slice(&id)
+                        .map_err(|error| BacklogError::Invalid(error.to_string()))?,
+                    request: SubscriptionRequest {
+                        mode: mode(row.try_get("mode")?)?,
+                        topic: row.try_get("topic")?,
+                        callback: row.try_get("callback")?,
+                        lease_seconds: lease.and_then(|seconds| u64::try_from(seconds).ok()),
+                        secret: row.try_get("secret")?,
+                        owner: row.try_get("owner")?,
+                    },
+                    requested_at: time(row.try_get("requested_at")?)?,
+                    attempts: attempts(row)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn finish_intent(
+        &self,
+        intent: &Intent,
+        result: IntentResult,
+    ) -> Result<(), BacklogError> {
+        let request = &intent.request;
+        let id = intent.id.as_bytes().as_slice();
+        let (next, error) = match result {
+            IntentResult::Done => {
+                sqlx::query(INTENT_DONE)
+                    .bind(&request.topic)
+                    .bind(&request.callback)
+                    .bind(id)
+                    .execute(&self.pool)
+                    .await?;
+                // Whatever is left is a newer request, to be released.
+                (None, None)
+            }
+            IntentResult::Retry { at, error } => (Some(at.timestamp_micros()), Some(error)),
+            IntentResult::Failed { error } => (None, Some(error)),
+        };
+        sqlx::query(INTENT_FAILED)
+            .bind(&request.topic)
+            .bind(&request.callback)
+            .bind(if error.is_some() { Some(id) } else { None })
+            .bind(next)
+            .bind(error)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn intents(
+        &self,
+        listing: Listing<'_>,
+        limit_to: usize,
+    ) -> Result<Vec<IntentState>, BacklogError> {
+        let rows = sqlx::query(INTENTS)
+            .bind(listing.owner)
+            .bind(listing.failed)
+            .bind(limit(limit_to))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(IntentState {
+                    mode: mode(row.try_get("mode")?)?,
+                    topic: row.try_get("topic")?,
+                    callback: row.try_get("callback")?,
+                    owner: row.try_get("owner")?,
+                    requested_at: time(row.try_get("requested_at")?)?,
+                    attempts: attempts(row)?,
+                    next_attempt_at: optional_time(row, "next_attempt_at")?,
+                    last_error: row.try_get("last_error")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn subscribing(&self, topic: &str) -> Result<bool, BacklogError> {
+        Ok(sqlx::query_scalar(SUBSCRIBING)
+            .bind(topic)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn purge_failed_before(&self, cutoff: DateTime<Utc>) -> Result<u64, BacklogError> {
+        let cutoff = cutoff.timestamp_micros();
+        let fetches = sqlx::query(PURGE_FETCHES)
+            .bind(cutoff)
+            .execute(&self.pool)
+            .await?;
+        let intents = sqlx::query(PURGE_INTENTS)
+            .bind(cutoff)
+            .execute(&self.pool)
+            .await?;
+        Ok(fetches.rows_affected() + intents.rows_affected())
+    }
+}
