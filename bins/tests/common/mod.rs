@@ -61,6 +61,22 @@ impl Websubd {
         }
     }
 
+    /// The process id, e.g. to read its memory from `/proc`.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Its resident memory in KiB, from `/proc/<pid>/status`.
+    pub(crate) fn resident_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read the process status");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in the process status")
+    }
+
     pub(crate) fn kill_9(mut self) {
         self.child.kill().expect("SIGKILL websubd");
         let _ = self.child.wait();

@@ -91,6 +91,9 @@ pub struct ApiError {
     retry_after: Option<u32>,
 }
 
+/// Requests answered 503 with `Retry-After`: not accepted, to be sent again.
+pub const SHED_TOTAL: &str = "websub_requests_shed_total";
+
 /// The `Retry-After` of a 503: long enough for a backlog to move or a
 /// database to come back, short enough that clients do not give up.
 const RETRY_AFTER_SECONDS: u32 = 5;
@@ -124,7 +127,12 @@ fn backlog_failed(error: crate::backlog::BacklogError) -> ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() {
+        if self.retry_after.is_some() {
+            // Shedding is the hub working as designed; under a flood a line
+            // per request would bury everything else.
+            debug!(status = self.status.as_u16(), reason = %self.reason, "request shed");
+            metrics::counter!(SHED_TOTAL).increment(1);
+        } else if self.status.is_server_error() {
             error!(status = self.status.as_u16(), reason = %self.reason, "request failed");
         } else {
             debug!(status = self.status.as_u16(), reason = %self.reason, "request refused");
