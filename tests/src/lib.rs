@@ -250,6 +250,8 @@ pub struct TestHub {
     pub store: std::sync::Arc<dyn websub_store::SubscriptionStore>,
     /// The hub's event log.
     pub events: std::sync::Arc<dyn websub_hub::events::EventLog>,
+    /// The database it keeps its event log and backlog in.
+    pub database_url: String,
     stop: CancellationToken,
     task: Option<tokio::task::JoinHandle<Result<(), websub_hub::server::ServeError>>>,
 }
@@ -291,7 +293,23 @@ pub async fn test_config(backend: Backend) -> Option<websub_hub::HubConfig> {
 impl TestHub {
     /// Starts a hub with `config` on a free loopback port (the listen address
     /// and public URL are set here).
-    pub async fn start(mut config: websub_hub::HubConfig) -> Self {
+    pub async fn start(config: websub_hub::HubConfig) -> Self {
+        Self::start_with(config, None).await
+    }
+
+    /// Starts a hub as [`TestHub::start`] does, keeping its subscriptions in
+    /// `store` (e.g. a real store wrapped to hold a save at a chosen moment).
+    pub async fn start_with_store(
+        config: websub_hub::HubConfig,
+        store: std::sync::Arc<dyn websub_store::SubscriptionStore>,
+    ) -> Self {
+        Self::start_with(config, Some(store)).await
+    }
+
+    async fn start_with(
+        mut config: websub_hub::HubConfig,
+        store: Option<std::sync::Arc<dyn websub_store::SubscriptionStore>>,
+    ) -> Self {
         websub_hub::net::install_crypto_provider();
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
@@ -302,9 +320,28 @@ impl TestHub {
         config.listen = address;
         config.public_url = websub_hub::config::public_url_for(address);
         let url = config.public_url.to_string();
-        let hub = websub_hub::server::Hub::open(config)
-            .await
-            .unwrap_or_else(|error| panic!("open the hub: {error}"));
+        let database_url = config.database_url.clone();
+        let hub = match store {
+            None => websub_hub::server::Hub::open(config)
+                .await
+                .unwrap_or_else(|error| panic!("open the hub: {error}")),
+            Some(store) => {
+                let events = websub_hub::events::connect(&config.database_url)
+                    .await
+                    .unwrap_or_else(|error| panic!("open the event log: {error}"));
+                let backlog = websub_hub::backlog::connect(&config.database_url)
+                    .await
+                    .unwrap_or_else(|error| panic!("open the backlog: {error}"));
+                websub_hub::server::Hub::assemble(
+                    config,
+                    store,
+                    events,
+                    backlog,
+                    std::sync::Arc::new(websub_hub::clock::SystemClock),
+                )
+                .unwrap_or_else(|error| panic!("assemble the hub: {error}"))
+            }
+        };
         let store = hub.store().clone();
         let events = hub.events().clone();
         let stop = CancellationToken::new();
@@ -313,6 +350,7 @@ impl TestHub {
             url,
             store,
             events,
+            database_url,
             stop,
             task: Some(task),
         }
