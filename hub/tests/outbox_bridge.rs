@@ -1,7 +1,8 @@
 //! Outbox feeds against real PostgreSQL: the WebSub bridge records each
-//! outbox event as a hub event (the envelope, on its rendered topic) in the
-//! hub's PostgreSQL event log, the hub's own dispatcher delivers it to a
-//! WebSub subscriber on 127.0.0.1 with `Link` and `X-Hub-Signature`, and a
+//! outbox event as a hub event (the envelope, on its rendered topic, under
+//! the envelope's id) in the hub's event log, once however often it is
+//! handed over; the hub's own dispatcher delivers it to a WebSub subscriber
+//! on 127.0.0.1 with `Link`, `X-Hub-Signature` and the envelope's id; and a
 //! feed's webhooks file is watched and reloaded (a broken one changes
 //! nothing).
 
@@ -11,18 +12,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use chrono::Utc;
 use common::{Db, EVENT, eventually, eventually_async};
 use tokio_util::sync::CancellationToken;
 use url::Url;
 use uuid::Uuid;
 use websub_hub::clock::SystemClock;
 use websub_hub::config::DeliveryPolicy;
+use websub_hub::dispatch::Distributor;
 use websub_hub::events::postgres::PostgresEventLog;
+use websub_hub::events::sqlite::SqliteEventLog;
 use websub_hub::events::{EventLog, LoggedEvent};
-use websub_hub::feed::{Feed, FeedConfig, FeedError};
+use websub_hub::feed::{
+    DEFAULT_TOPIC_TEMPLATE, Feed, FeedConfig, FeedError, TopicTemplate, WebSubBridge,
+};
 use websub_hub::net::NetPolicy;
-use websub_hub::outbox::{Envelope, MESSAGING_SIGNATURE_HEADER};
-use websub_hub::signature::{HUB_SIGNATURE_HEADER, verify};
+use websub_hub::outbox::{Envelope, Handler, MESSAGING_SIGNATURE_HEADER};
+use websub_hub::signature::{EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, verify};
 use websub_store::memory::MemoryStore;
 use websub_store::{Subscription, SubscriptionStore};
 use websub_tests::RecordingReceiver;
@@ -69,6 +75,34 @@ fn feed_config(db: &Db) -> FeedConfig {
     }
 }
 
+/// The topic the default template gives `event_name`.
+fn topic_of(event_name: &str) -> String {
+    format!("https://hub.example/topics/{event_name}")
+}
+
+/// The hub's WebSub scheduler over `events` and `store`, polling slowly (a
+/// wake-up or the expander finds new events).
+fn distributor(events: Arc<dyn EventLog>, store: Arc<dyn SubscriptionStore>) -> Distributor {
+    let policy = DeliveryPolicy::default();
+    let client = websub_hub::delivery::client::for_deliveries(
+        &NetPolicy {
+            allow_private_network: true,
+        },
+        policy.timeout,
+        8,
+    )
+    .expect("a delivery client");
+    Distributor::new(
+        events,
+        store,
+        client,
+        hub_url().to_string(),
+        policy,
+        Duration::from_secs(60),
+        Arc::new(SystemClock),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bridge_records_each_event_as_a_hub_event_on_its_topic() {
     let Some(db) = Db::default_tables().await else {
@@ -108,6 +142,7 @@ async fn the_bridge_records_each_event_as_a_hub_event_on_its_topic() {
             format!("https://hub.example/apps//{EVENT}")
         };
         assert_eq!(hub_event.topic, expected_topic);
+        assert_eq!(hub_event.id, envelope.event_id, "recorded under its own id");
         assert_eq!(envelope.event_name, EVENT);
         assert_eq!(envelope.data["name"], EVENT);
         // Byte for byte what a webhook would get.
@@ -125,6 +160,100 @@ async fn the_bridge_records_each_event_as_a_hub_event_on_its_topic() {
     }
     shutdown.cancel();
     feed.stopped().await;
+}
+
+/// A bridge call made again after one whose recording committed (the
+/// outbox gave up waiting, or could not mark the row processed) records
+/// nothing new: one hub event, one delivery, under the envelope's id.
+async fn a_bridged_event_handed_over_twice_is_delivered_once(events: Arc<dyn EventLog>) {
+    websub_hub::net::install_crypto_provider();
+    let receiver = RecordingReceiver::start().await;
+    let topic = topic_of(EVENT);
+    let store = Arc::new(MemoryStore::new());
+    store
+        .save(&Subscription::new(&topic, receiver.url("/cb").to_string()))
+        .await
+        .expect("subscribe");
+    let hub = distributor(events.clone(), store);
+    let waker = hub.clone();
+    let bridge = WebSubBridge::new(
+        events.clone(),
+        Arc::new(move || waker.wake()),
+        hub_url(),
+        TopicTemplate::parse(DEFAULT_TOPIC_TEMPLATE).expect("the default template"),
+    );
+    let envelope = Envelope {
+        event_id: Uuid::new_v4(),
+        event_name: EVENT.to_owned(),
+        app: None,
+        occurred_at: Utc::now(),
+        resource_type: "user".to_owned(),
+        resource_id: "42".to_owned(),
+        event_type: "authenticated".to_owned(),
+        data: serde_json::json!({"user": 42}),
+    };
+    bridge.handle(&envelope).await.expect("the first call");
+    bridge.handle(&envelope).await.expect("the call made again");
+    let (first, second) = tokio::join!(bridge.handle(&envelope), bridge.handle(&envelope));
+    first.and(second).expect("calls at once");
+    let unexpanded = events.unexpanded(100).await.expect("read the log");
+    assert_eq!(unexpanded.len(), 1, "one event");
+    assert_eq!(unexpanded[0].id, envelope.event_id);
+
+    let shutdown = CancellationToken::new();
+    let hub_task = tokio::spawn(hub.run(shutdown.clone()));
+    assert!(receiver.wait_for("/cb", 1, WAIT).await, "delivered");
+    bridge
+        .handle(&envelope)
+        .await
+        .expect("a call after delivery");
+    // Stopping drains the dispatcher: a second delivery would be in by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    shutdown.cancel();
+    hub_task.await.expect("the hub dispatcher");
+    let received = receiver.received_at("/cb");
+    assert_eq!(received.len(), 1, "one delivery");
+    let expected_id = envelope.event_id.to_string();
+    assert_eq!(
+        received[0].header(EVENT_ID_HEADER),
+        Some(expected_id.as_str())
+    );
+    assert_eq!(received[0].envelope(), envelope);
+    let records = events
+        .deliveries(envelope.event_id)
+        .await
+        .expect("read the records");
+    assert_eq!(records.len(), 1, "one delivery record");
+    assert!(
+        events
+            .unexpanded(100)
+            .await
+            .expect("read the log")
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridged_event_handed_over_twice_is_delivered_once_on_postgres() {
+    let Some(events) = event_log().await else {
+        return;
+    };
+    a_bridged_event_handed_over_twice_is_delivered_once(events).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridged_event_handed_over_twice_is_delivered_once_on_sqlite() {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("bridge-{}.db", Uuid::new_v4().simple()));
+    let events = SqliteEventLog::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .expect("open the SQLite event log");
+    a_bridged_event_handed_over_twice_is_delivered_once(Arc::new(events)).await;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.clone().into_os_string();
+        file.push(suffix);
+        let _ = std::fs::remove_file(file);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,29 +301,12 @@ async fn an_outbox_event_reaches_a_websub_subscriber_of_its_topic() {
         return;
     };
     let receiver = RecordingReceiver::start().await;
-    let topic = format!("https://hub.example/topics/{EVENT}");
+    let topic = topic_of(EVENT);
     let store = Arc::new(MemoryStore::new());
     let mut subscription = Subscription::new(&topic, receiver.url("/cb?id=7").to_string());
     subscription.secret = Some("subscriber secret".to_owned());
     store.save(&subscription).await.expect("subscribe");
-    let policy = DeliveryPolicy::default();
-    let client = websub_hub::delivery::client::for_deliveries(
-        &NetPolicy {
-            allow_private_network: true,
-        },
-        policy.timeout,
-        8,
-    )
-    .expect("a delivery client");
-    let hub = websub_hub::dispatch::Distributor::new(
-        events.clone(),
-        store,
-        client,
-        hub_url().to_string(),
-        policy,
-        Duration::from_secs(60),
-        Arc::new(SystemClock),
-    );
+    let hub = distributor(events.clone(), store);
     let shutdown = CancellationToken::new();
     let hub_task = tokio::spawn(hub.clone().run(shutdown.clone()));
     let waker = hub.clone();
@@ -230,6 +342,11 @@ async fn an_outbox_event_reaches_a_websub_subscriber_of_its_topic() {
     assert!(
         delivery.header(MESSAGING_SIGNATURE_HEADER).is_none(),
         "a WebSub delivery carries the hub's signature only"
+    );
+    assert_eq!(
+        delivery.header(EVENT_ID_HEADER),
+        Some(id.to_string().as_str()),
+        "the event id is the envelope's"
     );
     shutdown.cancel();
     feed.stopped().await;
