@@ -1,10 +1,11 @@
 //! Outbox feeds against real PostgreSQL: the WebSub bridge records each
-//! outbox event as a hub event (the envelope, on its rendered topic, under
-//! the envelope's id) in the hub's event log, once however often it is
-//! handed over; the hub's own dispatcher delivers it to a WebSub subscriber
-//! on 127.0.0.1 with `Link`, `X-Hub-Signature` and the envelope's id; and a
-//! feed's webhooks file is watched and reloaded (a broken one changes
-//! nothing).
+//! outbox event whose topic has WebSub subscribers as a hub event (the
+//! envelope, on its rendered topic, under the envelope's id) in the hub's
+//! event log, once however often it is handed over; the hub's own
+//! dispatcher delivers it to a WebSub subscriber on 127.0.0.1 with `Link`,
+//! `X-Hub-Signature` and the envelope's id; an event nobody subscribes to
+//! gets no delivery row; and a feed's webhooks file is watched and reloaded
+//! (a broken one changes nothing).
 
 mod common;
 
@@ -24,7 +25,8 @@ use websub_hub::events::postgres::PostgresEventLog;
 use websub_hub::events::sqlite::SqliteEventLog;
 use websub_hub::events::{EventLog, LoggedEvent};
 use websub_hub::feed::{
-    DEFAULT_TOPIC_TEMPLATE, Feed, FeedConfig, FeedError, TopicTemplate, WebSubBridge,
+    BEFORE_FIRST_SUBSCRIPTION, DEFAULT_TOPIC_TEMPLATE, Feed, FeedConfig, FeedError,
+    SubscribedTopics, TopicTemplate, WebSubBridge,
 };
 use websub_hub::net::NetPolicy;
 use websub_hub::outbox::{Envelope, Handler, MESSAGING_SIGNATURE_HEADER};
@@ -34,6 +36,9 @@ use websub_store::{Subscription, SubscriptionStore};
 use websub_tests::RecordingReceiver;
 
 const WAIT: Duration = Duration::from_secs(10);
+
+/// Another event name, which nothing subscribes to.
+const UNSUBSCRIBED: &str = "billing.invoice.paid";
 
 fn hub_url() -> Url {
     Url::parse("https://hub.example/").expect("url")
@@ -80,6 +85,19 @@ fn topic_of(event_name: &str) -> String {
     format!("https://hub.example/topics/{event_name}")
 }
 
+/// A store holding a subscription of a callback that is never called to
+/// each of `topics`.
+async fn store_with(topics: &[String]) -> Arc<MemoryStore> {
+    let store = Arc::new(MemoryStore::new());
+    for topic in topics {
+        store
+            .save(&Subscription::new(topic, "http://127.0.0.1:9/unused"))
+            .await
+            .expect("subscribe");
+    }
+    store
+}
+
 /// The hub's WebSub scheduler over `events` and `store`, polling slowly (a
 /// wake-up or the expander finds new events).
 fn distributor(events: Arc<dyn EventLog>, store: Arc<dyn SubscriptionStore>) -> Distributor {
@@ -116,10 +134,22 @@ async fn the_bridge_records_each_event_as_a_hub_event_on_its_topic() {
         topic_template: "{public_url}apps/{app}/{event_name}".to_owned(),
         ..feed_config(&db)
     };
+    let store = store_with(&[
+        format!("https://hub.example/apps/ush/{EVENT}"),
+        format!("https://hub.example/apps//{EVENT}"),
+    ])
+    .await;
     let shutdown = CancellationToken::new();
-    let feed = Feed::start(config, events.clone(), wake, &hub_url(), shutdown.clone())
-        .await
-        .expect("the feed starts");
+    let feed = Feed::start(
+        config,
+        events.clone(),
+        wake,
+        SubscribedTopics::new(store),
+        &hub_url(),
+        shutdown.clone(),
+    )
+    .await
+    .expect("the feed starts");
     assert!(
         eventually(WAIT, || feed.dispatcher().is_listening()).await,
         "listening"
@@ -127,6 +157,8 @@ async fn the_bridge_records_each_event_as_a_hub_event_on_its_topic() {
 
     let with_app = db.produce(EVENT, Some("ush"), true).await;
     let without_app = db.produce(EVENT, None, true).await;
+    // Nobody subscribes to this app's topic.
+    let other_app = db.produce(EVENT, Some("financer"), true).await;
     let both = eventually_async(WAIT, || async { recorded(&events).await.len() == 2 }).await;
     let hub_events = recorded(&events).await;
     assert!(both, "recorded {} hub events", hub_events.len());
@@ -158,8 +190,138 @@ async fn the_bridge_records_each_event_as_a_hub_event_on_its_topic() {
         .await;
         assert!(processed, "the bridge's outbox row is processed");
     }
+    assert_eq!(db.delivery_count(other_app).await, 0);
+    assert_eq!(recorded(&events).await.len(), 2);
     shutdown.cancel();
     feed.stopped().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_topic_has_no_websub_subscriber_gets_no_delivery_row() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let Some(events) = event_log().await else {
+        return;
+    };
+    let (_, wake) = counter();
+    let store = store_with(&[topic_of(EVENT)]).await;
+    let shutdown = CancellationToken::new();
+    let feed = Feed::start(
+        feed_config(&db),
+        events.clone(),
+        wake,
+        SubscribedTopics::new(store),
+        &hub_url(),
+        shutdown.clone(),
+    )
+    .await
+    .expect("the feed starts");
+    assert!(
+        eventually(WAIT, || feed.dispatcher().is_listening()).await,
+        "listening"
+    );
+    let ignored = db.produce(UNSUBSCRIBED, None, true).await;
+    let wanted = db.produce(EVENT, None, true).await;
+    let processed = eventually_async(WAIT, || async {
+        db.delivery(wanted, "websub-hub")
+            .await
+            .is_some_and(|row| row.processed_at.is_some())
+    })
+    .await;
+    assert!(processed, "the subscribed topic's event is bridged");
+    // Long enough for several polls, each of them scanning recent events.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(db.delivery_count(ignored).await, 0, "no row for the bridge");
+    let hub_events = recorded(&events).await;
+    assert_eq!(hub_events.len(), 1);
+    assert_eq!(hub_events[0].id, wanted);
+    shutdown.cancel();
+    feed.stopped().await;
+}
+
+/// A subscription saved after the feed started: an event committed after
+/// it reaches it, even one committed before the feed heard of the change
+/// (expanded meanwhile with the old list), while an event older than the
+/// subscription by more than [`BEFORE_FIRST_SUBSCRIPTION`] is not sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_made_after_the_feed_started_gets_the_events_committed_after_it() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let Some(events) = event_log().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    let store = Arc::new(MemoryStore::new());
+    let topics = SubscribedTopics::new(store.clone());
+    let hub = distributor(events.clone(), store.clone());
+    let shutdown = CancellationToken::new();
+    let hub_task = tokio::spawn(hub.clone().run(shutdown.clone()));
+    let waker = hub.clone();
+    let feed = Feed::start(
+        feed_config(&db),
+        events.clone(),
+        Arc::new(move || waker.wake()),
+        topics.clone(),
+        &hub_url(),
+        shutdown.clone(),
+    )
+    .await
+    .expect("the feed starts");
+    assert!(
+        eventually(WAIT, || feed.dispatcher().is_listening()).await,
+        "listening"
+    );
+
+    let before = db.produce(EVENT, None, true).await;
+    // Long past when the subscription is made.
+    db.age(before, BEFORE_FIRST_SUBSCRIPTION * 2).await;
+    let unsubscribed_yet = db.produce(EVENT, None, true).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        db.delivery_count(unsubscribed_yet).await,
+        0,
+        "nobody wanted it yet"
+    );
+
+    let topic = topic_of(EVENT);
+    store
+        .save(&Subscription::new(&topic, receiver.url("/cb").to_string()))
+        .await
+        .expect("subscribe");
+    // Committed after the save, but expanded before the feed is told.
+    let in_the_gap = db.produce(EVENT, None, true).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        db.delivery_count(in_the_gap).await,
+        0,
+        "expanded with the old list"
+    );
+    topics.changed(&topic);
+    let after = db.produce(EVENT, None, true).await;
+
+    // The one made just before the subscription is within the margin.
+    let expected = [unsubscribed_yet, in_the_gap, after];
+    assert!(
+        receiver.wait_for("/cb", expected.len(), WAIT).await,
+        "delivered: {:?}",
+        receiver.event_ids("/cb")
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut delivered = receiver.event_ids("/cb");
+    delivered.sort_unstable();
+    let mut wanted = expected.to_vec();
+    wanted.sort_unstable();
+    assert_eq!(delivered, wanted);
+    assert_eq!(
+        db.delivery_count(before).await,
+        0,
+        "the topic's past is not sent"
+    );
+    shutdown.cancel();
+    feed.stopped().await;
+    hub_task.await.expect("the hub dispatcher");
 }
 
 /// A bridge call made again after one whose recording committed (the
@@ -270,11 +432,21 @@ async fn a_feed_limited_to_some_event_names_forwards_only_those() {
         subscriber: "hub-eu".to_owned(),
         ..feed_config(&db)
     };
+    // Listed, an event name is forwarded with or without subscribers, and
+    // only listed ones are.
+    let store = store_with(&[topic_of(UNSUBSCRIBED)]).await;
     let shutdown = CancellationToken::new();
-    let feed = Feed::start(config, events.clone(), wake, &hub_url(), shutdown.clone())
-        .await
-        .expect("the feed starts");
-    let ignored = db.produce("billing.invoice.paid", None, true).await;
+    let feed = Feed::start(
+        config,
+        events.clone(),
+        wake,
+        SubscribedTopics::new(store),
+        &hub_url(),
+        shutdown.clone(),
+    )
+    .await
+    .expect("the feed starts");
+    let ignored = db.produce(UNSUBSCRIBED, None, true).await;
     let wanted = db.produce(EVENT, None, true).await;
     assert!(eventually_async(WAIT, || async { recorded(&events).await.len() == 1 }).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -306,7 +478,7 @@ async fn an_outbox_event_reaches_a_websub_subscriber_of_its_topic() {
     let mut subscription = Subscription::new(&topic, receiver.url("/cb?id=7").to_string());
     subscription.secret = Some("subscriber secret".to_owned());
     store.save(&subscription).await.expect("subscribe");
-    let hub = distributor(events.clone(), store);
+    let hub = distributor(events.clone(), store.clone());
     let shutdown = CancellationToken::new();
     let hub_task = tokio::spawn(hub.clone().run(shutdown.clone()));
     let waker = hub.clone();
@@ -314,6 +486,7 @@ async fn an_outbox_event_reaches_a_websub_subscriber_of_its_topic() {
         feed_config(&db),
         events.clone(),
         Arc::new(move || waker.wake()),
+        SubscribedTopics::new(store),
         &hub_url(),
         shutdown.clone(),
     )
@@ -378,10 +551,18 @@ async fn the_webhooks_file_is_watched_and_a_broken_one_changes_nothing() {
         ..feed_config(&db)
     };
     let (_, wake) = counter();
+    let store = store_with(&[topic_of(EVENT)]).await;
     let shutdown = CancellationToken::new();
-    let feed = Feed::start(config, events.clone(), wake, &hub_url(), shutdown.clone())
-        .await
-        .expect("the feed starts");
+    let feed = Feed::start(
+        config,
+        events.clone(),
+        wake,
+        SubscribedTopics::new(store),
+        &hub_url(),
+        shutdown.clone(),
+    )
+    .await
+    .expect("the feed starts");
 
     let first = db.produce(EVENT, Some("ush"), true).await;
     let other_app = db.produce(EVENT, Some("financer"), true).await;
@@ -440,7 +621,15 @@ async fn a_feed_refuses_to_start_without_its_tables() {
         outbox_table: "elsewhere.outbox".to_owned(),
         ..feed_config(&db)
     };
-    let started = Feed::start(config, events, wake, &hub_url(), CancellationToken::new()).await;
+    let started = Feed::start(
+        config,
+        events,
+        wake,
+        SubscribedTopics::new(Arc::new(MemoryStore::new())),
+        &hub_url(),
+        CancellationToken::new(),
+    )
+    .await;
     match started {
         Err(FeedError::Database { tables, .. }) => assert!(tables.contains("elsewhere.outbox")),
         other => panic!("expected a database error, got {other:?}"),
