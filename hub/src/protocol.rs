@@ -308,6 +308,35 @@ fn decode_unreserved(url: &str) -> Cow<'_, str> {
     Cow::Owned(decoded)
 }
 
+/// `url` as a URI (RFC 3986), for where only one may go, such as a `Link`
+/// header's `<…>` (RFC 8288): every byte of a non-ASCII character, and every
+/// ASCII character a URI cannot hold (controls, space, `"`, `<`, `>`, `\`,
+/// `^`, `` ` ``, `{`, `|`, `}`, DEL, and a `%` that starts no escape), is
+/// written as a `%XX` escape of its UTF-8 bytes (RFC 3987's mapping of an
+/// IRI to a URI). Everything else, escapes already there included, stays as
+/// written, so a URL that is a URI already comes back unchanged. Topics and
+/// callbacks themselves stay as given; this is only how they are spelled
+/// where the syntax demands it.
+pub fn iri_to_uri(url: &str) -> Cow<'_, str> {
+    let bytes = url.as_bytes();
+    let allowed = |index: usize| match bytes[index] {
+        b'%' => escaped_byte(bytes, index).is_some(),
+        byte => is_unreserved(byte) || b":/?#[]@!$&'()*+,;=".contains(&byte),
+    };
+    if (0..bytes.len()).all(allowed) {
+        return Cow::Borrowed(url);
+    }
+    let mut uri = String::with_capacity(url.len() + url.len() / 2);
+    for (index, &byte) in bytes.iter().enumerate() {
+        if allowed(index) {
+            uri.push(char::from(byte));
+        } else {
+            uri.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    Cow::Owned(uri)
+}
+
 fn is_unreserved(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~')
 }
@@ -410,6 +439,25 @@ mod tests {
         ];
         pairs.extend_from_slice(extra);
         form(&pairs)
+    }
+
+    #[test]
+    fn iris_are_spelled_as_uris_and_uris_stay_as_written() {
+        assert_eq!(
+            iri_to_uri("http://127.0.0.1:8080/flux/caf\u{e9}?q=\u{2713}"),
+            "http://127.0.0.1:8080/flux/caf%C3%A9?q=%E2%9C%93"
+        );
+        for uri in [
+            TOPIC_URL,
+            "https://pub.example/a%2Fb/caf%c3%a9?x=%20&y=[1]#top",
+            "https://pub.example/!$&'()*+,;=:@~-._",
+        ] {
+            assert!(matches!(iri_to_uri(uri), Cow::Borrowed(same) if same == uri));
+        }
+        assert_eq!(
+            iri_to_uri("https://pub.example/a b<c>\"d\"{|}\\^`\u{7f}\t%zz%4"),
+            "https://pub.example/a%20b%3Cc%3E%22d%22%7B%7C%7D%5C%5E%60%7F%09%25zz%254"
+        );
     }
 
     #[test]

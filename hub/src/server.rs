@@ -23,7 +23,7 @@ use crate::config::HubConfig;
 use crate::delivery::client::{self, Purpose};
 use crate::dispatch::Distributor;
 use crate::events::{self, EventLog, EventLogError};
-use crate::feed::{Feed, FeedHandle};
+use crate::feed::{Feed, FeedHandle, SubscribedTopics};
 use crate::intake::Intake;
 use crate::lease::Reaper;
 use crate::net::NetPolicy;
@@ -49,6 +49,8 @@ pub struct Hub {
     internal_key: Option<InternalKey>,
     user_tokens: Option<UserTokens>,
     feed_reload: Arc<Notify>,
+    /// What the outbox feeds follow of the subscriptions.
+    subscribed_topics: SubscribedTopics,
     metrics: Option<PrometheusHandle>,
 }
 
@@ -176,8 +178,11 @@ impl Hub {
             clock.clone(),
         );
         let cache = dispatcher.clone();
+        let subscribed_topics = SubscribedTopics::new(store.clone());
+        let feeds = subscribed_topics.clone();
         subscriptions.on_change(crate::verify::ChangeListener::new(move |topic| {
             cache.forget_topic(topic);
+            feeds.changed(topic);
         }));
         let woken = dispatcher.clone();
         subscriptions.catch_up_with(CatchUp::new(events.clone(), move || woken.wake()));
@@ -229,6 +234,7 @@ impl Hub {
             internal_key,
             user_tokens,
             feed_reload: Arc::new(Notify::new()),
+            subscribed_topics,
             metrics: None,
         })
     }
@@ -334,6 +340,7 @@ impl Hub {
                 feed,
                 self.events.clone(),
                 Arc::new(move || dispatcher.wake()),
+                self.subscribed_topics.clone(),
                 &self.config.public_url,
                 feeds_stop.clone(),
             )

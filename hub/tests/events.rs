@@ -275,6 +275,92 @@ async fn record_round_trip(log: &dyn EventLog) {
 }
 both!(record_round_trip);
 
+async fn record_once_records_an_id_once(log: &dyn EventLog) {
+    let now = base_time();
+    let id = Uuid::new_v4();
+    let first = NewEvent {
+        topic: topic(),
+        content_type: "application/json".to_owned(),
+        body: Bytes::from_static(b"{\"first\":true}"),
+    };
+    let recorded = log
+        .record_once(id, first.clone(), now)
+        .await
+        .expect("record");
+    assert!(recorded.created);
+    assert_eq!(
+        recorded.event.id, id,
+        "the caller's id, whatever its version"
+    );
+    assert_eq!(recorded.event.topic, first.topic);
+    assert_eq!(recorded.event.body, first.body);
+    assert_eq!(recorded.event.created_at, now);
+    let stored = recorded.event;
+
+    // Again, even with other content and later: the first recording stays.
+    let again = NewEvent {
+        topic: topic(),
+        content_type: "text/plain".to_owned(),
+        body: Bytes::from_static(b"second"),
+    };
+    let repeated = log
+        .record_once(id, again.clone(), now + secs(5))
+        .await
+        .expect("record again");
+    assert!(!repeated.created);
+    assert_eq!(repeated.event, stored);
+    assert_eq!(log.event(id).await.expect("read"), Some(stored.clone()));
+
+    // Expanded and delivered once: a late repeat changes nothing.
+    log.expand(id, &["https://subscriber.example/once".to_owned()], now)
+        .await
+        .expect("expand");
+    let late = log
+        .record_once(id, again.clone(), now + secs(10))
+        .await
+        .expect("record after expansion");
+    assert!(!late.created);
+    assert!(
+        !is_unexpanded(&log.unexpanded(100).await.expect("unexpanded"), id),
+        "still expanded"
+    );
+    assert_eq!(log.deliveries(id).await.expect("records").len(), 1);
+
+    // At once, from many tasks: stored once, and every call gets it.
+    let racing = Uuid::new_v4();
+    let calls = (0..8).map(|n| {
+        let event = NewEvent {
+            topic: format!("{}/{n}", topic()),
+            content_type: "text/plain".to_owned(),
+            body: Bytes::from(format!("call {n}")),
+        };
+        log.record_once(racing, event, now)
+    });
+    let results: Vec<_> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|result| result.expect("record at once"))
+        .collect();
+    assert_eq!(results.iter().filter(|result| result.created).count(), 1);
+    let winner = results
+        .iter()
+        .find(|result| result.created)
+        .map(|result| result.event.clone())
+        .expect("one call stored it");
+    assert!(results.iter().all(|result| result.event == winner));
+
+    // Purged, it is no longer there to be found: recorded again.
+    log.purge_before(now + secs(1)).await.expect("purge");
+    assert_eq!(log.event(id).await.expect("read"), None);
+    let anew = log
+        .record_once(id, again.clone(), now + secs(20))
+        .await
+        .expect("record after the purge");
+    assert!(anew.created);
+    assert_eq!(anew.event.topic, again.topic);
+}
+both!(record_once_records_an_id_once);
+
 async fn expand_creates_one_record_per_subscriber(log: &dyn EventLog) {
     let t0 = base_time();
     let topic = topic();

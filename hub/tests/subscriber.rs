@@ -356,6 +356,45 @@ async fn subscription_is_verified_and_fat_pings_reach_the_handler_once_each() {
     assert_eq!(stats.duplicates, 0);
 }
 
+/// A topic that is an IRI: the hub's `Link` header spells it as a URI
+/// (`caf%C3%A9`), and the receiver takes that for the topic subscribed to
+/// (`café`) rather than refusing the delivery as unwanted.
+#[tokio::test]
+async fn a_delivery_of_an_iri_topic_reaches_its_subscription() {
+    let hub = TestHub::start().await;
+    let subscriber = Subscriber::start(Arc::default(), |builder| builder.callback("/websub")).await;
+    let client = hub.client(&subscriber.receiver);
+    let topic = "http://127.0.0.1:9/flux/caf\u{e9}?q=\u{2713}";
+    let callback = subscriber.url("/websub");
+    client
+        .subscribe(topic, &callback, None, Some(SECRET))
+        .await
+        .expect("the hub accepts the request");
+    client
+        .intents()
+        .wait_for(topic, &callback, WAIT, is_active)
+        .await
+        .expect("the verification was confirmed");
+    assert!(hub.holds(topic, &callback, true).await, "kept as given");
+
+    hub.fat_ping(topic, "text/plain", "bonjour").await;
+    let seen = subscriber.recorder.wait_for(1).await;
+    assert_eq!(seen.len(), 1, "delivered and wanted");
+    assert_eq!(seen[0].topic, topic, "reported as subscribed");
+    let self_link = seen[0]
+        .headers
+        .get(header::LINK)
+        .and_then(|link| link.to_str().ok())
+        .expect("an ASCII Link header");
+    assert!(
+        self_link.contains("<http://127.0.0.1:9/flux/caf%C3%A9?q=%E2%9C%93>; rel=\"self\""),
+        "{self_link}"
+    );
+    let stats = settled_stats(&subscriber.receiver, |stats| stats.delivered >= 1).await;
+    assert_eq!(stats.unwanted, 0);
+    assert!(hub.holds(topic, &callback, true).await, "still subscribed");
+}
+
 #[tokio::test]
 async fn thin_ping_delivers_the_fetched_topic_with_its_content_type() {
     let hub = TestHub::start().await;

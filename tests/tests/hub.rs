@@ -80,6 +80,53 @@ async fn subscribe_publish_and_deliver_on_postgres() {
     subscribe_publish_deliver(Backend::Postgres).await;
 }
 
+/// A topic that is an IRI keeps its identity everywhere (the store, the
+/// verification, the event log, the signature), while the `Link` header,
+/// which only a URI may go in, spells it percent-encoded, in ASCII.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_iri_topic_is_announced_as_a_uri_in_the_link_header() {
+    let Some(hub) = hub_on(Backend::Sqlite).await else {
+        return;
+    };
+    let subscriber = TestSubscriber::start().await;
+    let topic = "http://127.0.0.1:9/flux/caf\u{e9}?q=\u{2713}";
+    let callback = subscriber.callback("iri");
+    hub.subscribe(topic, &callback, &[("hub.secret", "s3cret")])
+        .await;
+    assert_eq!(
+        subscriber.verifications()[0].param("hub.topic"),
+        Some(topic)
+    );
+    assert_eq!(hub.store.list_by_topic(topic).await.expect("list").len(), 1);
+
+    let (status, body) = hub.fat_ping(topic, "text/plain", b"bonjour".to_vec()).await;
+    assert_eq!(status, 202, "fat ping answered {status}: {body}");
+    let deliveries = subscriber.wait_for_deliveries("iri", 1, WAIT).await;
+    assert_eq!(deliveries.len(), 1);
+    let delivery = &deliveries[0];
+    let link = delivery.headers.get("link").expect("a Link header");
+    assert!(link.as_bytes().is_ascii(), "{link:?}");
+    assert_eq!(
+        link.to_str().expect("ASCII"),
+        format!(
+            "<{}>; rel=\"hub\", <http://127.0.0.1:9/flux/caf%C3%A9?q=%E2%9C%93>; rel=\"self\"",
+            hub.url
+        )
+    );
+    assert_eq!(
+        delivery.header(HUB_SIGNATURE_HEADER),
+        Some(sign(b"s3cret", b"bonjour").as_str())
+    );
+    let event = hub
+        .events
+        .latest(topic)
+        .await
+        .expect("read the log")
+        .expect("recorded under the topic as given");
+    assert_eq!(event.topic, topic);
+    hub.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn resubscribe_gives_one_delivery_per_publish() {
     let Some(hub) = hub_on(Backend::Sqlite).await else {

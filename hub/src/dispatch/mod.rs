@@ -36,6 +36,7 @@ use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
 use crate::delivery::recorder::{self, Batching, OutcomeStore};
 use crate::delivery::{Channel, Judge, Verdict};
 use crate::events::{Claimed, Completion, EventLog, EventLogError, Outcome};
+use crate::protocol::iri_to_uri;
 
 pub use cache::SUBSCRIBERS_TTL;
 use cache::{EventCache, Outgoing, SubscriberCache, Subscribers};
@@ -463,9 +464,16 @@ fn authority(url: &str) -> &str {
         .map_or(authority, |(_, host)| host)
 }
 
-/// The `Link` header of a delivery: the hub and the topic, combined.
+/// The `Link` header of a delivery: the hub and the topic, combined. A
+/// link's target must be a URI (RFC 8288), and a header value ASCII, so an
+/// IRI is sent percent-encoded ([`iri_to_uri`]); the topic itself, in the
+/// store, the log and the signature, stays as given.
 pub fn link_header(hub_url: &str, topic: &str) -> String {
-    format!("<{hub_url}>; rel=\"hub\", <{topic}>; rel=\"self\"")
+    format!(
+        "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
+        iri_to_uri(hub_url),
+        iri_to_uri(topic)
+    )
 }
 
 /// Why a record of an expired subscription is closed undelivered.
@@ -518,6 +526,27 @@ mod tests {
         assert_eq!(
             link_header("https://hub.example/", "https://pub.example/feed?x=1"),
             "<https://hub.example/>; rel=\"hub\", <https://pub.example/feed?x=1>; rel=\"self\""
+        );
+    }
+
+    #[test]
+    fn link_header_spells_an_iri_topic_as_a_uri() {
+        let link = link_header(
+            "https://hub.example/",
+            "http://127.0.0.1:9/flux/caf\u{e9}?q=\u{2713}&sp=a b",
+        );
+        assert_eq!(
+            link,
+            "<https://hub.example/>; rel=\"hub\", \
+             <http://127.0.0.1:9/flux/caf%C3%A9?q=%E2%9C%93&sp=a%20b>; rel=\"self\""
+        );
+        assert!(link.is_ascii());
+        let links = crate::subscriber::parse_link_header(&link);
+        assert_eq!(links.len(), 2);
+        assert!(links[1].has_rel("self"));
+        assert_eq!(
+            links[1].target,
+            "http://127.0.0.1:9/flux/caf%C3%A9?q=%E2%9C%93&sp=a%20b"
         );
     }
 }

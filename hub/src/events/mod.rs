@@ -30,7 +30,10 @@ pub struct NewEvent {
 /// A recorded event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoggedEvent {
-    /// Unique, time-ordered (UUIDv7).
+    /// Unique. Time-ordered (UUIDv7) when the log assigns it
+    /// ([`EventLog::record`]); the caller's own id otherwise
+    /// ([`EventLog::record_once`]: an outbox event keeps its envelope's).
+    /// Deliveries carry it as their event id.
     pub id: Uuid,
     /// The topic URL.
     pub topic: String,
@@ -40,6 +43,16 @@ pub struct LoggedEvent {
     pub body: Bytes,
     /// When it was recorded.
     pub created_at: DateTime<Utc>,
+}
+
+/// What [`EventLog::record_once`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The event as stored.
+    pub event: LoggedEvent,
+    /// Whether this call stored it; `false` when an event with its id was
+    /// there already (and is returned unchanged).
+    pub created: bool,
 }
 
 /// A delivery record claimed for one attempt.
@@ -177,15 +190,40 @@ pub enum EventLogError {
 /// Every method is safe to call concurrently, from several processes sharing
 /// one database where the backend allows it. Times are passed in (never
 /// read from the clock inside) so callers control them in tests.
+///
+/// Events come in two ways. Content the hub accepted itself (a publish, a
+/// fat ping) is [`record`](EventLog::record)ed under an id the log assigns:
+/// each call is a new event. Content that already has an identity of its
+/// own (an outbox event, by its envelope's `event_id`) is
+/// [`record_once`](EventLog::record_once)d under that id: a caller that
+/// cannot tell whether its first call committed (a timeout, a database
+/// outage, a process that died before it could mark its work done) calls
+/// again, and the event is recorded, expanded and delivered once however
+/// often it is handed over.
 #[async_trait]
 pub trait EventLog: Send + Sync + std::fmt::Debug {
-    /// Records an event durably; it is expanded later by
+    /// Records an event durably under a fresh UUIDv7; it is expanded later by
     /// [`EventLog::expand`]. Returns the stored event.
     async fn record(
         &self,
         event: NewEvent,
         now: DateTime<Utc>,
     ) -> Result<LoggedEvent, EventLogError>;
+
+    /// Records an event durably under `id`, unless an event with that id is
+    /// in the log already: then nothing is written and the stored event is
+    /// returned as it is (its topic, content and `created_at` are the first
+    /// recording's, whatever `event` says), with
+    /// [`created`](Recorded::created) false. Concurrent calls with one id
+    /// store it once, and every one of them returns it. An event purged by
+    /// retention is no longer there, so a call after the purge records it
+    /// again.
+    async fn record_once(
+        &self,
+        id: Uuid,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<Recorded, EventLogError>;
 
     /// Writes one delivery record per subscriber (due at `now`) and marks the
     /// event expanded, in one transaction. Idempotent: records that exist are

@@ -36,7 +36,7 @@ use uuid::Uuid;
 
 use super::{
     Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError, FailedDelivery,
-    FailedFilter, LoggedEvent, NewEvent, Outcome,
+    FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded,
 };
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -59,6 +59,9 @@ pub const WARM_CONNECTIONS: u32 = 6;
 /// parameter, so this bounds statement memory, not parameter count.
 const EXPAND_CHUNK: usize = 10_000;
 
+/// Attempts of [`EventLog::record_once`] at an id a purge keeps deleting.
+const RECORD_ONCE_ROUNDS: usize = 3;
+
 /// Events per `DELETE` in [`EventLog::purge_before`]: each one cascades to its
 /// delivery rows, so a chunk stays a short transaction even for events that
 /// fanned out widely.
@@ -66,6 +69,13 @@ const PURGE_CHUNK: i64 = 500;
 
 const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at) \
      VALUES ($1, $2, $3, $4, $5)";
+
+// A concurrent insert of the same id makes this one wait for its commit,
+// then do nothing (or insert, had it rolled back): at READ COMMITTED the
+// next statement sees whichever row is there.
+const INSERT_EVENT_ONCE: &str = "INSERT INTO websub_events \
+     (id, topic, content_type, body, created_at) VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (id) DO NOTHING";
 
 // Marks the event expanded only if it was not: one row affected means this
 // transaction expands it first, so it has no delivery records yet (only
@@ -399,6 +409,57 @@ impl EventLog for PostgresEventLog {
             .await?;
         tx.commit().await?;
         Ok(event)
+    }
+
+    async fn record_once(
+        &self,
+        id: Uuid,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<Recorded, EventLogError> {
+        let event = LoggedEvent {
+            id,
+            topic: event.topic,
+            content_type: event.content_type,
+            body: event.body,
+            created_at: websub_store::to_micros(now),
+        };
+        // An event found there can be purged before it is read back; the
+        // next round then records it again.
+        for _ in 0..RECORD_ONCE_ROUNDS {
+            let mut tx = self.pool.begin_with(READ_COMMITTED).await?;
+            sqlx::query("SET LOCAL synchronous_commit = on")
+                .execute(&mut *tx)
+                .await?;
+            let inserted = sqlx::query(INSERT_EVENT_ONCE)
+                .bind(event.id)
+                .bind(&event.topic)
+                .bind(&event.content_type)
+                .bind(event.body.as_ref())
+                .bind(event.created_at)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                == 1;
+            if inserted {
+                tx.commit().await?;
+                return Ok(Recorded {
+                    event,
+                    created: true,
+                });
+            }
+            let stored = sqlx::query(EVENT).bind(id).fetch_optional(&mut *tx).await?;
+            tx.commit().await?;
+            if let Some(row) = stored {
+                return Ok(Recorded {
+                    event: event_from_row(&row)?,
+                    created: false,
+                });
+            }
+        }
+        Err(EventLogError::Invalid(format!(
+            "event {id} kept being purged while it was recorded"
+        )))
     }
 
     async fn expand(

@@ -49,7 +49,7 @@ use uuid::Uuid;
 
 use super::{
     Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError, FailedDelivery,
-    FailedFilter, LoggedEvent, NewEvent, Outcome,
+    FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded,
 };
 
 /// The file is opened the way the subscription store opens it (the two share
@@ -69,6 +69,10 @@ const PURGE_CHUNK: i64 = 500;
 
 const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at) \
      VALUES (?1, ?2, ?3, ?4, ?5)";
+
+const INSERT_EVENT_ONCE: &str = "INSERT INTO websub_events \
+     (id, topic, content_type, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+     ON CONFLICT (id) DO NOTHING";
 
 const MARK_EXPANDED: &str =
     "UPDATE websub_events SET expanded_at = COALESCE(expanded_at, ?2) WHERE id = ?1";
@@ -404,6 +408,49 @@ impl EventLog for SqliteEventLog {
             .execute(&mut *writer)
             .await?;
         Ok(event)
+    }
+
+    async fn record_once(
+        &self,
+        id: Uuid,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<Recorded, EventLogError> {
+        let event = LoggedEvent {
+            id,
+            topic: event.topic,
+            content_type: event.content_type,
+            body: event.body,
+            created_at: websub_store::to_micros(now),
+        };
+        let mut writer = self.writer().await?;
+        // One transaction under the write lock: an event found there stays
+        // until it is read back, whatever another process purges meanwhile.
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let inserted = sqlx::query(INSERT_EVENT_ONCE)
+            .bind(event.id)
+            .bind(&event.topic)
+            .bind(&event.content_type)
+            .bind(event.body.as_ref())
+            .bind(event.created_at.timestamp_micros())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+        let recorded = if inserted {
+            Recorded {
+                event,
+                created: true,
+            }
+        } else {
+            let row = sqlx::query(EVENT).bind(id).fetch_one(&mut *tx).await?;
+            Recorded {
+                event: event_from_row(&row)?,
+                created: false,
+            }
+        };
+        tx.commit().await?;
+        Ok(recorded)
     }
 
     async fn expand_claimed(

@@ -16,12 +16,15 @@ use crate::outbox::{Handler, HandlerError};
 
 /// The handler that turns outbox events into hub events: it records the
 /// envelope (`application/json`) on the event's topic in the hub's event
-/// log, then wakes the hub's dispatcher, which delivers it to the topic's
-/// WebSub subscribers.
+/// log, under the envelope's `event_id`, then wakes the hub's dispatcher,
+/// which delivers it to the topic's WebSub subscribers with that id as
+/// their event id.
 ///
-/// Delivery is at least once: an event recorded whose outbox row could not
-/// be marked processed is recorded again on the retry. WebSub subscribers
-/// de-duplicate on the envelope's `event_id`.
+/// The outbox hands an event over at least once: a call whose recording
+/// committed but whose outbox row was not marked processed (a timeout, a
+/// database outage, a crash in between) is made again. The recording is
+/// [`EventLog::record_once`], so the retry finds the event there and the
+/// hub delivers it once.
 #[derive(Clone)]
 pub struct WebSubBridge {
     events: Arc<dyn EventLog>,
@@ -82,16 +85,21 @@ impl Handler for WebSubBridge {
             content_type: ENVELOPE_CONTENT_TYPE.to_owned(),
             body: Bytes::from(envelope.to_json()),
         };
+        let id = envelope.event_id;
         let now = SystemClock.now();
         match &self.log_runtime {
             Some(runtime) => {
+                // A call the outbox gives up on (its delivery timeout) drops
+                // this wait, not the task: the recording may still commit,
+                // even while the retry records the same id. Recorded once
+                // by id, the two leave one event.
                 let events = self.events.clone();
                 runtime
-                    .spawn(async move { events.record(event, now).await })
+                    .spawn(async move { events.record_once(id, event, now).await })
                     .await??;
             }
             None => {
-                self.events.record(event, now).await?;
+                self.events.record_once(id, event, now).await?;
             }
         }
         (self.wake)();

@@ -41,7 +41,10 @@ pub struct FeedConfig {
     /// [`TopicTemplate`].
     #[serde(default = "default_topic_template")]
     pub topic_template: String,
-    /// Event names the bridge forwards; every event when unset.
+    /// Event names the bridge forwards, whether or not their topics have
+    /// subscribers. When unset, it forwards the events whose topic has at
+    /// least one WebSub subscription, and no other (see
+    /// [`super::SubscribedTopics`]).
     pub events: Option<Vec<String>>,
     /// How far back expansion looks: RFC 3339, or `"now"` (the feed's start,
     /// so events written while the hub was down and not yet expanded are

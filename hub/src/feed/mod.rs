@@ -1,11 +1,14 @@
 //! Outbox feeds: the hub as a consumer of producers' outbox tables.
 //!
 //! A feed runs an outbox [`Dispatcher`] on a producer's database. Its
-//! in-process subscriber is the [`WebSubBridge`], which turns every event
-//! into a hub event — the envelope as content, `application/json`, on a
-//! topic rendered from a [`TopicTemplate`] — recorded in the hub's own
-//! [`EventLog`]; the WebSub scheduler then delivers it to the topic's WebSub
-//! subscribers, signed and with `Link` headers, like any published content.
+//! in-process subscriber is the [`WebSubBridge`], which turns an event into
+//! a hub event — the envelope as content, `application/json`, under the
+//! envelope's id, on a topic rendered from a [`TopicTemplate`] — recorded in
+//! the hub's own [`EventLog`]; the WebSub scheduler then delivers it to the
+//! topic's WebSub subscribers, signed and with `Link` headers, like any
+//! published content. The bridge takes only the events whose topic has
+//! WebSub subscribers ([`SubscribedTopics`]; see `wanted.rs` for how it
+//! keeps up with them), unless the feed lists the event names it forwards.
 //! The same feed can also deliver to webhooks listed in a file
 //! ([`WebhooksFile`]), which it watches and reloads on change.
 //!
@@ -33,12 +36,15 @@
 mod bridge;
 mod config;
 mod topic;
+mod wanted;
 mod webhooks_file;
 
 pub use bridge::WebSubBridge;
 use config::reason_of;
 pub use config::{DEFAULT_SUBSCRIBER, FeedConfig};
 pub use topic::{DEFAULT_TOPIC_TEMPLATE, TopicTemplate};
+use wanted::Wanted;
+pub use wanted::{BEFORE_FIRST_SUBSCRIPTION, SubscribedTopics, TOPICS_REFRESH};
 pub use webhooks_file::{WebhookEntry, WebhooksFile};
 
 use std::path::PathBuf;
@@ -103,20 +109,24 @@ pub struct Feed;
 impl Feed {
     /// Starts a feed: validates `config`, connects to the producer's
     /// database (checking both tables are there), registers the bridge —
-    /// recording into `events` and calling `wake` — and the webhooks file's
-    /// subscribers, then runs the dispatcher and watches the file until
+    /// recording into `events` and calling `wake`, for the events whose
+    /// topic has a subscription in `topics` unless `config` lists event
+    /// names — and the webhooks file's subscribers, then runs the
+    /// dispatcher, follows the subscriptions and watches the file until
     /// `shutdown`.
     ///
     /// The feed runs on a thread and single-threaded runtime of its own: a
     /// feed's work is a stream of small steps (a notification, a statement,
     /// a POST) whose latency suffers from hopping between worker threads,
     /// and it is kept apart from the hub's own deliveries, which cannot
-    /// starve it, nor it them. The bridge records on the calling runtime,
-    /// where the event log's connections live.
+    /// starve it, nor it them. The bridge records, and the subscriptions are
+    /// read, on the calling runtime, where the event log's and the store's
+    /// connections live.
     pub async fn start(
         config: FeedConfig,
         events: Arc<dyn EventLog>,
         wake: Arc<dyn Fn() + Send + Sync>,
+        topics: SubscribedTopics,
         public_url: &Url,
         shutdown: CancellationToken,
     ) -> Result<FeedHandle, FeedError> {
@@ -138,9 +148,17 @@ impl Feed {
                     }
                 };
                 runtime.block_on(async move {
-                    let set_up = Self::set_up(config, events, wake, &public_url, hub_runtime).await;
-                    let state = match set_up {
-                        Ok(state) => state,
+                    let set_up = Self::set_up(
+                        config,
+                        events,
+                        wake,
+                        topics,
+                        &public_url,
+                        hub_runtime.clone(),
+                    )
+                    .await;
+                    let (state, wanted) = match set_up {
+                        Ok(set_up) => set_up,
                         Err(error) => {
                             let _ = started.send(Err(error));
                             return;
@@ -151,9 +169,14 @@ impl Feed {
                         .webhooks_file
                         .is_some()
                         .then(|| tokio::spawn(state.clone().watch(shutdown.clone())));
+                    let follower =
+                        wanted.map(|wanted| hub_runtime.spawn(wanted.run(shutdown.clone())));
                     state.dispatcher.clone().run(shutdown).await;
                     if let Some(watcher) = watcher {
                         let _ = watcher.await;
+                    }
+                    if let Some(follower) = follower {
+                        let _ = follower.await;
                     }
                 });
                 let _ = finished.send(());
@@ -167,14 +190,16 @@ impl Feed {
         Ok(FeedHandle { state, stopped })
     }
 
-    /// Everything [`Feed::start`] does before running.
+    /// Everything [`Feed::start`] does before running; also returns what
+    /// follows the subscribed topics, unless the feed lists its events.
     async fn set_up(
         config: FeedConfig,
         events: Arc<dyn EventLog>,
         wake: Arc<dyn Fn() + Send + Sync>,
+        topics: SubscribedTopics,
         public_url: &Url,
         hub_runtime: tokio::runtime::Handle,
-    ) -> Result<Arc<FeedState>, FeedError> {
+    ) -> Result<(Arc<FeedState>, Option<Wanted>), FeedError> {
         let dispatcher_config = config.dispatcher_config()?;
         let template = TopicTemplate::parse(&config.topic_template)?;
         template.check(public_url).map_err(|error| {
@@ -218,16 +243,47 @@ impl Feed {
             .map_err(database)?;
         }
         let dispatcher = Dispatcher::new(pool, dispatcher_config)?;
-        let bridge =
-            WebSubBridge::new(events, wake, public_url.clone(), template).recording_on(hub_runtime);
-        match &config.events {
+        let bridge = WebSubBridge::new(events, wake, public_url.clone(), template.clone())
+            .recording_on(hub_runtime.clone());
+        let wanted = match &config.events {
             Some(names) => {
                 for name in names {
                     dispatcher.register_handler(name, bridge.clone())?;
                 }
+                None
             }
-            None => dispatcher.register_catch_all_handler(bridge)?,
-        }
+            None => {
+                dispatcher.register_catch_all_handler(bridge)?;
+                // Restricted before the dispatcher first runs, so it never
+                // takes an event nobody subscribes to. A store that cannot
+                // be read now leaves the list empty until it can: the
+                // events passed over meanwhile are taken then (see
+                // `wanted.rs`).
+                let mut wanted =
+                    Wanted::new(&topics, template, public_url.clone(), dispatcher.clone());
+                wanted.publish();
+                let read = hub_runtime
+                    .spawn(async move {
+                        let read = wanted.refresh().await;
+                        (wanted, read)
+                    })
+                    .await;
+                let wanted = match read {
+                    Ok((wanted, read)) => {
+                        if let Err(error) = read {
+                            warn!(%error, "the subscribed topics could not be read; the feed takes their events once they can");
+                        }
+                        wanted
+                    }
+                    Err(error) => {
+                        return Err(FeedError::Thread(std::io::Error::other(format!(
+                            "reading the subscribed topics stopped abnormally: {error}"
+                        ))));
+                    }
+                };
+                Some(wanted)
+            }
+        };
         let state = Arc::new(FeedState {
             dispatcher: dispatcher.clone(),
             webhooks_file: config.webhooks_file.clone(),
@@ -235,7 +291,7 @@ impl Feed {
         });
         state.reload()?;
         info!(tables = %tables, channel = dispatcher.channel(), "outbox feed started");
-        Ok(state)
+        Ok((state, wanted))
     }
 }
 

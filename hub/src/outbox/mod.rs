@@ -59,8 +59,8 @@ use uuid::Uuid;
 pub use crate::signature::verify;
 pub use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER};
 pub use dispatcher::{
-    Dispatcher, DispatcherConfig, DispatcherError, Handler, HandlerError, RegistrationError,
-    ReloadError, WebhookRegistrar, WebhookSubscriber,
+    Dispatcher, DispatcherConfig, DispatcherError, EventMatch, Handler, HandlerError,
+    RegistrationError, ReloadError, WebhookRegistrar, WebhookSubscriber,
 };
 pub use envelope::{ENVELOPE_CONTENT_TYPE, Envelope};
 

@@ -42,11 +42,27 @@ pub(crate) struct Registrations {
     pub(crate) event_names: Vec<String>,
     /// Subscribers of every event name (the catch-all handler).
     pub(crate) every_event: Vec<String>,
+    /// The subscriber that takes only the events `matches` describes (a
+    /// restricted catch-all handler), if there is one.
+    pub(crate) matching: Option<String>,
+    pub(crate) matches: MatchColumns,
+}
+
+/// Descriptions of events, as parallel arrays: an event fits one when it
+/// has every value given (`None` takes any) and was created at or after its
+/// `since`. An event without an app has the app `""` here.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct MatchColumns {
+    pub(crate) event_names: Vec<Option<String>>,
+    pub(crate) apps: Vec<Option<String>>,
+    pub(crate) resource_types: Vec<Option<String>>,
+    pub(crate) event_types: Vec<Option<String>>,
+    pub(crate) since: Vec<Option<NaiveDateTime>>,
 }
 
 impl Registrations {
     pub(crate) fn is_empty(&self) -> bool {
-        self.subscribers.is_empty() && self.every_event.is_empty()
+        self.subscribers.is_empty() && self.every_event.is_empty() && self.matching.is_none()
     }
 
     /// Binds the registrations as the `fresh` fragment reads them: $1-$3
@@ -60,12 +76,36 @@ impl Registrations {
             .bind(&self.every_event)
     }
 
+    /// Binds the matching subscriber and its descriptions as the `fresh`
+    /// fragment reads them, after every other parameter of the statement.
+    fn bind_matches_to<'q>(&'q self, query: PgQuery<'q>) -> PgQuery<'q> {
+        query
+            .bind(self.matching.as_deref())
+            .bind(&self.matches.event_names)
+            .bind(&self.matches.apps)
+            .bind(&self.matches.resource_types)
+            .bind(&self.matches.event_types)
+            .bind(&self.matches.since)
+    }
+
+    /// The subscribers whose rows are claimed whatever their event's name:
+    /// the catch-all ones, and the matching one, whose rows were written
+    /// only for events it takes.
+    fn claimed_whatever_the_name(&self) -> Vec<&str> {
+        self.every_event
+            .iter()
+            .chain(&self.matching)
+            .map(String::as_str)
+            .collect()
+    }
+
     /// Every subscriber named, once each, sorted.
     pub(crate) fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
             .subscribers
             .iter()
             .chain(&self.every_event)
+            .chain(&self.matching)
             .cloned()
             .collect();
         names.sort_unstable();
@@ -144,9 +184,14 @@ impl Queries {
         let deliveries = tables.deliveries_sql();
         // The events a registration covers: every registration joined with
         // the events of its name ($1-$3, honouring app scoping), plus the
-        // catch-all subscribers ($4) with every event, minus the pairs that
-        // already have a row. `{scope}` limits the events looked at.
-        let fresh = |scope: &str| {
+        // catch-all subscribers ($4) with every event, plus the matching
+        // subscriber (${m}, none when NULL) with every event one of its
+        // descriptions (${m + 1}-${m + 5}) fits, minus the pairs that
+        // already have a row. `{scope}` limits the events looked at. The
+        // descriptions are few (a feed's subscribed topics), so an event is
+        // checked against each in turn; with no matching subscriber the
+        // third part is skipped before it reads anything.
+        let fresh = |scope: &str, m: usize| {
             format!(
                 "candidates AS ( \
                      SELECT o.id, r.subscriber \
@@ -160,13 +205,30 @@ impl Queries {
                      FROM {outbox} AS o \
                      CROSS JOIN unnest($4::text[]) AS c (subscriber) \
                      WHERE {scope} \
+                     UNION ALL \
+                     SELECT o.id, ${m}::text \
+                     FROM {outbox} AS o \
+                     WHERE ${m}::text IS NOT NULL AND {scope} AND EXISTS ( \
+                         SELECT 1 FROM unnest(${}::text[], ${}::text[], ${}::text[], \
+                                              ${}::text[], ${}::timestamp[]) \
+                             AS m (event_name, app, resource_type, event_type, since) \
+                         WHERE (m.event_name IS NULL OR m.event_name = o.event_name) \
+                           AND (m.app IS NULL OR m.app = COALESCE(o.app, '')) \
+                           AND (m.resource_type IS NULL OR m.resource_type = o.resource_type) \
+                           AND (m.event_type IS NULL OR m.event_type = o.event_type) \
+                           AND (m.since IS NULL OR o.created_at >= m.since)) \
                  ), fresh AS ( \
                      SELECT c.id, c.subscriber \
                      FROM candidates AS c \
                      WHERE NOT EXISTS ( \
                          SELECT 1 FROM {deliveries} AS d \
                          WHERE d.event_id = c.id AND d.subscriber = c.subscriber) \
-                 )"
+                 )",
+                m + 1,
+                m + 2,
+                m + 3,
+                m + 4,
+                m + 5
             )
         };
         // A scan: writes the rows, returns how many and the database time
@@ -182,9 +244,10 @@ impl Queries {
                  RETURNING 1 \
              ) \
              SELECT (SELECT count(*) FROM inserted), {NOW}",
-            fresh(&format!(
-                "o.created_at >= $5 AND o.created_at < {NOW} - make_interval(secs => $6)"
-            ))
+            fresh(
+                &format!("o.created_at >= $5 AND o.created_at < {NOW} - make_interval(secs => $6)"),
+                7
+            )
         );
         // Each of `rows` (with a `subscriber` column), and whether it is
         // within its subscriber's room: the room listed for it in ${p},
@@ -224,7 +287,7 @@ impl Queries {
                  o.payload::text AS payload, o.created_at \
              FROM inserted AS i \
              LEFT JOIN {outbox} AS o ON o.id = i.event_id AND i.processing_since IS NOT NULL",
-            fresh("o.id = ANY($6::uuid[]) AND o.created_at >= $5"),
+            fresh("o.id = ANY($6::uuid[]) AND o.created_at >= $5", 11),
             within_room("fresh", "", 7)
         );
 
@@ -320,10 +383,12 @@ impl Queries {
             sqlx::query("SET LOCAL plan_cache_mode = force_custom_plan")
                 .execute(&mut *tx)
                 .await?;
-            let row = subscriptions
+            let query = subscriptions
                 .bind_to(sqlx::query(AssertSqlSafe(self.expand_since.clone())))
                 .bind(since)
-                .bind(spare.as_secs_f64())
+                .bind(spare.as_secs_f64());
+            let row = subscriptions
+                .bind_matches_to(query)
                 .fetch_one(&mut *tx)
                 .await?;
             tx.commit().await?;
@@ -345,15 +410,15 @@ impl Queries {
         ids: &[Uuid],
         rooms: &Rooms,
     ) -> Result<(Vec<ClaimedRow>, usize), sqlx::Error> {
-        let rows = subscriptions
+        let query = subscriptions
             .bind_to(sqlx::query(AssertSqlSafe(self.expand_ids.clone())))
             .bind(since)
             .bind(ids)
             .bind(&rooms.subscribers)
             .bind(&rooms.rows)
             .bind(rooms.default)
-            .bind(i64::try_from(rooms.total).unwrap_or(i64::MAX))
-            .fetch_all(pool);
+            .bind(i64::try_from(rooms.total).unwrap_or(i64::MAX));
+        let rows = subscriptions.bind_matches_to(query).fetch_all(pool);
         let rows = bounded(self.timeout, rows).await?;
         let mut claimed = Vec::with_capacity(rows.len());
         let mut unclaimed = 0;
@@ -382,7 +447,7 @@ impl Queries {
         let rows = sqlx::query(AssertSqlSafe(self.claim.clone()))
             .bind(i64::from(max_retries))
             .bind(visibility.as_secs_f64())
-            .bind(&subscriptions.every_event)
+            .bind(subscriptions.claimed_whatever_the_name())
             .bind(&subscriptions.subscribers)
             .bind(&subscriptions.event_names)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))

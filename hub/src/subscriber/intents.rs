@@ -170,10 +170,18 @@ impl fmt::Display for CallbackKey {
     }
 }
 
-/// Topics are compared as a hub keys them: WebSub hubs decode
-/// percent-encoded unreserved characters, so `%7E` and `~` are one topic.
-fn topic_key(topic: &str) -> String {
+/// A topic as a hub keeps it: WebSub hubs decode percent-encoded unreserved
+/// characters, so `%7E` and `~` are one topic.
+fn hub_form(topic: &str) -> String {
     protocol::parse_topic(topic).unwrap_or_else(|_| topic.to_owned())
+}
+
+/// What topics are compared by: the hub's form spelled as a URI. A hub's
+/// `Link` header can only carry a URI, so the `rel="self"` link of a topic
+/// subscribed to as an IRI (`…/caf\u{e9}`) arrives percent-encoded
+/// (`…/caf%C3%A9`), and the two must be one topic.
+fn topic_key(topic: &str) -> String {
+    protocol::iri_to_uri(&hub_form(topic)).into_owned()
 }
 
 /// What the client needs to ask the hub again before the lease runs out.
@@ -194,6 +202,9 @@ pub(crate) struct Renewal {
 
 #[derive(Debug, Clone)]
 struct Entry {
+    /// The topic in the hub's form, as first recorded for the pair: what
+    /// its deliveries are reported under.
+    topic: String,
     state: State,
     /// The secret of the verified subscription.
     secret: Option<Secret>,
@@ -208,8 +219,9 @@ struct Entry {
 }
 
 impl Entry {
-    fn requested(secret: Option<Secret>) -> Self {
+    fn requested(topic: &str, secret: Option<Secret>) -> Self {
         Self {
+            topic: hub_form(topic),
             state: State::Requested,
             secret,
             pending_secret: None,
@@ -339,7 +351,7 @@ impl Intents {
             match entries.get_mut(&key) {
                 Some(entry) if entry.state.wants_content() => entry.secret = secret,
                 _ => {
-                    entries.insert(key, Entry::requested(secret));
+                    entries.insert(key, Entry::requested(topic, secret));
                 }
             }
         }
@@ -405,7 +417,7 @@ impl Intents {
                     entry
                 }
                 _ => {
-                    let mut entry = Entry::requested(None);
+                    let mut entry = Entry::requested(topic, None);
                     entry.pending_secret = Some(secret);
                     entries.entry(key.clone()).insert_entry(entry).into_mut()
                 }
@@ -429,7 +441,7 @@ impl Intents {
             let before = entries.get(&key).cloned();
             let entry = entries
                 .entry(key.clone())
-                .or_insert_with(|| Entry::requested(None));
+                .or_insert_with(|| Entry::requested(topic, None));
             entry.state = State::Unsubscribing;
             entry.pending_secret = None;
             entry.renewal = None;
@@ -533,7 +545,7 @@ impl Intents {
             let key = (topic_key(topic), callback.clone());
             return match entries.get(&key) {
                 Some(entry) if entry.state.wants_content() => Target::Wanted {
-                    topic: key.0,
+                    topic: entry.topic.clone(),
                     secrets: wanted(entry),
                 },
                 _ => Target::Unwanted,
@@ -543,8 +555,8 @@ impl Intents {
             .iter()
             .filter(|((_, key), entry)| key == callback && entry.state.wants_content());
         match (here.next(), here.next()) {
-            (Some(((topic, _), entry)), None) => Target::Wanted {
-                topic: topic.clone(),
+            (Some((_, entry)), None) => Target::Wanted {
+                topic: entry.topic.clone(),
                 secrets: wanted(entry),
             },
             (Some(_), Some(_)) => Target::Ambiguous,
@@ -706,6 +718,25 @@ mod tests {
             panic!("wanted");
         };
         assert_eq!(secrets, vec![Some(Secret::new("new"))]);
+    }
+
+    #[test]
+    fn a_topic_subscribed_as_an_iri_matches_its_uri_self_link() {
+        let intents = Intents::new();
+        let callback = CallbackKey::parse("/cb").expect("path");
+        let iri = "http://127.0.0.1:9/flux/caf\u{e9}?q=\u{2713}";
+        intents.expect(iri, "/cb", None).expect("expect");
+        // What a hub's Link header says, and what its verification says.
+        let uri = "http://127.0.0.1:9/flux/caf%C3%A9?q=%E2%9C%93";
+        let Target::Wanted { topic, .. } = intents.target(Some(uri), &callback) else {
+            panic!("the URI spelling of the topic is wanted");
+        };
+        assert_eq!(topic, iri, "reported as subscribed");
+        assert!(intents.verify(Mode::Subscribe, iri, &callback, Some(60)));
+        assert!(matches!(
+            intents.target(Some("http://127.0.0.1:9/flux/cafe"), &callback),
+            Target::Unwanted
+        ));
     }
 
     #[tokio::test(start_paused = true)]

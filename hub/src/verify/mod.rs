@@ -352,8 +352,10 @@ impl std::fmt::Debug for CatchUp {
     }
 }
 
-/// Told the topic of every subscription the workflow saves or deletes, so
-/// whoever caches a topic's subscribers (the dispatcher) can forget them.
+/// Told the topic of every subscription the workflow saves or deletes, once
+/// the store has it, so whoever keeps something of a topic's subscribers
+/// (the dispatcher's cache, the outbox feeds' subscribed topics) can read
+/// them again.
 #[derive(Clone)]
 pub struct ChangeListener(Arc<dyn Fn(&str) + Send + Sync>);
 

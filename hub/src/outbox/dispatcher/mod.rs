@@ -48,7 +48,8 @@ use signals::Pending;
 
 pub use config::DispatcherConfig;
 pub use registry::{
-    Handler, HandlerError, RegistrationError, ReloadError, WebhookRegistrar, WebhookSubscriber,
+    EventMatch, Handler, HandlerError, RegistrationError, ReloadError, WebhookRegistrar,
+    WebhookSubscriber,
 };
 
 /// Failures building a dispatcher.

@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use url::Url;
 
 use super::super::envelope::Envelope;
-use super::super::sql::Registrations;
+use super::super::sql::{MatchColumns, Registrations};
 use super::Dispatcher;
 use super::signals::Scan;
 use crate::net::NetPolicy;
@@ -23,6 +24,25 @@ pub struct WebhookSubscriber {
     pub app: Option<String>,
     /// Where its deliveries are POSTed.
     pub url: Url,
+}
+
+/// A description of outbox events, for a catch-all handler that takes only
+/// some ([`Dispatcher::restrict_catch_all`]): an event fits when it has
+/// every value given (`None` takes any value) and was created at or after
+/// `since`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventMatch {
+    /// The event name.
+    pub event_name: Option<String>,
+    /// The application, `""` for an event recorded for none (exactly: no
+    /// app scoping here).
+    pub app: Option<String>,
+    /// The kind of resource.
+    pub resource_type: Option<String>,
+    /// What happened to it.
+    pub event_type: Option<String>,
+    /// Events created before this (by the outbox's clock) do not fit.
+    pub since: Option<DateTime<Utc>>,
 }
 
 /// Why an in-process handler failed; the delivery is retried.
@@ -138,6 +158,8 @@ pub enum ReloadError<E> {
 pub(super) struct Registry {
     pub(super) handlers: HashMap<String, Arc<dyn Handler>>,
     pub(super) catch_all: Option<Arc<dyn Handler>>,
+    /// The events the catch-all handler takes: every one when `None`.
+    pub(super) catch_all_matches: Option<Arc<[EventMatch]>>,
     pub(super) webhooks: BTreeMap<String, HashMap<String, WebhookSubscriber>>,
     pub(super) subscriptions: Registrations,
     /// Every subscriber in `subscriptions`, once each, sorted.
@@ -149,6 +171,7 @@ impl std::fmt::Debug for Registry {
         f.debug_struct("Registry")
             .field("handlers", &self.handlers.keys().collect::<Vec<_>>())
             .field("catch_all", &self.catch_all.is_some())
+            .field("catch_all_matches", &self.catch_all_matches)
             .field("webhooks", &self.webhooks)
             .finish()
     }
@@ -158,9 +181,15 @@ impl Registry {
     pub(super) fn with_subscriptions(mut self, own: Option<&str>) -> Self {
         let mut subscriptions = Registrations::default();
         if let Some(own) = own {
-            if self.catch_all.is_some() {
+            if self.catch_all.is_some() && self.catch_all_matches.is_none() {
                 subscriptions.every_event.push(own.to_owned());
             } else {
+                if let (Some(_), Some(matches)) = (&self.catch_all, &self.catch_all_matches) {
+                    subscriptions.matching = Some(own.to_owned());
+                    subscriptions.matches = match_columns(matches);
+                }
+                // A handler of an event name takes that name's events,
+                // whatever a restricted catch-all's descriptions say.
                 for event_name in self.handlers.keys() {
                     subscriptions.subscribers.push(own.to_owned());
                     subscriptions.apps.push(None);
@@ -184,10 +213,24 @@ impl Registry {
         Self {
             handlers: self.handlers.clone(),
             catch_all: self.catch_all.clone(),
+            catch_all_matches: self.catch_all_matches.clone(),
             webhooks: self.webhooks.clone(),
             subscriptions: Registrations::default(),
             names: Vec::new(),
         }
+    }
+}
+
+fn match_columns(matches: &[EventMatch]) -> MatchColumns {
+    MatchColumns {
+        event_names: matches.iter().map(|m| m.event_name.clone()).collect(),
+        apps: matches.iter().map(|m| m.app.clone()).collect(),
+        resource_types: matches.iter().map(|m| m.resource_type.clone()).collect(),
+        event_types: matches.iter().map(|m| m.event_type.clone()).collect(),
+        since: matches
+            .iter()
+            .map(|m| m.since.map(|at| at.naive_utc()))
+            .collect(),
     }
 }
 
@@ -305,6 +348,20 @@ impl Dispatcher {
         self.own_name()?;
         self.update(|registry| registry.catch_all = Some(Arc::new(handler)));
         Ok(())
+    }
+
+    /// Has the catch-all handler take only the events one of `matches`
+    /// describes (it takes every event until this is called; an empty list
+    /// takes none), replacing any earlier list. Its rows written before
+    /// stay, and are delivered. Safe while running; reloads never touch it.
+    ///
+    /// Like any registration change, it has the next pass scan every event
+    /// since `start_from`: an event that an expansion with the earlier list
+    /// passed over is expanded if the new one describes it, whatever
+    /// expansions were in flight when the list changed.
+    pub fn restrict_catch_all(&self, matches: Vec<EventMatch>) {
+        let matches: Arc<[EventMatch]> = matches.into();
+        self.update(|registry| registry.catch_all_matches = Some(matches));
     }
 
     /// Registers webhook `subscribers` (keyed by subscriber name: what their
@@ -483,8 +540,27 @@ mod tests {
         assert!(subscriptions.every_event.is_empty());
 
         registry.catch_all = Some(handler);
-        let with_catch_all = registry.with_subscriptions(Some("me"));
+        let with_catch_all = registry.copy().with_subscriptions(Some("me"));
         assert_eq!(with_catch_all.subscriptions.every_event, ["me"]);
         assert_eq!(with_catch_all.subscriptions.subscribers, ["hook"]);
+
+        registry.catch_all_matches = Some(Arc::from(vec![EventMatch {
+            event_name: Some("e3".to_owned()),
+            app: Some(String::new()),
+            ..EventMatch::default()
+        }]));
+        let restricted = registry.with_subscriptions(Some("me"));
+        let subscriptions = &restricted.subscriptions;
+        assert!(subscriptions.every_event.is_empty());
+        assert_eq!(subscriptions.matching.as_deref(), Some("me"));
+        assert_eq!(subscriptions.matches.event_names, [Some("e3".to_owned())]);
+        assert_eq!(subscriptions.matches.apps, [Some(String::new())]);
+        assert_eq!(subscriptions.matches.resource_types, [None]);
+        assert_eq!(
+            subscriptions.subscribers,
+            ["me", "hook"],
+            "the handler of e1 still takes e1"
+        );
+        assert_eq!(restricted.names, ["hook", "me"]);
     }
 }
