@@ -53,6 +53,9 @@ fn bad_values_are_named_and_refused() {
             "verification-timeout",
         ),
         (vec!["--max-content-bytes", "many"], "max-content-bytes"),
+        (vec!["--max-connections", "0"], "max-connections"),
+        (vec!["--header-read-timeout", "0s"], "header-read-timeout"),
+        (vec!["--idle-timeout", "soon"], "idle-timeout"),
     ] {
         let output = Command::new(env!("CARGO_BIN_EXE_websubd"))
             .args(&args)
@@ -93,6 +96,9 @@ fn the_help_lists_every_setting_with_its_default() {
         ("--max-content-bytes <BYTES>", "16777216"),
         ("--delivery-timeout <DURATION>", "10s"),
         ("--allow-private-network [<BOOL>]", "false"),
+        ("--header-read-timeout <DURATION>", "10s"),
+        ("--idle-timeout <DURATION>", "75s"),
+        ("--max-connections <N>", "512"),
     ] {
         let entry = help
             .split_once(flag)

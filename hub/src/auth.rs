@@ -10,7 +10,11 @@
 //!   time).
 //!
 //! Failures are [`AuthError`]s whose answer is a 401 with a plain-text
-//! reason (a 500 for a configuration that cannot work). The hub's routes
+//! reason (a 431 for a token over [`MAX_TOKEN_BYTES`], a 500 for a
+//! configuration that cannot work). The size is checked before anything
+//! is decoded: a token's claims end up in store queries and in the URL of
+//! the subscriptions service, and a huge one, even correctly signed, would
+//! fail there instead, as an error of the hub's. The hub's routes
 //! call the checkers themselves rather than through extractors: a hub
 //! without a key answers differently (404 for the subscriber API, 403 for
 //! internal requests) from a caller without credentials.
@@ -33,6 +37,10 @@ pub const DEFAULT_USER_TOKEN_HEADER: &str = "Authorization";
 pub const DEFAULT_INTERNAL_API_KEY_HEADER: &str = "X-Internal-API-Key";
 /// The shortest internal key accepted.
 pub const MIN_INTERNAL_KEY_CHARS: usize = 32;
+/// The largest user token header value read, in bytes. Real tokens are a
+/// few hundred bytes; 8 KiB is also the largest header line many proxies
+/// pass, so a larger token could not work behind one anyway.
+pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 
 /// The authentication settings. A plain value: [`AuthConfig::default`] and
 /// set fields. (The hub reads them, with every other setting, through
@@ -103,6 +111,9 @@ pub enum AuthError {
     /// The token is not a well-formed JWT with the claims we read.
     #[error("malformed token")]
     MalformedToken,
+    /// The token header is longer than [`MAX_TOKEN_BYTES`].
+    #[error("the token is larger than {MAX_TOKEN_BYTES} bytes")]
+    TokenTooLarge,
     /// The token has no `exp` claim; tokens that never expire are refused.
     #[error("the token has no expiry")]
     MissingExpiry,
@@ -134,14 +145,17 @@ impl AuthError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidConfig(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::TokenTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             _ => StatusCode::UNAUTHORIZED,
         }
     }
 
+    /// Whether the answer carries a `Bearer` challenge: a 401 about the
+    /// user token.
     fn is_user_token(&self) -> bool {
         !matches!(
             self,
-            Self::MissingKey | Self::WrongKey | Self::InvalidConfig(_)
+            Self::MissingKey | Self::WrongKey | Self::InvalidConfig(_) | Self::TokenTooLarge
         )
     }
 }
@@ -260,6 +274,9 @@ impl UserTokens {
         let value = headers
             .get(&self.inner.header)
             .ok_or(AuthError::MissingToken)?;
+        if value.len() > MAX_TOKEN_BYTES {
+            return Err(AuthError::TokenTooLarge);
+        }
         let value = value
             .to_str()
             .map_err(|_| AuthError::MalformedToken)?

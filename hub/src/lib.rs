@@ -30,7 +30,9 @@
 //! - [`delivery`]: the delivery core both schedulers share;
 //! - [`net`]: the network policy for everything contacted on others' behalf;
 //! - [`signature`]: the HMAC signatures and their header names;
-//! - [`api`]: the HTTP adapter; [`server`]: assembling and running a hub;
+//! - [`api`]: the HTTP adapter; [`server`]: assembling and running a hub,
+//!   which serves connections under bounds on slow, idle and surplus
+//!   clients;
 //! - [`subscriber`]: the receiving side for services that subscribe;
 //! - [`config`]: settings, defaults and validation; [`clock`]: injected time.
 //!
@@ -71,6 +73,7 @@ pub mod feed;
 mod future;
 pub mod intake;
 pub mod lease;
+mod listen;
 pub mod net;
 pub mod outbox;
 pub mod protocol;

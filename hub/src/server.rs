@@ -366,9 +366,16 @@ impl Hub {
             shutdown.await;
             stop_serving.cancel();
         });
-        let served = axum::serve(listener, self.router())
-            .with_graceful_shutdown(stop.clone().cancelled_owned())
-            .await;
+        // Requests in flight at shutdown have as long to finish as the
+        // drain after them.
+        crate::listen::serve(
+            listener,
+            self.router(),
+            crate::listen::Limits::from(&self.config),
+            stop.clone(),
+            DRAIN_TIMEOUT,
+        )
+        .await;
 
         info!("shutting down: draining work in flight");
         let drain = async {
@@ -396,7 +403,6 @@ impl Hub {
         if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
             warn!("work still in flight after {DRAIN_TIMEOUT:?}; it resumes at the next start");
         }
-        served?;
         Ok(())
     }
 }

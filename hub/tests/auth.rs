@@ -14,7 +14,7 @@ use tower::ServiceExt;
 use websub_hub::HubConfig;
 use websub_hub::auth::{
     AuthConfig, AuthError, DEFAULT_INTERNAL_API_KEY_HEADER, DEFAULT_USER_TOKEN_HEADER, InternalKey,
-    MIN_INTERNAL_KEY_CHARS, UserTokens, issue_token,
+    MAX_TOKEN_BYTES, MIN_INTERNAL_KEY_CHARS, UserTokens, issue_token,
 };
 
 const SECRET: &str = "the key user tokens are signed with";
@@ -161,6 +161,26 @@ fn a_malformed_token_is_refused() {
         tokens().authenticate(&bearer(&numeric_sub)).map(|u| u.id),
         Err(AuthError::MalformedToken)
     );
+}
+
+#[test]
+fn a_token_over_the_size_bound_is_refused_unread_even_when_signed() {
+    // The subject pads the token; the signature is right.
+    let sized = |bytes: usize| issue_token(SECRET, &"u".repeat(bytes), None, HOUR);
+    let fits = sized(4 * 1024);
+    assert!(format!("Bearer {fits}").len() <= MAX_TOKEN_BYTES);
+    assert!(tokens().authenticate(&bearer(&fits)).is_ok());
+    for bytes in [MAX_TOKEN_BYTES, 20 * 1024, 100 * 1024] {
+        let token = sized(bytes);
+        let refused = tokens().authenticate(&bearer(&token)).map(|user| user.id);
+        assert_eq!(refused, Err(AuthError::TokenTooLarge), "{bytes}");
+    }
+    let response = AuthError::TokenTooLarge.into_response();
+    assert_eq!(
+        response.status(),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    assert!(response.headers().get(header::WWW_AUTHENTICATE).is_none());
 }
 
 #[test]

@@ -326,6 +326,12 @@ mod tests {
                 "11",
                 "--delivery-batch-size",
                 "42",
+                "--header-read-timeout",
+                "4s",
+                "--idle-timeout",
+                "20s",
+                "--max-connections",
+                "300",
             ],
             no_env,
         )

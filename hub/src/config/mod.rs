@@ -23,6 +23,10 @@ use crate::setting::{invalid, secs};
 pub use command_line::{CommandLine, LoadError};
 pub use settings::Settings;
 
+/// The longest header read or idle timeout accepted: a client allowed
+/// more than a day to say something holds its connection for good.
+const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 /// Everything a hub needs to run. Build it with [`HubConfig::default`] (the
 /// embedded default), adjust fields, and call [`HubConfig::validate`]; or
 /// lay [`Settings`] over the default with [`HubConfig::layered`].
@@ -59,6 +63,23 @@ pub struct HubConfig {
     /// The largest content accepted from a fat ping or a topic fetch, in
     /// bytes.
     pub max_content_bytes: usize,
+    /// The time a request head (request line and headers) has to arrive,
+    /// from the connection's accept or the first byte of a later request
+    /// on it, and the longest a request body may stall; a client too slow
+    /// is closed.
+    pub header_read_timeout: Duration,
+    /// The time a kept-alive connection may wait for its next request after
+    /// an answer. Longer than the 60 s idle timeout of common load
+    /// balancers, so that a proxy pooling connections to the hub closes
+    /// them first.
+    pub idle_timeout: Duration,
+    /// HTTP connections open at most. Past it, the connection that has
+    /// waited longest for its client is closed to make room; with the hub
+    /// working on a request on every one, a new one is answered 503. The
+    /// default
+    /// leaves room under a 1 024 file-descriptor limit for deliveries,
+    /// verifications and database connections.
+    pub max_connections: usize,
     /// How often expired subscriptions are removed.
     pub reaper_interval: Duration,
     /// How often the dispatcher polls for due deliveries when nothing wakes it.
@@ -146,6 +167,9 @@ impl Default for HubConfig {
             internal_api_key_header: crate::auth::DEFAULT_INTERNAL_API_KEY_HEADER.to_owned(),
             max_form_bytes: 64 * 1024,
             max_content_bytes: 16 * 1024 * 1024,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(75),
+            max_connections: 512,
             reaper_interval: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
             retention: None,
@@ -417,6 +441,21 @@ impl HubConfig {
         }
         if self.max_content_bytes == 0 {
             return Err(invalid("max-content-bytes", 0, "must be positive"));
+        }
+        for (setting, timeout) in [
+            ("header-read-timeout", self.header_read_timeout),
+            ("idle-timeout", self.idle_timeout),
+        ] {
+            if timeout.is_zero() || timeout > MAX_CONNECTION_TIMEOUT {
+                return Err(invalid(
+                    setting,
+                    secs(timeout),
+                    "must be positive and at most a day",
+                ));
+            }
+        }
+        if self.max_connections == 0 {
+            return Err(invalid("max-connections", 0, "must be positive"));
         }
         if self.reaper_interval.is_zero() {
             return Err(invalid(

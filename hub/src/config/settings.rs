@@ -114,6 +114,19 @@ pub struct Settings {
     /// bytes.
     #[cfg_attr(feature = "cli", arg(long, value_name = "BYTES"))]
     pub max_content_bytes: Option<usize>,
+    /// Time a request head has to arrive, from the connection's accept or
+    /// the first byte of a later request on it; also the longest a request
+    /// body may stall.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub header_read_timeout: Option<String>,
+    /// Time a kept-alive connection may wait for its next request.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub idle_timeout: Option<String>,
+    /// HTTP connections open at most; past it the one waiting longest for
+    /// its client makes room, or, with every one busy, the new one is
+    /// answered 503.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub max_connections: Option<usize>,
     /// Allow callbacks and topics on loopback, private, link-local or
     /// unique-local addresses (refused with 400 otherwise).
     // A bare `--allow-private-network` means true, as it always has; a
@@ -195,6 +208,9 @@ impl Settings {
             retention,
             max_form_bytes,
             max_content_bytes,
+            header_read_timeout,
+            idle_timeout,
+            max_connections,
             allow_private_network,
             internal_api_key,
             internal_api_key_header,
@@ -272,6 +288,13 @@ impl Settings {
         }
         set(&mut config.max_form_bytes, max_form_bytes);
         set(&mut config.max_content_bytes, max_content_bytes);
+        set_duration(
+            &mut config.header_read_timeout,
+            "header-read-timeout",
+            header_read_timeout,
+        )?;
+        set_duration(&mut config.idle_timeout, "idle-timeout", idle_timeout)?;
+        set(&mut config.max_connections, max_connections);
         set(&mut config.allow_private_network, allow_private_network);
         if internal_api_key.is_some() {
             config.internal_api_key = internal_api_key;
@@ -329,6 +352,9 @@ impl From<&HubConfig> for Settings {
             internal_api_key_header,
             max_form_bytes,
             max_content_bytes,
+            header_read_timeout,
+            idle_timeout,
+            max_connections,
             reaper_interval,
             poll_interval,
             retention,
@@ -385,6 +411,9 @@ impl From<&HubConfig> for Settings {
             retention: retention.as_ref().and_then(duration),
             max_form_bytes: Some(*max_form_bytes),
             max_content_bytes: Some(*max_content_bytes),
+            header_read_timeout: duration(header_read_timeout),
+            idle_timeout: duration(idle_timeout),
+            max_connections: Some(*max_connections),
             allow_private_network: Some(*allow_private_network),
             internal_api_key: internal_api_key.clone(),
             internal_api_key_header: Some(internal_api_key_header.clone()),
@@ -458,6 +487,9 @@ pub(super) mod tests {
         assert_eq!(config.verification.timeout, Duration::from_secs(3));
         assert_eq!(config.verification.concurrency, 11);
         assert_eq!(config.delivery.batch_size, 42);
+        assert_eq!(config.header_read_timeout, Duration::from_secs(4));
+        assert_eq!(config.idle_timeout, Duration::from_secs(20));
+        assert_eq!(config.max_connections, 300);
     }
 
     pub(crate) fn every_field_changed() -> HubConfig {
@@ -494,6 +526,9 @@ pub(super) mod tests {
             internal_api_key_header: "X-Service-Key".to_owned(),
             max_form_bytes: 1000,
             max_content_bytes: 2000,
+            header_read_timeout: Duration::from_secs(4),
+            idle_timeout: Duration::from_secs(20),
+            max_connections: 300,
             reaper_interval: Duration::from_secs(5 * 60),
             poll_interval: Duration::from_millis(200),
             retention: Some(Duration::from_secs(7 * 86_400)),
@@ -524,7 +559,8 @@ pub(super) mod tests {
         let file: Settings = toml::from_str(
             "max_form_bytes = 1000\nmax_content_bytes = 2000\nreaper_interval = \"5m\"\n\
              verification_timeout = \"3s\"\nverification_concurrency = 11\n\
-             delivery_batch_size = 42\nvisibility_timeout = \"90s\"\n",
+             delivery_batch_size = 42\nvisibility_timeout = \"90s\"\n\
+             header_read_timeout = \"4s\"\nidle_timeout = \"20s\"\nmax_connections = 300\n",
         )
         .expect("parse");
         let config = HubConfig::layered([file]).expect("valid");
@@ -558,6 +594,9 @@ pub(super) mod tests {
             ("reaper_interval = \"0s\"", "reaper-interval"),
             ("delivery_batch_size = 0", "delivery-batch-size"),
             ("max_form_bytes = 0", "max-form-bytes"),
+            ("header_read_timeout = \"0s\"", "header-read-timeout"),
+            ("idle_timeout = \"never\"", "idle-timeout"),
+            ("max_connections = 0", "max-connections"),
             ("quota_url = \"not a url\"", "quota-url"),
         ] {
             let file: Settings = toml::from_str(text).expect("parse");
