@@ -57,6 +57,17 @@ async fn post_form(hub: &str, form: &[(&str, &str)]) -> reqwest::Response {
         .expect("POST to the hub")
 }
 
+async fn metrics_of(hub: &Websubd) -> String {
+    http_client()
+        .get(format!("{}metrics", hub.url))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text")
+}
+
 async fn kill_9_while_a_thin_ping_is_fetched_loses_nothing(database_url: String) {
     let dir = scratch_dir("ping");
     let subscriber = TestSubscriber::start().await;
@@ -108,7 +119,7 @@ async fn kill_9_while_a_thin_ping_is_fetched_loses_nothing(database_url: String)
         "delivered before the kill; the test proves nothing"
     );
 
-    let _second = Websubd::spawn(&dir, free_port(), &args).ready().await;
+    let second = Websubd::spawn(&dir, free_port(), &args).ready().await;
     let delivered = subscriber
         .wait_for_deliveries("ping", 1, Duration::from_secs(60))
         .await;
@@ -116,6 +127,11 @@ async fn kill_9_while_a_thin_ping_is_fetched_loses_nothing(database_url: String)
         delivered.first().map(|delivery| delivery.body.as_ref()),
         Some(b"the content after the kill".as_slice()),
         "the ping acknowledged before the kill was never honoured"
+    );
+    let metrics = metrics_of(&second).await;
+    assert!(
+        metrics.contains("websub_topic_fetches_total{outcome=\"recorded\"} 1"),
+        "{metrics}"
     );
 }
 
@@ -174,7 +190,7 @@ async fn kill_9_with_verifications_pending_loses_none(database_url: String) {
         "every verification finished before the kill; the test proves nothing"
     );
 
-    let _second = Websubd::spawn(&dir, free_port(), &args).ready().await;
+    let second = Websubd::spawn(&dir, free_port(), &args).ready().await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let mut held = before;
     while held < REQUESTS && tokio::time::Instant::now() < deadline {
@@ -184,6 +200,11 @@ async fn kill_9_with_verifications_pending_loses_none(database_url: String) {
     assert_eq!(
         held, REQUESTS,
         "{before} subscribed before the kill, {held} of {REQUESTS} after the restart"
+    );
+    let metrics = metrics_of(&second).await;
+    assert!(
+        metrics.contains("websub_verifications_total{mode=\"subscribe\",outcome=\"verified\"}"),
+        "{metrics}"
     );
 }
 
