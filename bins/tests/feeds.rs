@@ -322,3 +322,220 @@ async fn websub_subscribers_get_the_envelope_and_sighup_applies_new_webhooks() {
         2
     );
 }
+
+/// Cuts the hub's own database off (no new connections, every open one
+/// terminated) until [`HubDatabaseOutage::end`], while the server and the
+/// producer's database stay up.
+struct HubDatabaseOutage {
+    admin: sqlx::PgConnection,
+    name: String,
+}
+
+impl HubDatabaseOutage {
+    async fn begin(hub_database_url: &str) -> Self {
+        use sqlx::Connection;
+        let admin_url = websub_storetest::servers::postgres_url()
+            .await
+            .expect("the test PostgreSQL");
+        let mut admin = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .expect("connect as the administrator");
+        let name = hub_database_url
+            .rsplit('/')
+            .next()
+            .expect("a database name")
+            .to_owned();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false"
+        )))
+        .execute(&mut admin)
+        .await
+        .expect("refuse connections");
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+            .bind(&name)
+            .execute(&mut admin)
+            .await
+            .expect("cut the open connections");
+        Self { admin, name }
+    }
+
+    async fn end(mut self) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE {} WITH ALLOW_CONNECTIONS true",
+            self.name
+        )))
+        .execute(&mut self.admin)
+        .await
+        .expect("allow connections again");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hub_database_outage_loses_and_duplicates_no_bridged_event() {
+    const EVENTS: u32 = 2000;
+    let Some(shop) = Shop::open().await else {
+        return;
+    };
+    let hub_database = websub_storetest::servers::fresh_postgres_url()
+        .await
+        .expect("a database for the hub");
+    let hook = Hook::start(Duration::ZERO).await;
+    let dir = scratch_dir("feed-outage");
+    let webhooks = dir.join("webhooks.toml");
+    write_webhooks(&webhooks, "billing", &hook.url("billing"));
+    let config = shop.config_file(&dir, &webhooks);
+    // Listed, the events go to the bridge whoever subscribes: it is called
+    // (and fails) throughout the outage.
+    let text = std::fs::read_to_string(&config).expect("read the config");
+    std::fs::write(
+        &config,
+        text.replace(
+            "[[feed]]\n",
+            &format!("[[feed]]\nevents = [\"{EVENT_NAME}\"]\n"),
+        ),
+    )
+    .expect("write the config");
+    let config = config.display().to_string();
+    let hub = Websubd::spawn(
+        &dir,
+        free_port(),
+        &["--config", &config, "--database-url", &hub_database],
+    )
+    .ready()
+    .await;
+    let topic = format!("{}topics/{EVENT_NAME}", hub.url);
+    let subscriber = TestSubscriber::start().await;
+    let callback = subscriber.callback("orders");
+    let response = http_client()
+        .post(&hub.url)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(
+            serde_urlencoded::to_string([
+                ("hub.mode", "subscribe"),
+                ("hub.topic", topic.as_str()),
+                ("hub.callback", callback.as_str()),
+            ])
+            .unwrap_or_default(),
+        )
+        .send()
+        .await
+        .expect("subscribe");
+    assert_eq!(response.status().as_u16(), 202);
+    subscriber.wait_for_verifications(1, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    shop.produce(0..EVENTS / 3).await;
+    let outage = HubDatabaseOutage::begin(&hub_database).await;
+    let at_outage = subscriber.deliveries_to("orders").len();
+    shop.produce(EVENTS / 3..2 * EVENTS / 3).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    outage.end().await;
+    shop.produce(2 * EVENTS / 3..EVENTS).await;
+
+    let all = subscriber
+        .wait_until(Duration::from_secs(120), |s| {
+            distinct_orders(&s.deliveries_to("orders")) >= EVENTS as usize
+        })
+        .await;
+    let deliveries = subscriber.deliveries_to("orders");
+    assert!(
+        all,
+        "{} of {EVENTS} events reached the WebSub subscriber ({at_outage} before the outage)",
+        distinct_orders(&deliveries)
+    );
+    assert!(
+        (at_outage as u32) < EVENTS,
+        "every event was delivered before the outage; the test proves nothing"
+    );
+    // One event per outbox event: every delivery carries its envelope's id,
+    // so a receiver de-duplicating on it sees each event once.
+    let mut ids_of_order: std::collections::HashMap<String, HashSet<String>> =
+        std::collections::HashMap::new();
+    for delivery in &deliveries {
+        let envelope: serde_json::Value =
+            serde_json::from_slice(&delivery.body).expect("the envelope is JSON");
+        let event_id = envelope["event_id"].as_str().expect("event_id").to_owned();
+        assert_eq!(
+            delivery.header("x-websub-event-id"),
+            Some(event_id.as_str()),
+            "the WebSub event id is the envelope's"
+        );
+        ids_of_order
+            .entry(envelope["data"]["order"].to_string())
+            .or_default()
+            .insert(event_id);
+    }
+    let recorded_twice = ids_of_order.values().filter(|ids| ids.len() > 1).count();
+    assert_eq!(recorded_twice, 0, "events recorded as two hub events");
+    eprintln!(
+        "{} deliveries of {EVENTS} events ({} repeated with the same id)",
+        deliveries.len(),
+        deliveries.len() - EVENTS as usize
+    );
+    assert!(hook.wait_for("billing", EVENTS as usize).await);
+    drop(hub);
+}
+
+fn distinct_orders(deliveries: &[Received]) -> usize {
+    deliveries
+        .iter()
+        .map(|delivery| delivery.body.clone())
+        .collect::<HashSet<_>>()
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_webhook_that_redirects_to_loopback_sends_nothing_there() {
+    let Some(shop) = Shop::open().await else {
+        return;
+    };
+    let hook = Hook::start(Duration::ZERO).await;
+    // The webhook answers every delivery with a redirect to another path on
+    // loopback, the kind of address a redirect must not smuggle a key to.
+    let target = hook.url("internal-target");
+    hook.receiver.answer(
+        Route::path("/redirecting"),
+        Answer::status(307).with_header("location", &target),
+    );
+    let dir = scratch_dir("feed-redirect");
+    let webhooks = dir.join("webhooks.toml");
+    write_webhooks(&webhooks, "billing", &hook.url("redirecting"));
+    let config = shop.config_file(&dir, &webhooks).display().to_string();
+    let _hub = Websubd::spawn(&dir, free_port(), &["--config", &config])
+        .ready()
+        .await;
+    shop.produce(0..1).await;
+
+    // Every attempt (the first and the retries, 500 ms apart at most) ends
+    // at the redirect; the row keeps the status as its error.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let last_error = loop {
+        let row: Option<(Option<String>, i32, bool)> = sqlx::query_as(
+            "SELECT last_error, retry_count, processed_at IS NOT NULL \
+             FROM shop.outbox_deliveries WHERE subscriber = 'billing'",
+        )
+        .fetch_optional(&shop.pool)
+        .await
+        .expect("read the delivery row");
+        if let Some((Some(error), retries, processed)) = row {
+            assert!(!processed, "a redirect was recorded as delivered");
+            if retries >= 2 {
+                break error;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the webhook was never attempted twice"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(last_error.contains("307"), "{last_error}");
+    assert!(
+        hook.receiver.received_at("/redirecting").len() >= 2,
+        "the webhook itself was asked"
+    );
+    assert!(
+        hook.receiver.received_at("/internal-target").is_empty(),
+        "the redirect target received a delivery"
+    );
+}

@@ -105,4 +105,10 @@ impl Handler for WebSubBridge {
         (self.wake)();
         Ok(())
     }
+
+    /// An envelope always fits the hub's event log: a failure is the log's
+    /// database failing, and the event waits for it.
+    fn retries_without_limit(&self) -> bool {
+        true
+    }
 }

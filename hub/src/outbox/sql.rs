@@ -164,6 +164,9 @@ pub(crate) enum RowOutcome {
     Retry { error: String, wait: Duration },
     /// Failed with no retries left: never claimed again.
     Exhausted { error: String },
+    /// Failed for a reason that is not the event's: due again after `wait`,
+    /// no attempt counted.
+    Postponed { error: String, wait: Duration },
     /// Not attempted (its subscriber went away, or is saturated): the claim
     /// is handed back without counting an attempt.
     Released,
@@ -345,6 +348,7 @@ impl Queries {
                  processing_since = NULL, \
                  next_attempt_at = CASE c.kind \
                      WHEN 'retry' THEN {NOW} + make_interval(secs => c.wait) \
+                     WHEN 'postponed' THEN {NOW} + make_interval(secs => c.wait) \
                      WHEN 'exhausted' THEN NULL \
                      ELSE d.next_attempt_at END \
              FROM unnest($1::uuid[], $2::text[], $3::timestamp[], $4::text[], $5::text[], \
@@ -482,6 +486,9 @@ impl Queries {
                     ("retry", Some(error.as_str()), Some(wait.as_secs_f64()))
                 }
                 RowOutcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
+                RowOutcome::Postponed { error, wait } => {
+                    ("postponed", Some(error.as_str()), Some(wait.as_secs_f64()))
+                }
                 RowOutcome::Released => ("released", None, None),
             };
             kinds.push(kind);

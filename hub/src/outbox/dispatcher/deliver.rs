@@ -45,6 +45,15 @@ impl Dispatcher {
             let answer = self
                 .call(handler.as_ref(), &prepared.envelope, deadline)
                 .await;
+            if let Err(error) = &answer
+                && handler.retries_without_limit()
+            {
+                warn!(%error, event = %row.event_id, "handler failed; the event waits for it");
+                return RowOutcome::Postponed {
+                    error: error.clone(),
+                    wait: inner.config.retry.max_backoff,
+                };
+            }
             inner.handlers.verdict(answer.into(), failures_before)
         } else {
             let subscriber = registry
@@ -200,7 +209,7 @@ impl OutcomeStore for RowOutcomes {
 
     fn retry_in(&self, completion: &RowCompletion) -> Option<Duration> {
         match completion.outcome {
-            RowOutcome::Retry { wait, .. } => Some(wait),
+            RowOutcome::Retry { wait, .. } | RowOutcome::Postponed { wait, .. } => Some(wait),
             _ => None,
         }
     }

@@ -62,6 +62,16 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 pub trait Handler: Send + Sync {
     /// Handles one delivery.
     async fn handle(&self, envelope: &Envelope) -> Result<(), HandlerError>;
+
+    /// Whether a failure never says anything about the event, only about
+    /// the handler's own footing: the WebSub bridge fails only while the
+    /// hub's own database does. Such a handler's failed delivery waits the
+    /// longest backoff and is tried again, without spending the retry
+    /// budget, until it succeeds: an outage of the hub's database delays
+    /// events, never exhausts them.
+    fn retries_without_limit(&self) -> bool {
+        false
+    }
 }
 
 #[async_trait]
