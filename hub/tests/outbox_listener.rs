@@ -342,3 +342,36 @@ async fn an_idle_healthy_listener_keeps_its_connection() {
     assert!(notified_delivery(&db, &receiver).await < Duration::from_secs(1));
     running.stop().await;
 }
+
+/// A listener whose connection is killed reconnects exactly once: one new
+/// backend listens, and it is still the one after twenty liveness periods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_listener_connection_is_replaced_exactly_once() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    let interval = Duration::from_millis(100);
+    let config = DispatcherConfig {
+        listener_ping_interval: interval,
+        ..config(&db.tables)
+    };
+    let running = run_with_hook(db.pool.clone(), config, &receiver);
+    running.listening().await;
+    let first = db.listener_pid().await.expect("a LISTEN connection");
+    terminate(&db.pool, first).await;
+    let replaced = eventually_async(Duration::from_secs(10), || async {
+        db.listener_pid().await.is_some_and(|pid| pid != first)
+    })
+    .await;
+    assert!(replaced, "the listener did not reconnect");
+    let second = db.listener_pid().await.expect("the new LISTEN connection");
+    // Observing that nothing more happens takes the time it covers.
+    tokio::time::sleep(interval * 20).await;
+    assert_eq!(
+        db.listener_pids().await,
+        vec![second],
+        "the listener reconnected more than once"
+    );
+    running.stop().await;
+}
