@@ -539,3 +539,146 @@ async fn a_webhook_that_redirects_to_loopback_sends_nothing_there() {
         "the redirect target received a delivery"
     );
 }
+
+/// A webhook receiver written with the published `standardwebhooks`
+/// Python library: it verifies every POST as that library does and answers
+/// 204, or 401 when verification fails, and records each verdict.
+const STANDARD_RECEIVER: &str = r#"
+import http.server, sys
+from standardwebhooks.webhooks import Webhook
+secret, port_file, log_file = sys.argv[1], sys.argv[2], sys.argv[3]
+hook = Webhook(secret)
+class Receiver(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        try:
+            hook.verify(body, dict(self.headers.items()))
+            verdict, status = "verified " + self.headers["webhook-id"], 204
+        except Exception as error:
+            verdict, status = "refused " + type(error).__name__, 401
+        with open(log_file, "a") as log:
+            log.write(verdict + "\n")
+        self.send_response(status)
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+with open(port_file, "w") as out:
+    out.write(str(server.server_address[1]))
+server.serve_forever()
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn standard_webhooks_signatures_verify_with_the_published_library() {
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let library = std::process::Command::new("python3")
+        .args(["-c", "import standardwebhooks"])
+        .status();
+    if !library.is_ok_and(|status| status.success()) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but python3 cannot import standardwebhooks (.ci/run installs it)"
+        );
+        eprintln!("skipped: python3 -m pip install standardwebhooks to run this test");
+        return;
+    }
+    let Some(shop) = Shop::open().await else {
+        return;
+    };
+    let dir = scratch_dir("feed-standard");
+    let script = dir.join("receiver.py");
+    std::fs::write(&script, STANDARD_RECEIVER).expect("write the receiver");
+    let (port_file, log_file) = (dir.join("port"), dir.join("verdicts"));
+    let mut receiver = std::process::Command::new("python3")
+        .arg(&script)
+        .args([
+            SECRET,
+            &port_file.display().to_string(),
+            &log_file.display().to_string(),
+        ])
+        .spawn()
+        .expect("start the receiver");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let port = loop {
+        if let Some(port) = std::fs::read_to_string(&port_file)
+            .ok()
+            .and_then(|port| port.trim().parse::<u16>().ok())
+        {
+            break port;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the receiver never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let verdicts = || {
+        std::fs::read_to_string(&log_file)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+
+    let webhooks = dir.join("webhooks.toml");
+    write_webhooks(
+        &webhooks,
+        "billing",
+        &format!("http://127.0.0.1:{port}/hook"),
+    );
+    let config = shop.config_file(&dir, &webhooks);
+    let text = std::fs::read_to_string(&config).expect("read the config");
+    std::fs::write(
+        &config,
+        text.replace(
+            &format!("signing_secret = \"{SIGNING_SECRET}\""),
+            &format!("signing_secret = \"{SECRET}\"\nsignature_scheme = \"standard-webhooks\""),
+        ),
+    )
+    .expect("write the config");
+    let config = config.display().to_string();
+    let hub = Websubd::spawn(&dir, free_port(), &["--config", &config])
+        .ready()
+        .await;
+    shop.produce(0..3).await;
+    while verdicts().len() < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline + WAIT,
+            "the webhooks never arrived: {:?}",
+            verdicts()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let received = verdicts();
+    assert!(
+        received
+            .iter()
+            .all(|verdict| verdict.starts_with("verified ")),
+        "{received:?}"
+    );
+    // The same library refuses what it should: a changed body, and a
+    // correctly signed request whose timestamp is ten minutes old.
+    let key = websub_hub::signature::standard_key(SECRET).expect("the key");
+    let old = chrono::Utc::now().timestamp() - 600;
+    let body = br#"{"order":1}"#;
+    for (timestamp, sent) in [
+        (chrono::Utc::now().timestamp(), br#"{"order":2}"#.as_slice()),
+        (old, body.as_slice()),
+    ] {
+        let signature = websub_hub::signature::sign_standard(&key, "msg_1", timestamp, body);
+        let answer = http_client()
+            .post(format!("http://127.0.0.1:{port}/hook"))
+            .header("webhook-id", "msg_1")
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(sent.to_vec())
+            .send()
+            .await
+            .expect("POST to the receiver");
+        assert_eq!(answer.status().as_u16(), 401);
+    }
+    drop(hub);
+    let _ = receiver.kill();
+    let _ = receiver.wait();
+}

@@ -1,6 +1,8 @@
 //! Signing what the hub sends and checking what a receiver gets: the WebSub
-//! `X-Hub-Signature` and the outbox webhook signature. Pure functions of
-//! (secret, body), tested with fixed vectors.
+//! `X-Hub-Signature`, the outbox webhook signature, and the Standard
+//! Webhooks signature an outbox feed may choose instead (over id, timestamp
+//! and body, so that a receiver can refuse a replayed request by its age).
+//! Pure functions, tested with fixed vectors.
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Sha256, Sha384, Sha512};
@@ -14,6 +16,42 @@ pub const EVENT_ID_HEADER: &str = "X-WebSub-Event-ID";
 pub const MESSAGING_SIGNATURE_HEADER: &str = "X-Bootstrapify-Messaging-Signature";
 /// The outbox webhook event-id header (the messaging contract).
 pub const MESSAGING_EVENT_ID_HEADER: &str = "X-Bootstrapify-Messaging-Event-ID";
+
+/// The prefix of a Standard Webhooks secret; the rest is the key, base64.
+pub const STANDARD_SECRET_PREFIX: &str = "whsec_";
+
+/// The key a Standard Webhooks secret (`whsec_<base64>`) holds, or why it
+/// holds none.
+pub fn standard_key(secret: &str) -> Result<Vec<u8>, String> {
+    use base64::Engine;
+    let Some(encoded) = secret.strip_prefix(STANDARD_SECRET_PREFIX) else {
+        return Err(format!("must start with {STANDARD_SECRET_PREFIX}"));
+    };
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|error| format!("is not {STANDARD_SECRET_PREFIX} and base64: {error}"))?;
+    if key.is_empty() {
+        return Err("holds an empty key".to_owned());
+    }
+    Ok(key)
+}
+
+/// The Standard Webhooks `webhook-signature` value: `v1,<base64 of
+/// HMAC-SHA256 over "<id>.<timestamp>.<body>" keyed with key>`.
+pub fn sign_standard(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
+    use base64::Engine;
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key)
+        .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    )
+}
 
 /// `sha256=<lowercase hex HMAC-SHA256 of body keyed with secret>`: the value
 /// of both [`HUB_SIGNATURE_HEADER`] and [`MESSAGING_SIGNATURE_HEADER`].
@@ -54,6 +92,28 @@ fn check<M: Mac + KeyInit>(secret: &[u8], body: &[u8], digest: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The Standard Webhooks specification's example.
+    #[test]
+    fn standard_signatures_match_the_specification() {
+        let key = standard_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").expect("a valid secret");
+        assert_eq!(
+            sign_standard(
+                &key,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                1_614_265_330,
+                br#"{"test": 2432232314}"#
+            ),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+    }
+
+    #[test]
+    fn standard_secrets_need_their_prefix_and_base64() {
+        assert!(standard_key("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").is_err());
+        assert!(standard_key("whsec_not base64!").is_err());
+        assert!(standard_key("whsec_").is_err());
+    }
 
     // RFC 4231, test case 2.
     const KEY: &[u8] = b"Jefe";

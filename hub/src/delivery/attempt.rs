@@ -10,31 +10,46 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
-use crate::signature::sign;
+use crate::signature::{sign, sign_standard};
 
 /// How much of an answer is read so its connection can be reused; a longer
 /// one is abandoned with its connection (the content means nothing here).
 const DRAINED_AT_MOST: usize = 64 * 1024;
 
-/// The headers a channel names its event and its signature with.
+/// The headers a channel names its event and its signature with, and what
+/// the signature covers.
 #[derive(Debug)]
 pub struct SignatureScheme {
     /// Carries the event id receivers de-duplicate on.
     pub event_id: HeaderName,
-    /// Carries `sha256=<HMAC of the raw body>` when there is a secret.
+    /// Carries the signature when there is a secret.
     pub signature: HeaderName,
+    /// Carries the time of sending, when the signature covers it.
+    pub timestamp: Option<HeaderName>,
 }
 
 /// WebSub's: `X-WebSub-Event-ID` and `X-Hub-Signature`.
 pub static WEBSUB_SCHEME: SignatureScheme = SignatureScheme {
     event_id: HeaderName::from_static("x-websub-event-id"),
     signature: HeaderName::from_static("x-hub-signature"),
+    timestamp: None,
 };
 
 /// The messaging contract's, for outbox webhooks.
 pub static MESSAGING_SCHEME: SignatureScheme = SignatureScheme {
     event_id: HeaderName::from_static("x-bootstrapify-messaging-event-id"),
     signature: HeaderName::from_static("x-bootstrapify-messaging-signature"),
+    timestamp: None,
+};
+
+/// Standard Webhooks': `webhook-id`, `webhook-timestamp` (Unix seconds) and
+/// `webhook-signature: v1,<base64 HMAC over id.timestamp.body>`, which an
+/// outbox feed may choose so that receivers can use the published
+/// `standardwebhooks` libraries and refuse replays by their age.
+pub static STANDARD_WEBHOOKS_SCHEME: SignatureScheme = SignatureScheme {
+    event_id: HeaderName::from_static("webhook-id"),
+    signature: HeaderName::from_static("webhook-signature"),
+    timestamp: Some(HeaderName::from_static("webhook-timestamp")),
 };
 
 /// What one attempt sends.
@@ -93,13 +108,19 @@ pub async fn post(
     for (name, value) in request.headers {
         builder = builder.header(name.clone(), value.clone());
     }
-    builder = builder.header(request.scheme.event_id.clone(), request.event_id);
     if let Some(secret) = request.secret {
-        builder = builder.header(
-            request.scheme.signature.clone(),
-            sign(secret, &request.body),
-        );
+        let signature = match &request.scheme.timestamp {
+            None => sign(secret, &request.body),
+            Some(header) => {
+                let now = chrono::Utc::now().timestamp();
+                builder = builder.header(header.clone(), now);
+                let id = String::from_utf8_lossy(request.event_id.as_bytes());
+                sign_standard(secret, &id, now, &request.body)
+            }
+        };
+        builder = builder.header(request.scheme.signature.clone(), signature);
     }
+    builder = builder.header(request.scheme.event_id.clone(), request.event_id);
     let exchange = exchange(builder.body(request.body));
     let answered = match deadline {
         None => exchange.await,

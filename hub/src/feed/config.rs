@@ -11,8 +11,8 @@ use serde::Deserialize;
 use super::{DEFAULT_TOPIC_TEMPLATE, TopicTemplate};
 use crate::delivery::RetryPolicy;
 use crate::net::NetPolicy;
-use crate::outbox::DispatcherConfig;
 use crate::outbox::{DEFAULT_DELIVERIES_TABLE, DEFAULT_OUTBOX_TABLE, OutboxTables};
+use crate::outbox::{DispatcherConfig, WebhookSignature};
 use crate::setting::{ConfigError, invalid, parse_duration};
 
 /// The subscriber name a feed's bridge delivers as unless configured
@@ -58,6 +58,10 @@ pub struct FeedConfig {
     pub webhooks_file: Option<PathBuf>,
     /// The secret webhook bodies are signed with.
     pub signing_secret: Option<String>,
+    /// `messaging` (the default: the messaging contract's headers) or
+    /// `standard-webhooks` (`webhook-id`, `webhook-timestamp`,
+    /// `webhook-signature`; the secret is then `whsec_…`).
+    pub signature_scheme: Option<String>,
     /// Headers sent with every webhook.
     #[serde(default)]
     pub webhook_headers: BTreeMap<String, String>,
@@ -120,6 +124,7 @@ impl FeedConfig {
             notify_channel: None,
             webhooks_file: None,
             signing_secret: None,
+            signature_scheme: None,
             webhook_headers: BTreeMap::new(),
             retention: None,
             delivery_retries: None,
@@ -214,6 +219,12 @@ impl FeedConfig {
                 allow_private_network: self.allow_private_network.unwrap_or(false),
             },
             signing_secret: self.signing_secret.clone(),
+            signature_scheme: match &self.signature_scheme {
+                None => WebhookSignature::default(),
+                Some(scheme) => scheme
+                    .parse()
+                    .map_err(|reason: String| invalid("feed.signature_scheme", scheme, reason))?,
+            },
             webhook_headers: self
                 .webhook_headers
                 .iter()

@@ -10,7 +10,7 @@ use super::super::{OutboxTables, check_channel};
 use crate::delivery::RetryPolicy;
 use crate::net::NetPolicy;
 use crate::setting::{ConfigError, invalid};
-use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER};
+use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, standard_key};
 
 /// Everything a dispatcher needs besides its pool. [`Default`] gives the
 /// messaging contract's defaults; set what differs, then
@@ -58,6 +58,10 @@ pub struct DispatcherConfig {
     /// The secret webhook bodies are signed with
     /// ([`MESSAGING_SIGNATURE_HEADER`]); no signature without one.
     pub signing_secret: Option<String>,
+    /// How webhooks are signed: the messaging contract's headers (the
+    /// default), or Standard Webhooks' (`signing_secret` is then a
+    /// `whsec_…` secret).
+    pub signature_scheme: WebhookSignature,
     /// Headers sent with every webhook POST, e.g. an internal API key.
     pub webhook_headers: Vec<(String, String)>,
     /// Which addresses webhooks may be POSTed to: by default public ones
@@ -110,6 +114,7 @@ impl Default for DispatcherConfig {
             delivery_timeout: Duration::from_secs(10),
             visibility_timeout: Duration::from_secs(60),
             signing_secret: None,
+            signature_scheme: WebhookSignature::Messaging,
             webhook_headers: Vec::new(),
             network: NetPolicy::default(),
             retention: None,
@@ -185,8 +190,47 @@ impl DispatcherConfig {
                 "must not be empty (leave it unset to send unsigned webhooks)",
             ));
         }
+        if self.signature_scheme == WebhookSignature::StandardWebhooks {
+            match &self.signing_secret {
+                None => {
+                    return Err(invalid(
+                        "signature-scheme",
+                        "standard-webhooks",
+                        "needs a signing-secret (whsec_…)",
+                    ));
+                }
+                Some(secret) => {
+                    // The value is not echoed: it is a secret.
+                    standard_key(secret)
+                        .map_err(|reason| invalid("signing-secret", "<redacted>", reason))?;
+                }
+            }
+        }
         static_headers(&self.webhook_headers)?;
         Ok(())
+    }
+}
+
+/// How an outbox feed signs its webhooks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WebhookSignature {
+    /// The messaging contract's signature and event-id headers.
+    #[default]
+    Messaging,
+    /// Standard Webhooks: `webhook-id`, `webhook-timestamp` and
+    /// `webhook-signature` over all three.
+    StandardWebhooks,
+}
+
+impl std::str::FromStr for WebhookSignature {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, Self::Err> {
+        match value {
+            "messaging" => Ok(Self::Messaging),
+            "standard-webhooks" => Ok(Self::StandardWebhooks),
+            _ => Err("must be messaging or standard-webhooks".to_owned()),
+        }
     }
 }
 
@@ -203,6 +247,9 @@ pub(super) fn static_headers(
             http::header::CONTENT_TYPE.as_str(),
             MESSAGING_SIGNATURE_HEADER,
             MESSAGING_EVENT_ID_HEADER,
+            "webhook-id",
+            "webhook-timestamp",
+            "webhook-signature",
         ];
         if reserved
             .iter()

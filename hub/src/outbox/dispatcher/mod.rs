@@ -46,7 +46,7 @@ use lanes::{Lanes, waves};
 use registry::Registry;
 use signals::Pending;
 
-pub use config::DispatcherConfig;
+pub use config::{DispatcherConfig, WebhookSignature};
 pub use registry::{
     EventMatch, Handler, HandlerError, RegistrationError, ReloadError, WebhookRegistrar,
     WebhookSubscriber,
