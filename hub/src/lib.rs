@@ -23,6 +23,9 @@
 //! - [`quota`]: total-quota enforcement against the subscriptions service;
 //! - [`auth`]: user tokens and the internal API key;
 //! - [`intake`]: publish pings, topic fetches, fat pings;
+//! - [`backlog`]: acknowledged work not yet done (pending topic fetches and
+//!   verifications), durable before its answer, and the workers that claim
+//!   it;
 //! - [`events`]: the durable event log and per-subscriber delivery records;
 //! - [`dispatch`]: the WebSub scheduler: expand, claim, hand to the core;
 //! - [`outbox`]: the producer side of the outbox, and the outbox scheduler;
