@@ -242,9 +242,12 @@ pub trait Backlog: Send + Sync + std::fmt::Debug {
         limit: usize,
     ) -> Result<Vec<FetchState>, BacklogError>;
 
-    /// Writes `intent` unless `bound` verifications are waiting already. A
-    /// waiting or failed intent for the same pair is replaced; one in flight
-    /// keeps its claim, so the newer is verified after it ends.
+    /// Writes `intent` unless `bound` verifications are waiting already (a
+    /// replacement included: past the bound nothing is written). The count
+    /// and the write are one statement but not serialised, so admissions
+    /// racing at the bound may pass it by as many as run at once. A waiting
+    /// or failed intent for the same pair is replaced; one in flight keeps
+    /// its claim, so the newer is verified after it ends.
     async fn request_intent(&self, intent: &Intent, bound: u64) -> Result<Admission, BacklogError>;
 
     /// Claims up to `limit` due intents, oldest first.
@@ -275,8 +278,9 @@ pub trait Backlog: Send + Sync + std::fmt::Debug {
     /// may be about to be saved.
     async fn subscribing(&self, topic: &str) -> Result<bool, BacklogError>;
 
-    /// Deletes fetches and intents failed for good before `cutoff`. Returns
-    /// how many rows went.
+    /// Deletes fetches and intents failed for good whose request came
+    /// before `cutoff` (a request fails within minutes of being made).
+    /// Returns how many rows went.
     async fn purge_failed_before(&self, cutoff: DateTime<Utc>) -> Result<u64, BacklogError>;
 }
 
