@@ -185,15 +185,42 @@ impl Intake {
         Ok(event)
     }
 
-    /// Writes a fetch of each pinged topic to the backlog; returns once it
-    /// is durable. Fetchers take it from there.
+    /// Writes a fetch of each pinged topic that someone subscribes to (or
+    /// is being verified for) to the backlog; returns once it is durable.
+    /// Fetchers take it from there. A topic nobody is subscribed to has
+    /// nothing to deliver and is not written: pings cannot grow the backlog
+    /// past one row per subscribed topic.
     pub async fn ping(&self, topics: &[String]) -> Result<(), IntakeError> {
+        let mut wanted = Vec::with_capacity(topics.len());
+        for topic in topics {
+            if self.has_audience(topic).await? {
+                wanted.push(topic.clone());
+            } else {
+                info!(topic, "no subscribers; ping not recorded");
+                metrics::counter!(FETCHES_TOTAL, "outcome" => "no_subscribers").increment(1);
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
         self.inner
             .backlog
-            .request_fetches(topics, self.inner.clock.now())
+            .request_fetches(&wanted, self.inner.clock.now())
             .await?;
         self.inner.written.notify_one();
         Ok(())
+    }
+
+    /// Whether content of `topic` would reach anyone: a subscription, or a
+    /// subscribe being verified (which receives it once saved).
+    async fn has_audience(&self, topic: &str) -> Result<bool, IntakeError> {
+        Ok(!self
+            .inner
+            .store
+            .list_by_topic_page(topic, None, 1)
+            .await?
+            .is_empty()
+            || self.inner.backlog.subscribing(topic).await?)
     }
 
     /// Claims and fetches pinged topics until `stop`; the fetches in flight
@@ -288,9 +315,7 @@ impl Intake {
     /// for its verification: that subscription receives what this fetch
     /// records once it is saved.
     pub async fn fetch(&self, topic: &str, known: &Validators) -> Result<Fetched, IntakeError> {
-        if self.inner.store.list_by_topic(topic).await?.is_empty()
-            && !self.inner.backlog.subscribing(topic).await?
-        {
+        if !self.has_audience(topic).await? {
             return Ok(Fetched::NoSubscribers);
         }
         let fetch_error = |reason: String| IntakeError::Fetch {

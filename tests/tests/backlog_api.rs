@@ -2,7 +2,8 @@
 //! verification the callback could not answer is tried again; one that
 //! failed for good is listed, with its last error, to its requester and to
 //! the operator; a thin ping whose content is over the size limit is
-//! recorded as a failed fetch, not dropped.
+//! recorded as a failed fetch, not dropped; a ping for a topic nobody
+//! subscribes to is not kept at all.
 
 use std::time::Duration;
 
@@ -238,4 +239,52 @@ async fn an_oversized_topic_is_a_failed_fetch_on_sqlite() {
 #[tokio::test]
 async fn an_oversized_topic_is_a_failed_fetch_on_postgres() {
     an_oversized_topic_is_a_failed_fetch(Backend::Postgres).await;
+}
+
+/// Pinged with no fetcher running, so that what the ping wrote stays to be
+/// read: only the subscribed topic is kept, and pings cannot grow the
+/// backlog past one row per subscribed topic.
+#[tokio::test]
+async fn a_ping_for_a_topic_nobody_subscribes_to_is_not_kept() {
+    let Some(config) = test_config(Backend::Sqlite).await else {
+        return;
+    };
+    let events = websub_hub::events::connect(&config.database_url)
+        .await
+        .expect("event log");
+    let backlog = websub_hub::backlog::connect(&config.database_url)
+        .await
+        .expect("backlog");
+    let store = std::sync::Arc::new(websub_store::memory::MemoryStore::new());
+    let subscribed = "http://127.0.0.1:9/topics/subscribed";
+    websub_store::SubscriptionStore::save(
+        &*store,
+        &websub_store::Subscription::new(subscribed, "http://127.0.0.1:9/cb/one")
+            .with_lease(chrono::Duration::days(1), chrono::Utc::now()),
+    )
+    .await
+    .expect("save");
+    let hub = websub_hub::server::Hub::assemble(
+        config,
+        store,
+        events,
+        backlog.clone(),
+        std::sync::Arc::new(websub_hub::clock::SystemClock),
+    )
+    .expect("assemble");
+    hub.intake()
+        .ping(&[
+            subscribed.to_owned(),
+            "http://127.0.0.1:9/topics/nobodys".to_owned(),
+        ])
+        .await
+        .expect("ping");
+    let kept: Vec<String> = backlog
+        .fetches(websub_hub::backlog::Listing::default(), 10)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|fetch| fetch.topic)
+        .collect();
+    assert_eq!(kept, [subscribed]);
 }
