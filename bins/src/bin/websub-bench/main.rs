@@ -8,7 +8,9 @@
 //!   SQLite and PostgreSQL, subscribe throughput, and websubd's peak memory.
 //! - `websub-bench outbox`: producers committing outbox events, the
 //!   PostgreSQL claim ceiling, and events delivered end to end through a
-//!   `websubd` feed to a webhook, with commit-to-receipt latency.
+//!   `websubd` feed to a webhook, with commit-to-receipt latency; with
+//!   `--bare-notify`, the producers write plain SQL and a `NOTIFY` without
+//!   payload instead of using the producer library.
 //!
 //! PostgreSQL and Redis are measured when their URLs are given; each run uses
 //! a throwaway database (PostgreSQL) or key prefix (Redis) and removes it.

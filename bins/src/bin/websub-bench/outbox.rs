@@ -14,6 +14,14 @@
 //!    loopback:
 //!    delivered events/s, commit-to-receipt latency, the backlog left when
 //!    the producers stop, and how long it takes to drain.
+//!
+//! The producers use the project's producer library by default, which
+//! names each event in its `NOTIFY`. With `--bare-notify` they write the
+//! same row with plain SQL and send `NOTIFY <channel>` without a payload,
+//! as a producer in another language does: the hub then learns only that
+//! something was committed and finds the events by scanning the outbox.
+//! Both modes write identical rows, so the runs differ only in the
+//! notification.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -22,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use sqlx::PgConnection;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use uuid::Uuid;
 use websub_hub::outbox::{Event, Outbox, OutboxTables, ddl};
@@ -44,6 +53,10 @@ pub(crate) struct OutboxArgs {
     /// The websubd binary [default: next to this one].
     #[arg(long)]
     websubd: Option<PathBuf>,
+    /// Producers write the outbox row with plain SQL and send a `NOTIFY`
+    /// without payload, instead of using the producer library.
+    #[arg(long)]
+    bare_notify: bool,
 }
 
 /// What an outbox bench event carries: about 1 KiB of JSON.
@@ -72,6 +85,75 @@ impl Event for BenchEvent {
 
 /// When each event was committed.
 type Commits = Vec<(Uuid, Instant)>;
+
+/// How the producers write each event in its transaction.
+enum Producer {
+    /// The producer library: the row, then `pg_notify(channel, event id)`.
+    Library(Outbox),
+    /// By hand, as a producer without the library: a plain `INSERT` of the
+    /// library's columns, then a `NOTIFY` that names no event.
+    Bare { insert: String, notify: String },
+}
+
+impl Producer {
+    fn new(outbox: Outbox, bare_notify: bool) -> Self {
+        if !bare_notify {
+            return Self::Library(outbox);
+        }
+        // The names as a service writes them in its own SQL, unquoted (the
+        // library accepts only names that need no quoting), and the column
+        // list of the library's insert, so that both modes write the same
+        // row.
+        Self::Bare {
+            insert: format!(
+                "INSERT INTO {} (id, event_name, resource_type, resource_id, event_type, app, payload) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)",
+                outbox.tables().outbox()
+            ),
+            notify: format!("NOTIFY {}", outbox.channel()),
+        }
+    }
+
+    /// What the tables and headings call this mode.
+    fn describe(&self) -> &'static str {
+        match self {
+            Self::Library(_) => "producer library, NOTIFY with the event id",
+            Self::Bare { .. } => "plain SQL, bare NOTIFY without payload",
+        }
+    }
+
+    /// Writes `event` and its notification on `connection`, an open
+    /// transaction; returns the event's id.
+    async fn send(
+        &self,
+        connection: &mut PgConnection,
+        event: &BenchEvent,
+    ) -> Result<Uuid, Failure> {
+        match self {
+            Self::Library(outbox) => Ok(outbox.message(event).notify().send(connection).await?),
+            Self::Bare { insert, notify } => {
+                // A UUIDv7 made by the client, as the library makes it: the
+                // primary key's index then grows at the same end in both
+                // modes.
+                let id = Uuid::now_v7();
+                sqlx::query(sqlx::AssertSqlSafe(insert.as_str()))
+                    .bind(id)
+                    .bind(event.name())
+                    .bind(event.resource_type())
+                    .bind(event.resource_id())
+                    .bind(event.event_type())
+                    .bind(None::<&str>)
+                    .bind(event.payload()?.to_string())
+                    .execute(&mut *connection)
+                    .await?;
+                sqlx::query(sqlx::AssertSqlSafe(notify.as_str()))
+                    .execute(&mut *connection)
+                    .await?;
+                Ok(id)
+            }
+        }
+    }
+}
 
 pub(crate) async fn run(args: OutboxArgs) -> Result<(), Failure> {
     websub_hub::net::install_crypto_provider();
@@ -105,10 +187,11 @@ async fn measure(args: &OutboxArgs, websubd: &PathBuf, url: &str) -> Result<Stri
     sqlx::raw_sql(sqlx::AssertSqlSafe(ddl(&tables)))
         .execute(&pool)
         .await?;
-    let outbox = Outbox::new(tables);
+    let producer = Producer::new(Outbox::new(tables), args.bare_notify);
+    eprintln!("producers: {}", producer.describe());
 
     eprintln!("producers alone: {} events", args.events);
-    let solo_before = span(&produce(&pool, &outbox, args.events, args.producers).await?);
+    let solo_before = span(&produce(&pool, &producer, args.events, args.producers).await?);
 
     eprintln!("claim ceiling: {} rows", args.events);
     let (claimed, claim_elapsed) = claim_ceiling(&pool).await?;
@@ -122,11 +205,11 @@ async fn measure(args: &OutboxArgs, websubd: &PathBuf, url: &str) -> Result<Stri
         .execute(&pool)
         .await?;
     eprintln!("end to end: {} events through websubd", args.events);
-    let end_to_end = end_to_end(args, websubd, url, &pool, &outbox).await?;
+    let end_to_end = end_to_end(args, websubd, url, &pool, &producer).await?;
     let mut solo = vec![("before", solo_before)];
     for _ in 0..2 {
         eprintln!("producers alone again: {} events", args.events);
-        let after = span(&produce(&pool, &outbox, args.events, args.producers).await?);
+        let after = span(&produce(&pool, &producer, args.events, args.producers).await?);
         solo.push(("after", after));
     }
     let rate = |elapsed: Duration| args.events as f64 / elapsed.as_secs_f64();
@@ -134,7 +217,8 @@ async fn measure(args: &OutboxArgs, websubd: &PathBuf, url: &str) -> Result<Stri
     solo_rates.sort_by(f64::total_cmp);
     let solo_rate = solo_rates[solo_rates.len() / 2];
 
-    let mut table = String::from(
+    let mut table = format!("Producers: {}.\n\n", producer.describe());
+    table.push_str(
         "| measurement | events | time | rate /s | % of producers | p50 | p99 | backlog at last commit | drained after last commit |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
@@ -154,8 +238,12 @@ async fn measure(args: &OutboxArgs, websubd: &PathBuf, url: &str) -> Result<Stri
         claim_rate
     ));
     let mut latencies = end_to_end.latencies;
+    let path = match producer {
+        Producer::Library(_) => "NOTIFY path",
+        Producer::Bare { .. } => "bare NOTIFY path",
+    };
     table.push_str(&format!(
-        "| end to end: delivered events/s (NOTIFY path), % of the producers' median | {} | {:.2} s | {:.0} | {:.0} % | {} | {} | {} | {} |",
+        "| end to end: delivered events/s ({path}), % of the producers' median | {} | {:.2} s | {:.0} | {:.0} % | {} | {} | {} | {} |",
         args.events,
         end_to_end.elapsed.as_secs_f64(),
         end_to_end.rate,
@@ -182,7 +270,7 @@ fn span(commits: &Commits) -> Duration {
 /// `producers` connections; returns each event's commit time.
 async fn produce(
     pool: &PgPool,
-    outbox: &Outbox,
+    producer: &Producer,
     events: usize,
     producers: usize,
 ) -> Result<Commits, Failure> {
@@ -197,7 +285,7 @@ async fn produce(
                     filler: filler.clone(),
                 };
                 let mut tx = pool.begin().await?;
-                let id = outbox.message(&event).notify().send(&mut tx).await?;
+                let id = producer.send(&mut tx, &event).await?;
                 tx.commit().await?;
                 commits.push((id, Instant::now()));
             }
@@ -267,7 +355,7 @@ async fn end_to_end(
     websubd: &PathBuf,
     url: &str,
     pool: &PgPool,
-    outbox: &Outbox,
+    producer: &Producer,
 ) -> Result<EndToEnd, Failure> {
     let receipts: Receipts = Arc::default();
     let app = axum::Router::new()
@@ -320,7 +408,7 @@ async fn end_to_end(
     // The feed's listener connects after the hub serves.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let commits = produce(pool, outbox, args.events, args.producers).await?;
+    let commits = produce(pool, producer, args.events, args.producers).await?;
     let backlog = args.events - lock(&receipts).len();
     let last_commit = commits
         .iter()
@@ -386,5 +474,48 @@ async fn receive(State(receipts): State<Receipts>, headers: HeaderMap) -> Status
             StatusCode::NO_CONTENT
         }
         None => StatusCode::BAD_REQUEST,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        outbox: OutboxArgs,
+    }
+
+    #[test]
+    fn bare_notify_is_off_unless_asked() {
+        let plain = Cli::try_parse_from(["outbox", "--postgres", "postgres://db"]).expect("parses");
+        assert!(!plain.outbox.bare_notify);
+        let bare = Cli::try_parse_from(["outbox", "--postgres", "postgres://db", "--bare-notify"])
+            .expect("parses");
+        assert!(bare.outbox.bare_notify);
+        assert!(
+            Cli::try_parse_from(["outbox", "--postgres", "x", "--bare-notify=yes"]).is_err(),
+            "a switch, not a value"
+        );
+    }
+
+    #[test]
+    fn the_bare_producer_writes_the_library_row_and_names_no_event() {
+        let outbox = Outbox::new(OutboxTables::in_schema("bench").expect("valid"));
+        let Producer::Bare { insert, notify } = Producer::new(outbox.clone(), true) else {
+            panic!("--bare-notify makes a bare producer");
+        };
+        assert_eq!(
+            insert,
+            "INSERT INTO bench.outbox (id, event_name, resource_type, resource_id, event_type, app, payload) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)"
+        );
+        // The channel websubd listens on for these tables (README, "Outbox
+        // feeds"), with no payload.
+        assert_eq!(notify, "NOTIFY bench_outbox_events");
+        assert!(matches!(Producer::new(outbox, false), Producer::Library(_)));
     }
 }
