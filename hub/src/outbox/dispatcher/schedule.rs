@@ -38,7 +38,7 @@ use super::Dispatcher;
 use super::deliver::{Prepared, RowOutcomes, batching, completion};
 use super::lanes::patience;
 use super::registry::Registry;
-use super::signals::{MAX_NOTIFIED_IDS, Scan};
+use super::signals::{MAX_NOTIFIED_IDS, NEWEST_LOOKBACK, Scan};
 use crate::delivery::recorder;
 use crate::future::or_never;
 
@@ -88,7 +88,12 @@ impl Expansion {
     pub(super) fn since(&self, scan: Scan, lookback: Duration) -> Option<NaiveDateTime> {
         match (scan, self.watermark) {
             (Scan::None, _) => None,
-            (Scan::Recent, Some(mark)) => {
+            (Scan::Newest | Scan::Recent, Some(mark)) => {
+                let lookback = if scan == Scan::Newest {
+                    lookback.min(NEWEST_LOOKBACK)
+                } else {
+                    lookback
+                };
                 let lookback =
                     chrono::Duration::from_std(lookback).unwrap_or(chrono::Duration::MAX);
                 Some(
@@ -96,7 +101,7 @@ impl Expansion {
                         .map_or(self.start_from, |since| since.max(self.start_from)),
                 )
             }
-            (Scan::Recent, None) | (Scan::Full, _) => Some(self.start_from),
+            (Scan::Newest | Scan::Recent, None) | (Scan::Full, _) => Some(self.start_from),
         }
     }
 
@@ -239,10 +244,13 @@ impl Dispatcher {
                         .record(&mut waiting_for_room, &mut failed);
                 }
             }
+            // A finished scan comes before a wake-up: under a stream of
+            // notifications there is always a wake-up waiting, and the rows
+            // the scan wrote (all a bare NOTIFY's events) would wait behind
+            // every one of them.
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
-                () = self.inner.wake.notified() => {}
                 scanned = or_never(scanning.as_mut()), if scanning.is_some() => {
                     scanning = None;
                     match scanned {
@@ -266,6 +274,7 @@ impl Dispatcher {
                         }
                     }
                 }
+                () = self.inner.wake.notified() => {}
                 () = self.inner.room.notified(), if waiting_for_room => {
                     self.pending().claim = true;
                 }

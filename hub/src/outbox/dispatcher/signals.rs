@@ -29,7 +29,7 @@ impl Pending {
     /// Something was committed that no notification names: a recent scan,
     /// the newest events included.
     pub(super) fn newest_unnamed(&mut self) {
-        self.scan = self.scan.max(Scan::Recent);
+        self.scan = self.scan.max(Scan::Newest);
         self.newest = true;
     }
 }
@@ -39,11 +39,19 @@ impl Pending {
 pub(super) enum Scan {
     #[default]
     None,
+    /// Events since the previous scan, less [`NEWEST_LOOKBACK`]: what a
+    /// `NOTIFY` that names no event asks for, cheap enough to run for each.
+    /// An event whose transaction began longer ago than that before it
+    /// committed is left to the next recent scan (the next poll).
+    Newest,
     /// Events since the previous scan, less the lookback.
     Recent,
     /// Every event since `start_from`.
     Full,
 }
+
+/// How far before the previous scan a scan for the newest events starts.
+pub(super) const NEWEST_LOOKBACK: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Event ids gathered from notifications before a pass falls back to a
 /// recent scan instead (one statement either way).
