@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::{ApiError, ApiState, authorize_internal, subscriber};
+use super::{ApiError, ApiState, authorize_internal, caller};
 use crate::backlog::{BacklogError, FetchState, IntentState, Listing};
 
 /// The most rows one listing returns, whatever `limit` asks.
@@ -159,7 +159,7 @@ pub(super) async fn own_intents(
     headers: HeaderMap,
     Query(query): Query<BacklogQuery>,
 ) -> Response {
-    let user = match subscriber::caller(&state, &headers) {
+    let user = match caller(&state, &headers) {
         Ok(user) => user,
         Err(refusal) => return refusal.into_response(),
     };

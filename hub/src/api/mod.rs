@@ -347,6 +347,17 @@ pub fn authorize_internal(state: &ApiState, headers: &HeaderMap) -> Result<(), A
     })
 }
 
+/// The caller, by user token; an answer to send when there is none.
+fn caller(state: &ApiState, headers: &HeaderMap) -> Result<User, Refusal> {
+    let Some(tokens) = &state.user_tokens else {
+        return Err(Refusal::Api(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "the subscriber API needs a user token key, and this hub has none configured",
+        )));
+    };
+    tokens.authenticate(headers).map_err(Refusal::Auth)
+}
+
 /// A request refused before anything is done: a plain reason, or failed
 /// authentication (which carries its own challenge header).
 #[derive(Debug)]

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::operator::{SubscriptionView, store_failed};
-use super::{ApiError, ApiState, Refusal};
+use super::{ApiError, ApiState, caller};
 use crate::auth::User;
 use crate::events::DeliveryHealth;
 
@@ -28,17 +28,6 @@ pub(super) fn routes() -> Router<ApiState> {
         .route("/subscriptions", get(list).delete(remove))
         .route("/usage", get(usage))
         .route("/verifications", get(super::backlog::own_intents))
-}
-
-/// The caller, by user token; an answer to send when there is none.
-pub(super) fn caller(state: &ApiState, headers: &HeaderMap) -> Result<User, Refusal> {
-    let Some(tokens) = &state.user_tokens else {
-        return Err(Refusal::Api(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "the subscriber API needs a user token key, and this hub has none configured",
-        )));
-    };
-    tokens.authenticate(headers).map_err(Refusal::Auth)
 }
 
 /// How deliveries to one subscription are going.
