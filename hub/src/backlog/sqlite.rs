@@ -208,6 +208,11 @@ impl Backlog for SqliteBacklog {
         now: DateTime<Utc>,
     ) -> Result<(), BacklogError> {
         let now = now.timestamp_micros();
+        // When a failure is due again; none once it failed for good.
+        let next_attempt_at = match &result {
+            FetchResult::Retry { at, .. } => Some(at.timestamp_micros()),
+            _ => None,
+        };
         let mut tx = self.pool.begin().await?;
         match result {
             FetchResult::Done { validators } => {
@@ -240,22 +245,12 @@ impl Backlog for SqliteBacklog {
                         .await?;
                 }
             }
-            FetchResult::Retry { at, error } => {
+            FetchResult::Retry { error, .. } | FetchResult::Failed { error } => {
                 sqlx::query(FETCH_FAILED)
                     .bind(&fetch.topic)
                     .bind(fetch.generation)
                     .bind(error)
-                    .bind(Some(at.timestamp_micros()))
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            FetchResult::Failed { error } => {
-                sqlx::query(FETCH_FAILED)
-                    .bind(&fetch.topic)
-                    .bind(fetch.generation)
-                    .bind(error)
-                    .bind(None::<i64>)
+                    .bind(next_attempt_at)
                     .bind(now)
                     .execute(&mut *tx)
                     .await?;

@@ -8,6 +8,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 
 use super::super::{OutboxTables, check_channel};
 use crate::delivery::RetryPolicy;
+use crate::delivery::attempt::{MESSAGING_SCHEME, STANDARD_WEBHOOKS_SCHEME, SignatureScheme};
 use crate::net::NetPolicy;
 use crate::setting::{ConfigError, invalid};
 use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, standard_key};
@@ -208,6 +209,26 @@ impl DispatcherConfig {
         }
         static_headers(&self.webhook_headers)?;
         Ok(())
+    }
+}
+
+impl DispatcherConfig {
+    /// The header scheme webhooks are signed under and the key they are
+    /// signed with (none without a secret), worked out once: a Standard
+    /// Webhooks secret is decoded here rather than for every POST.
+    /// [`DispatcherConfig::validate`] has checked that it decodes.
+    pub(super) fn signing(&self) -> (&'static SignatureScheme, Option<Vec<u8>>) {
+        let secret = self.signing_secret.as_deref();
+        match self.signature_scheme {
+            WebhookSignature::Messaging => (
+                &MESSAGING_SCHEME,
+                secret.map(|secret| secret.as_bytes().to_vec()),
+            ),
+            WebhookSignature::StandardWebhooks => (
+                &STANDARD_WEBHOOKS_SCHEME,
+                secret.and_then(|secret| standard_key(secret).ok()),
+            ),
+        }
     }
 }
 

@@ -15,13 +15,11 @@ use super::super::envelope::{ENVELOPE_CONTENT_TYPE, Envelope};
 use super::super::sql::{ClaimedRow, RowCompletion, RowOutcome};
 use super::Dispatcher;
 use super::config::DispatcherConfig;
-use super::config::WebhookSignature;
 use super::registry::{Handler, WebhookSubscriber};
 use super::signals::Scan;
-use crate::delivery::attempt::{self, Answer, MESSAGING_SCHEME, Request, STANDARD_WEBHOOKS_SCHEME};
+use crate::delivery::attempt::{self, Answer, Request};
 use crate::delivery::recorder::{Batching, OutcomeStore};
 use crate::delivery::{Verdict, error_chain};
-use crate::signature::standard_key;
 
 impl Dispatcher {
     /// One attempt: the handler or webhook registered now for the row's
@@ -112,31 +110,13 @@ impl Dispatcher {
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone();
-        let config = &self.inner.config;
-        let (scheme, key) = match config.signature_scheme {
-            WebhookSignature::Messaging => (
-                &MESSAGING_SCHEME,
-                config
-                    .signing_secret
-                    .as_deref()
-                    .map(|secret| secret.as_bytes().to_vec()),
-            ),
-            // Validated with the configuration: the secret holds a key.
-            WebhookSignature::StandardWebhooks => (
-                &STANDARD_WEBHOOKS_SCHEME,
-                config
-                    .signing_secret
-                    .as_deref()
-                    .and_then(|secret| standard_key(secret).ok()),
-            ),
-        };
         let request = Request {
             url: subscriber.url.as_str(),
-            scheme,
+            scheme: self.inner.scheme,
             content_type: HeaderValue::from_static(ENVELOPE_CONTENT_TYPE),
             event_id: prepared.event_id.clone(),
             body: prepared.body.clone(),
-            secret: key.as_deref(),
+            secret: self.inner.signing_key.as_deref(),
             headers: &self.inner.headers,
         };
         attempt::post(

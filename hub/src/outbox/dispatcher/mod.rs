@@ -37,6 +37,7 @@ use tracing::{debug, info, warn};
 
 use super::sql::Queries;
 use super::{OutboxError, purge_expired};
+use crate::delivery::attempt::SignatureScheme;
 use crate::delivery::client::{self, Purpose};
 use crate::delivery::{Channel, Judge};
 use crate::net::NetError;
@@ -85,6 +86,10 @@ struct DispatcherState {
     queries: Queries,
     client: RwLock<reqwest::Client>,
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// The headers webhooks are signed under.
+    scheme: &'static SignatureScheme,
+    /// The key webhook bodies are signed with, decoded once.
+    signing_key: Option<Vec<u8>>,
     handlers: Judge,
     webhooks: Judge,
     registry: RwLock<Arc<Registry>>,
@@ -126,6 +131,7 @@ impl Dispatcher {
         )
         .map_err(DispatcherError::Client)?;
         let headers = static_headers(&config.webhook_headers)?;
+        let (scheme, signing_key) = config.signing();
         let waves = waves(&config);
         let hold = config.per_subscriber.saturating_mul(waves);
         let hold_overall = config.concurrency.saturating_mul(waves);
@@ -140,6 +146,8 @@ impl Dispatcher {
                 config,
                 client: RwLock::new(client),
                 headers,
+                scheme,
+                signing_key,
                 handlers,
                 webhooks,
                 registry: RwLock::new(Arc::new(Registry::default())),
