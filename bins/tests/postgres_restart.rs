@@ -5,13 +5,12 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::Method;
-use common::{Websubd, free_port, scratch_dir};
+use common::{Websubd, distinct_callbacks, free_port, scratch_dir};
 use websub_store::{Subscription, SubscriptionStore};
 use websub_tests::{Answer, INTERNAL_KEY, Route, TestSubscriber, http_client};
 
@@ -73,15 +72,6 @@ async fn held(store: &dyn SubscriptionStore, topic: &str) -> usize {
         .await
         .map(|held| held.len())
         .unwrap_or(0)
-}
-
-fn distinct_callbacks(subscriber: &TestSubscriber) -> usize {
-    subscriber
-        .deliveries()
-        .into_iter()
-        .map(|delivery| delivery.path)
-        .collect::<HashSet<_>>()
-        .len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -5,12 +5,11 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Websubd, free_port, scratch_dir};
+use common::{Websubd, distinct_callbacks, free_port, scratch_dir};
 
 use websub_store::{Subscription, SubscriptionStore};
 use websub_tests::{Answer, TestSubscriber, http_client};
@@ -292,15 +291,6 @@ async fn kill_9_during_fan_out_loses_nothing(database_url: String) {
         all,
         "only {delivered} of {SUBSCRIBERS} subscribers were delivered to after the restart"
     );
-}
-
-fn distinct_callbacks(subscriber: &TestSubscriber) -> usize {
-    subscriber
-        .deliveries()
-        .into_iter()
-        .map(|delivery| delivery.path)
-        .collect::<HashSet<_>>()
-        .len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

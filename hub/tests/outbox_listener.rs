@@ -9,8 +9,8 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{
-    Db, EVENT, PrivateCluster, config, eventually, eventually_async, run_listening_with_hook,
-    run_with_hook,
+    Db, EVENT, PrivateCluster, Running, config, eventually, eventually_async,
+    run_listening_with_hook, run_with_hook,
 };
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
@@ -315,6 +315,22 @@ async fn a_silently_dead_listener_is_found_by_its_liveness_check() {
     running.stop().await;
 }
 
+/// A dispatcher whose listener checks its connection every `interval`,
+/// listening.
+async fn run_checking_liveness_every(
+    db: &Db,
+    receiver: &RecordingReceiver,
+    interval: Duration,
+) -> Running {
+    let config = DispatcherConfig {
+        listener_ping_interval: interval,
+        ..config(&db.tables)
+    };
+    let running = run_with_hook(db.pool.clone(), config, receiver);
+    running.listening().await;
+    running
+}
+
 /// An idle, healthy listener answers its own liveness checks and keeps its
 /// connection: twenty check intervals with nothing else happening, and the
 /// same backend is still listening.
@@ -325,12 +341,7 @@ async fn an_idle_healthy_listener_keeps_its_connection() {
     };
     let receiver = RecordingReceiver::start().await;
     let interval = Duration::from_millis(100);
-    let config = DispatcherConfig {
-        listener_ping_interval: interval,
-        ..config(&db.tables)
-    };
-    let running = run_with_hook(db.pool.clone(), config, &receiver);
-    running.listening().await;
+    let running = run_checking_liveness_every(&db, &receiver, interval).await;
     let first = db.listener_pid().await.expect("a LISTEN connection");
     // Observing that nothing happens takes the time it covers.
     tokio::time::sleep(interval * 20).await;
@@ -352,12 +363,7 @@ async fn a_killed_listener_connection_is_replaced_exactly_once() {
     };
     let receiver = RecordingReceiver::start().await;
     let interval = Duration::from_millis(100);
-    let config = DispatcherConfig {
-        listener_ping_interval: interval,
-        ..config(&db.tables)
-    };
-    let running = run_with_hook(db.pool.clone(), config, &receiver);
-    running.listening().await;
+    let running = run_checking_liveness_every(&db, &receiver, interval).await;
     let first = db.listener_pid().await.expect("a LISTEN connection");
     terminate(&db.pool, first).await;
     let replaced = eventually_async(Duration::from_secs(10), || async {

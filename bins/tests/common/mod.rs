@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use websub_tests::http_client;
+use std::collections::HashSet;
+
+use websub_tests::{TestSubscriber, http_client};
 
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -105,4 +107,14 @@ impl Drop for Websubd {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// How many callbacks received at least one delivery.
+pub(crate) fn distinct_callbacks(subscriber: &TestSubscriber) -> usize {
+    subscriber
+        .deliveries()
+        .into_iter()
+        .map(|delivery| delivery.path)
+        .collect::<HashSet<_>>()
+        .len()
 }
