@@ -23,7 +23,7 @@ use websub_hub::delivery::RetryPolicy;
 use websub_hub::net::NetPolicy;
 use websub_hub::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, MESSAGING_EVENT_ID_HEADER,
-    MESSAGING_SIGNATURE_HEADER, RegistrationError, scan_index_ddl, verify,
+    MESSAGING_SIGNATURE_HEADER, Outbox, RegistrationError, scan_index_ddl, verify,
 };
 use websub_tests::{Answer, RecordingReceiver};
 
@@ -954,9 +954,10 @@ async fn a_private_webhook_is_refused_unless_private_networks_are_allowed() {
 }
 
 /// Producers that write the contract's tables from another language send a
-/// bare `NOTIFY channel;`: it wakes the dispatcher as promptly as the
-/// library's own notification naming the event, and the poll is a minute
-/// away.
+/// bare `NOTIFY channel;`, or one with a payload of their own: it wakes the
+/// dispatcher as promptly as the library's own notification naming the
+/// event, and the poll is a minute away. A payload that looks like an id but
+/// names no event counts as naming none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notify_without_the_event_id_wakes_the_dispatcher_without_a_poll() {
     let Some(db) = Db::default_tables().await else {
@@ -967,7 +968,9 @@ async fn a_notify_without_the_event_id_wakes_the_dispatcher_without_a_poll() {
     // The start-up scan is done once the listener is up and a moment has
     // passed; what follows can only be found through the notification.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    for round in 0..5 {
+    let foreign_id = Uuid::now_v7().to_string();
+    let payloads = ["", "", "orders changed", foreign_id.as_str(), ""];
+    for (round, payload) in payloads.into_iter().enumerate() {
         let event = common::TestEvent::named(EVENT);
         let mut tx = db.pool.begin().await.expect("begin");
         db.outbox()
@@ -975,8 +978,9 @@ async fn a_notify_without_the_event_id_wakes_the_dispatcher_without_a_poll() {
             .send(&mut tx)
             .await
             .expect("send");
-        let notify = format!("NOTIFY {}", db.tables.default_channel());
-        sqlx::query(AssertSqlSafe(notify))
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(db.tables.default_channel())
+            .bind(payload)
             .execute(&mut *tx)
             .await
             .expect("notify");
@@ -986,10 +990,69 @@ async fn a_notify_without_the_event_id_wakes_the_dispatcher_without_a_poll() {
             receiver
                 .wait_for("/hook", round + 1, Duration::from_secs(3))
                 .await,
-            "event {round} waited for a poll"
+            "event {round} (payload {payload:?}) waited for a poll"
         );
         let took = committed.elapsed();
         assert!(took < Duration::from_secs(1), "event {round} took {took:?}");
     }
+    running.stop().await;
+}
+
+/// A bare `NOTIFY` expands the newest events by `created_at`, which is when
+/// the producer's transaction began: an event whose transaction stayed open
+/// while newer ones were delivered is behind that window when it commits,
+/// and the next poll's scan delivers it, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_from_a_long_transaction_with_a_bare_notify_is_found_by_the_poll() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    let config = DispatcherConfig {
+        poll_interval: Duration::from_millis(500),
+        ..config(&db.tables)
+    };
+    let running = run_with_hook(db.pool.clone(), config, &receiver);
+    running.listening().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let notify = format!("NOTIFY {}", db.tables.default_channel());
+    let outbox = db.outbox();
+    async fn send(outbox: &Outbox, tx: &mut sqlx::PgConnection) {
+        let event = common::TestEvent::named(EVENT);
+        outbox.message(&event).send(tx).await.expect("send");
+    }
+    let mut long = db.pool.begin().await.expect("begin");
+    send(&outbox, &mut long).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for round in 0..3 {
+        let mut tx = db.pool.begin().await.expect("begin");
+        send(&outbox, &mut tx).await;
+        sqlx::query(AssertSqlSafe(notify.clone()))
+            .execute(&mut *tx)
+            .await
+            .expect("notify");
+        tx.commit().await.expect("commit");
+        assert!(
+            receiver
+                .wait_for("/hook", round + 1, Duration::from_secs(3))
+                .await,
+            "short transaction {round}"
+        );
+    }
+    sqlx::query(AssertSqlSafe(notify))
+        .execute(&mut *long)
+        .await
+        .expect("notify");
+    long.commit().await.expect("commit");
+    assert!(
+        receiver.wait_for("/hook", 4, Duration::from_secs(10)).await,
+        "the long transaction's event was never delivered"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        receiver.received_at("/hook").len(),
+        4,
+        "each event delivered once"
+    );
     running.stop().await;
 }

@@ -29,6 +29,7 @@ pub(crate) struct Queries {
     timeout: Duration,
     expand_since: Arc<str>,
     expand_ids: Arc<str>,
+    expand_newest: Arc<str>,
     claim: Arc<str>,
     complete: Arc<str>,
 }
@@ -139,6 +140,27 @@ impl Rooms {
     }
 }
 
+/// Which events an expansion that claims looks at.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum NewEvents<'a> {
+    /// These, named by notifications.
+    Notified(&'a [Uuid]),
+    /// Those created at or after this time.
+    CreatedSince(NaiveDateTime),
+}
+
+/// What an expansion that claims did.
+#[derive(Debug)]
+pub(crate) struct ClaimingExpansion {
+    pub(crate) claimed: Vec<ClaimedRow>,
+    /// Rows written but left unclaimed for want of room.
+    pub(crate) unclaimed: usize,
+    /// The database time the statement ran at.
+    pub(crate) ran_at: Option<NaiveDateTime>,
+    /// How many of the notified ids name no event.
+    pub(crate) unknown_ids: usize,
+}
+
 /// One claimed delivery row, with its event.
 #[derive(Debug, Clone)]
 pub(crate) struct ClaimedRow {
@@ -193,8 +215,13 @@ impl Queries {
         // already have a row. `{scope}` limits the events looked at. The
         // descriptions are few (a feed's subscribed topics), so an event is
         // checked against each in turn; with no matching subscriber the
-        // third part is skipped before it reads anything.
-        let fresh = |scope: &str, m: usize| {
+        // third part is skipped before it reads anything. `{probe}` is
+        // `OFFSET 0` for a few events: it keeps the planner from turning
+        // the check for existing rows into a join, so that each candidate
+        // probes the deliveries' primary key instead. A generic plan,
+        // which cannot tell how many events a window holds, otherwise
+        // reads the whole deliveries table to hash it.
+        let fresh = |scope: &str, m: usize, probe: &str| {
             format!(
                 "candidates AS ( \
                      SELECT o.id, r.subscriber \
@@ -225,7 +252,7 @@ impl Queries {
                      FROM candidates AS c \
                      WHERE NOT EXISTS ( \
                          SELECT 1 FROM {deliveries} AS d \
-                         WHERE d.event_id = c.id AND d.subscriber = c.subscriber) \
+                         WHERE d.event_id = c.id AND d.subscriber = c.subscriber {probe}) \
                  )",
                 m + 1,
                 m + 2,
@@ -249,7 +276,8 @@ impl Queries {
              SELECT (SELECT count(*) FROM inserted), {NOW}",
             fresh(
                 &format!("o.created_at >= $5 AND o.created_at < {NOW} - make_interval(secs => $6)"),
-                7
+                7,
+                ""
             )
         );
         // Each of `rows` (with a `subscriber` column), and whether it is
@@ -267,31 +295,65 @@ impl Queries {
                 p + 1
             )
         };
-        // Notified events ($6): new rows are written already claimed,
+        // New rows of the events in `scope` are written already claimed,
         // within each subscriber's room ($7, $8: name and rows, $9 for the
         // rest) and $10 in all, and come back with their event, ready to
-        // attempt, so that a notified event costs one round trip before its
+        // attempt, so that a new event costs one round trip before its
         // delivery starts. Rows left unclaimed come back without their
-        // event.
-        let expand_ids = format!(
-            "WITH {}, ranked AS ({}), chosen AS ( \
-                 SELECT k.id, k.subscriber, k.within_room \
-                     AND sum(k.within_room::int) OVER (ROWS UNBOUNDED PRECEDING) <= $10 AS claimed \
-                 FROM ranked AS k \
-             ), inserted AS ( \
-                 INSERT INTO {deliveries} (event_id, subscriber, next_attempt_at, processing_since) \
-                 SELECT c.id, c.subscriber, {NOW}, CASE WHEN c.claimed THEN {NOW} END \
-                 FROM chosen AS c \
-                 ON CONFLICT DO NOTHING \
-                 RETURNING event_id, subscriber, retry_count, processing_since \
-             ) \
-             SELECT i.event_id, i.subscriber, i.retry_count, i.processing_since, \
-                 o.event_name, o.resource_type, o.resource_id, o.event_type, o.app, \
-                 o.payload::text AS payload, o.created_at \
-             FROM inserted AS i \
-             LEFT JOIN {outbox} AS o ON o.id = i.event_id AND i.processing_since IS NOT NULL",
-            fresh("o.id = ANY($6::uuid[]) AND o.created_at >= $5", 11),
-            within_room("fresh", "", 7)
+        // event. `{scope}` reads $5 (`start_from`) and $6.
+        let expand_claiming = |scope: &str| {
+            format!(
+                "WITH {}, ranked AS ({}), chosen AS ( \
+                     SELECT k.id, k.subscriber, k.within_room \
+                         AND sum(k.within_room::int) OVER (ROWS UNBOUNDED PRECEDING) <= $10 AS claimed \
+                     FROM ranked AS k \
+                 ), inserted AS ( \
+                     INSERT INTO {deliveries} (event_id, subscriber, next_attempt_at, processing_since) \
+                     SELECT c.id, c.subscriber, {NOW}, CASE WHEN c.claimed THEN {NOW} END \
+                     FROM chosen AS c \
+                     ON CONFLICT DO NOTHING \
+                     RETURNING event_id, subscriber, retry_count, processing_since \
+                 ), written AS ( \
+                     SELECT i.event_id, i.subscriber, i.retry_count, i.processing_since, \
+                         o.event_name, o.resource_type, o.resource_id, o.event_type, o.app, \
+                         o.payload::text AS payload, o.created_at \
+                     FROM inserted AS i \
+                     LEFT JOIN {outbox} AS o ON o.id = i.event_id AND i.processing_since IS NOT NULL \
+                 )",
+                fresh(scope, 11, "OFFSET 0"),
+                within_room("fresh", "", 7)
+            )
+        };
+        // Every expansion that claims returns one row more, without an
+        // event: the database time the statement ran at (the mark of the
+        // next expansion of the newest events) and how many of the notified
+        // ids name no event (a payload that only looked like an id).
+        let with_marker = |scope: &str, unknown: &str| {
+            format!(
+                "{} SELECT w.*, NULL::timestamp AS ran_at, NULL::int8 AS unknown FROM written AS w \
+                 UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+                     {NOW}, {unknown}",
+                expand_claiming(scope)
+            )
+        };
+        // Notified events ($6, their ids).
+        let expand_ids = with_marker(
+            "o.id = ANY($6::uuid[]) AND o.created_at >= $5",
+            &format!(
+                "(SELECT count(*) FROM unnest($6::uuid[]) AS n (id) \
+                  WHERE NOT EXISTS (SELECT 1 FROM {outbox} AS o WHERE o.id = n.id))"
+            ),
+        );
+        // The newest events, created at or after $6: what a notification
+        // that names no event asks for. The upper bound, always true of a
+        // committed event, is there for the planner: a generic plan cannot
+        // tell how recent $6 is, and reads a range with both ends (not an
+        // open one) through an index on `created_at`.
+        let expand_newest = with_marker(
+            &format!(
+                "o.created_at >= $6::timestamp AND o.created_at >= $5 AND o.created_at <= {NOW}"
+            ),
+            "0",
         );
 
         // The claim: the most overdue due rows ($6 at most) of registered
@@ -361,6 +423,7 @@ impl Queries {
             timeout,
             expand_since: expand_since.into(),
             expand_ids: expand_ids.into(),
+            expand_newest: expand_newest.into(),
             claim: claim.into(),
             complete: complete.into(),
         }
@@ -403,38 +466,54 @@ impl Queries {
         Ok((u64::try_from(written).unwrap_or(0), row.try_get(1)?))
     }
 
-    /// Writes the missing delivery rows of the events `ids` (created at or
-    /// after `since`), claiming those within `rooms`. Returns the claimed
-    /// rows and how many were left unclaimed.
+    /// Writes the missing delivery rows of `events` (created at or after
+    /// `since`), claiming those within `rooms`.
     pub(crate) async fn expand_and_claim(
         &self,
         pool: &PgPool,
         subscriptions: &Registrations,
         since: NaiveDateTime,
-        ids: &[Uuid],
+        events: NewEvents<'_>,
         rooms: &Rooms,
-    ) -> Result<(Vec<ClaimedRow>, usize), sqlx::Error> {
+    ) -> Result<ClaimingExpansion, sqlx::Error> {
+        let statement = match events {
+            NewEvents::Notified(_) => &self.expand_ids,
+            NewEvents::CreatedSince(_) => &self.expand_newest,
+        };
         let query = subscriptions
-            .bind_to(sqlx::query(AssertSqlSafe(self.expand_ids.clone())))
-            .bind(since)
-            .bind(ids)
+            .bind_to(sqlx::query(AssertSqlSafe(statement.clone())))
+            .bind(since);
+        let query = match events {
+            NewEvents::Notified(ids) => query.bind(ids),
+            NewEvents::CreatedSince(at) => query.bind(at),
+        };
+        let query = query
             .bind(&rooms.subscribers)
             .bind(&rooms.rows)
             .bind(rooms.default)
             .bind(i64::try_from(rooms.total).unwrap_or(i64::MAX));
         let rows = subscriptions.bind_matches_to(query).fetch_all(pool);
         let rows = bounded(self.timeout, rows).await?;
-        let mut claimed = Vec::with_capacity(rows.len());
-        let mut unclaimed = 0;
+        let mut expansion = ClaimingExpansion {
+            claimed: Vec::with_capacity(rows.len()),
+            unclaimed: 0,
+            ran_at: None,
+            unknown_ids: 0,
+        };
         for row in &rows {
+            let event: Option<Uuid> = row.try_get("event_id")?;
             let claimed_at: Option<NaiveDateTime> = row.try_get("processing_since")?;
-            if claimed_at.is_some() {
-                claimed.push(claimed_row(row)?);
-            } else {
-                unclaimed += 1;
+            match (event, claimed_at) {
+                (None, _) => {
+                    expansion.ran_at = row.try_get("ran_at")?;
+                    let unknown: i64 = row.try_get("unknown")?;
+                    expansion.unknown_ids = usize::try_from(unknown).unwrap_or(0);
+                }
+                (Some(_), Some(_)) => expansion.claimed.push(claimed_row(row)?),
+                (Some(_), None) => expansion.unclaimed += 1,
             }
         }
-        Ok((claimed, unclaimed))
+        Ok(expansion)
     }
 
     /// Claims up to `limit` due rows, no more of each subscriber than its

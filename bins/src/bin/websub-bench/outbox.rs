@@ -33,7 +33,7 @@ use axum::http::{HeaderMap, StatusCode};
 use sqlx::PgConnection;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use uuid::Uuid;
-use websub_hub::outbox::{Event, Outbox, OutboxTables, ddl};
+use websub_hub::outbox::{Event, Outbox, OutboxTables, ddl, scan_index_ddl};
 use websub_hub::signature::MESSAGING_EVENT_ID_HEADER;
 
 use crate::hub::{Hub, locate_websubd};
@@ -57,6 +57,10 @@ pub(crate) struct OutboxArgs {
     /// without payload, instead of using the producer library.
     #[arg(long)]
     bare_notify: bool,
+    /// Creates the optional index on the outbox's `created_at` (`websub
+    /// outbox-ddl --scan-index`) with the tables.
+    #[arg(long)]
+    scan_index: bool,
 }
 
 /// What an outbox bench event carries: about 1 KiB of JSON.
@@ -187,6 +191,11 @@ async fn measure(args: &OutboxArgs, websubd: &PathBuf, url: &str) -> Result<Stri
     sqlx::raw_sql(sqlx::AssertSqlSafe(ddl(&tables)))
         .execute(&pool)
         .await?;
+    if args.scan_index {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(scan_index_ddl(&tables)))
+            .execute(&pool)
+            .await?;
+    }
     let producer = Producer::new(Outbox::new(tables), args.bare_notify);
     eprintln!("producers: {}", producer.describe());
 
@@ -217,7 +226,12 @@ async fn measure(args: &OutboxArgs, websubd: &PathBuf, url: &str) -> Result<Stri
     solo_rates.sort_by(f64::total_cmp);
     let solo_rate = solo_rates[solo_rates.len() / 2];
 
-    let mut table = format!("Producers: {}.\n\n", producer.describe());
+    let index = if args.scan_index {
+        "with the index on `created_at`"
+    } else {
+        "without the index on `created_at`"
+    };
+    let mut table = format!("Producers: {}; outbox {index}.\n\n", producer.describe());
     table.push_str(
         "| measurement | events | time | rate /s | % of producers | p50 | p99 | backlog at last commit | drained after last commit |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
@@ -496,6 +510,10 @@ mod tests {
         let bare = Cli::try_parse_from(["outbox", "--postgres", "postgres://db", "--bare-notify"])
             .expect("parses");
         assert!(bare.outbox.bare_notify);
+        assert!(!bare.outbox.scan_index);
+        let indexed =
+            Cli::try_parse_from(["outbox", "--postgres", "x", "--scan-index"]).expect("parses");
+        assert!(indexed.outbox.scan_index);
         assert!(
             Cli::try_parse_from(["outbox", "--postgres", "x", "--bare-notify=yes"]).is_err(),
             "a switch, not a value"

@@ -196,8 +196,9 @@ impl Dispatcher {
         self.inner.listening.load(Ordering::Relaxed)
     }
 
-    /// Says once, at start-up, whether polling scans can read only their
-    /// window: without an index on `created_at` each reads the whole outbox.
+    /// Says once, at start-up, whether polling scans (and expansions of the
+    /// newest events) can read only their window: without an index on
+    /// `created_at` each reads the whole outbox.
     /// A warning once the table is large enough for that to cost.
     async fn advise_on_scan_index(self) {
         let config = &self.inner.config;
@@ -211,13 +212,15 @@ impl Dispatcher {
             Ok((false, rows)) if rows >= LARGE_OUTBOX => warn!(
                 %outbox,
                 rows,
-                "the outbox has no index on created_at, so every poll reads the whole table; \
+                "the outbox has no index on created_at, so every poll (and every pass a NOTIFY \
+                 without the event's id starts) reads the whole table; \
                  `websub outbox-ddl --scan-index` prints one"
             ),
             Ok((false, _)) => info!(
                 %outbox,
-                "the outbox has no index on created_at, so every poll reads the whole table \
-                 (cheap while it is small); `websub outbox-ddl --scan-index` prints one"
+                "the outbox has no index on created_at, so every poll (and every pass a NOTIFY \
+                 without the event's id starts) reads the whole table (cheap while it is small); \
+                 `websub outbox-ddl --scan-index` prints one"
             ),
             Err(error) => debug!(%outbox, %error, "could not look for a created_at index"),
         }

@@ -33,12 +33,12 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, debug_span, warn};
 use uuid::Uuid;
 
-use super::super::sql::{ClaimedRow, Rooms, RowCompletion, RowOutcome};
+use super::super::sql::{ClaimedRow, NewEvents, Rooms, RowCompletion, RowOutcome};
 use super::Dispatcher;
 use super::deliver::{Prepared, RowOutcomes, batching, completion};
 use super::lanes::patience;
 use super::registry::Registry;
-use super::signals::{MAX_NOTIFIED_IDS, NEWEST_LOOKBACK, Scan};
+use super::signals::{MAX_NOTIFIED_IDS, NEWEST_LOOKBACK, Scan, UNNAMED_LOOKBACK};
 use crate::delivery::recorder;
 use crate::future::or_never;
 
@@ -60,6 +60,18 @@ pub(super) struct Expanded {
     pub(super) succeeded: bool,
     /// It may have written rows it did not claim.
     pub(super) left_unclaimed: bool,
+    /// A notified id named no event: the notification's event is unknown.
+    pub(super) unknown_ids: bool,
+}
+
+impl Expanded {
+    /// Folds this expansion's end into the pass's state; returns whether a
+    /// notified id named no event.
+    pub(super) fn record(self, failed: &mut bool, claim: &mut bool) -> bool {
+        *failed |= !self.succeeded;
+        *claim |= self.left_unclaimed;
+        self.unknown_ids
+    }
 }
 
 /// Where expansion stands between passes.
@@ -71,6 +83,8 @@ pub(super) struct Expansion {
     pub(super) watermark: Option<NaiveDateTime>,
     /// When the last scan of everything since `start_from` ran.
     pub(super) last_full_scan: Instant,
+    /// The database time the last expansion of the newest events ran at.
+    pub(super) newest_mark: Option<NaiveDateTime>,
 }
 
 impl Expansion {
@@ -79,7 +93,22 @@ impl Expansion {
             start_from: start_from.map_or_else(beginning_of_time, |at| at.naive_utc()),
             watermark: None,
             last_full_scan: Instant::now(),
+            newest_mark: None,
         }
+    }
+
+    /// The oldest `created_at` an expansion of the newest events looks at:
+    /// the previous one's time or the previous scan's, whichever is later,
+    /// less [`UNNAMED_LOOKBACK`], never before `start_from`. None before
+    /// the first scan, which the expansion is then left to.
+    pub(super) fn newest_since(&self) -> Option<NaiveDateTime> {
+        let mark = self.newest_mark.max(self.watermark)?;
+        let lookback =
+            chrono::Duration::from_std(UNNAMED_LOOKBACK).unwrap_or(chrono::Duration::MAX);
+        Some(
+            mark.checked_sub_signed(lookback)
+                .map_or(self.start_from, |since| since.max(self.start_from)),
+        )
     }
 
     /// The oldest `created_at` a scan looks at: for a recent scan, the
@@ -229,14 +258,32 @@ impl Dispatcher {
                         .record(&mut waiting_for_room, &mut failed);
                     claim = false;
                 }
-                if !work.ids.is_empty() {
-                    let expanded = self
-                        .expand_notified(
-                            &work.ids, &registry, &expansion, &attempts, &completed, &shutdown,
+                // The notified events first; then, if something committed
+                // that no notification names (or an id named no event), the
+                // newest events. Before the first scan, which they would
+                // start from, a scan of the newest events instead.
+                let mut unnamed = work.unnamed;
+                let mut next = (!work.ids.is_empty()).then_some(NewEvents::Notified(&work.ids));
+                loop {
+                    if next.is_none() && std::mem::take(&mut unnamed) {
+                        next = expansion.newest_since().map(NewEvents::CreatedSince);
+                        if next.is_none() {
+                            scan_wanted = scan_wanted.max(Scan::Newest);
+                            scan_newest = true;
+                        }
+                    }
+                    let Some(events) = next.take() else { break };
+                    unnamed |= self
+                        .expand_new(
+                            events,
+                            &registry,
+                            &mut expansion,
+                            &attempts,
+                            &completed,
+                            &shutdown,
                         )
-                        .await;
-                    failed = !expanded.succeeded;
-                    claim |= expanded.left_unclaimed;
+                        .await
+                        .record(&mut failed, &mut claim);
                 }
                 if claim {
                     self.claim_and_start(&registry, &attempts, &completed, &shutdown)
@@ -338,53 +385,64 @@ impl Dispatcher {
         }
     }
 
-    /// Expands notified events: their rows come back claimed, as many as
-    /// the subscribers have room for, and their attempts start at once.
-    /// What failed is scanned for shortly.
-    pub(super) async fn expand_notified(
+    /// Expands new events, notified or the newest: their rows come back
+    /// claimed, as many as the subscribers have room for, and their
+    /// attempts start at once. What failed is looked at again shortly.
+    pub(super) async fn expand_new(
         &self,
-        ids: &[Uuid],
+        events: NewEvents<'_>,
         registry: &Registry,
-        expansion: &Expansion,
+        expansion: &mut Expansion,
         attempts: &TaskTracker,
         completed: &mpsc::UnboundedSender<RowCompletion>,
         shutdown: &CancellationToken,
     ) -> Expanded {
         let (rooms, _) = self.rooms(registry);
-        match self
+        let expanded = self
             .inner
             .queries
             .expand_and_claim(
                 &self.inner.pool,
                 &registry.subscriptions,
                 expansion.start_from,
-                ids,
+                events,
                 &rooms,
             )
-            .await
-        {
-            Ok((claimed, unclaimed)) => {
-                self.start(claimed, attempts, completed, shutdown);
+            .await;
+        match expanded {
+            Ok(expanded) => {
+                if let NewEvents::CreatedSince(_) = events {
+                    expansion.newest_mark = expanded.ran_at;
+                }
+                self.start(expanded.claimed, attempts, completed, shutdown);
                 Expanded {
                     succeeded: true,
-                    left_unclaimed: unclaimed > 0,
+                    left_unclaimed: expanded.unclaimed > 0,
+                    unknown_ids: expanded.unknown_ids > 0,
                 }
             }
             Err(error) => {
-                warn!(%error, "expanding notified events failed; retrying shortly");
-                // The events go round again with the next pass: a scan
-                // would leave the newest of them to their notifications,
-                // which are spent, and find them only a poll or more later.
+                warn!(%error, "expanding new outbox events failed; retrying shortly");
                 let mut pending = self.pending();
-                let room = MAX_NOTIFIED_IDS.saturating_sub(pending.ids.len());
-                let again = &ids[..ids.len().min(room)];
-                pending.ids.splice(0..0, again.iter().copied());
-                if again.len() < ids.len() {
-                    pending.newest_unnamed();
+                match events {
+                    // The events go round again with the next pass: a scan
+                    // would leave the newest of them to their
+                    // notifications, which are spent, and find them only a
+                    // poll or more later.
+                    NewEvents::Notified(ids) => {
+                        let room = MAX_NOTIFIED_IDS.saturating_sub(pending.ids.len());
+                        let again = &ids[..ids.len().min(room)];
+                        pending.ids.splice(0..0, again.iter().copied());
+                        if again.len() < ids.len() {
+                            pending.newest_scan();
+                        }
+                    }
+                    NewEvents::CreatedSince(_) => pending.newest_scan(),
                 }
                 Expanded {
                     succeeded: false,
                     left_unclaimed: false,
+                    unknown_ids: false,
                 }
             }
         }
@@ -592,5 +650,27 @@ mod tests {
             Expansion::new(None).since(Scan::Full, lookback),
             Some(beginning_of_time())
         );
+    }
+
+    #[test]
+    fn the_newest_events_are_looked_at_from_the_later_of_the_last_scan_and_expansion() {
+        let start = DateTime::<Utc>::from_timestamp(1_000_000, 0).expect("a time");
+        let mut expansion = Expansion::new(Some(start));
+        let start = start.naive_utc();
+        assert_eq!(expansion.newest_since(), None, "no scan to start from");
+        let scanned = start + chrono::Duration::hours(1);
+        expansion.scanned(start, scanned);
+        let lookback = chrono::Duration::from_std(UNNAMED_LOOKBACK).expect("short");
+        assert_eq!(expansion.newest_since(), Some(scanned - lookback));
+        let expanded = scanned + chrono::Duration::seconds(5);
+        expansion.newest_mark = Some(expanded);
+        assert_eq!(expansion.newest_since(), Some(expanded - lookback));
+        let rescanned = expanded + chrono::Duration::seconds(5);
+        expansion.scanned(scanned, rescanned);
+        assert_eq!(expansion.newest_since(), Some(rescanned - lookback));
+        // Never before the cutoff.
+        let mut fresh = Expansion::new(Some(start.and_utc()));
+        fresh.scanned(start, start);
+        assert_eq!(fresh.newest_since(), Some(start));
     }
 }

@@ -20,15 +20,19 @@ pub(super) struct Pending {
     pub(super) claim: bool,
     /// Whether the next scan must include the newest events, which scans
     /// otherwise leave to their notifications: something was committed that
-    /// no notification names (a `NOTIFY` without the event's id, as
-    /// producers other than this library send, or more ids than are kept).
+    /// no notification names and the pass could not expand it itself (more
+    /// ids than are kept, or a failed statement).
     pub(super) newest: bool,
+    /// Whether something was committed that no notification names (a
+    /// `NOTIFY` without the event's id, as producers other than this library
+    /// send): the next pass expands the newest events, claiming them.
+    pub(super) unnamed: bool,
 }
 
 impl Pending {
     /// Something was committed that no notification names: a recent scan,
     /// the newest events included.
-    pub(super) fn newest_unnamed(&mut self) {
+    pub(super) fn newest_scan(&mut self) {
         self.scan = self.scan.max(Scan::Newest);
         self.newest = true;
     }
@@ -40,9 +44,10 @@ pub(super) enum Scan {
     #[default]
     None,
     /// Events since the previous scan, less [`NEWEST_LOOKBACK`]: what a
-    /// `NOTIFY` that names no event asks for, cheap enough to run for each.
-    /// An event whose transaction began longer ago than that before it
-    /// committed is left to the next recent scan (the next poll).
+    /// `NOTIFY` that names no event falls back to when the pass cannot
+    /// expand the newest events itself. An event whose transaction began
+    /// longer ago than that before it committed is left to the next recent
+    /// scan (the next poll).
     Newest,
     /// Events since the previous scan, less the lookback.
     Recent,
@@ -52,6 +57,13 @@ pub(super) enum Scan {
 
 /// How far before the previous scan a scan for the newest events starts.
 pub(super) const NEWEST_LOOKBACK: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How far before the previous expansion of the newest events the next one
+/// starts: an event whose transaction was open longer than this (from its
+/// `created_at`, the transaction's start, to its commit) is left to the
+/// next recent scan, at most a poll interval later. Each expansion reads the
+/// events of this window again, so it is kept short.
+pub(super) const UNNAMED_LOOKBACK: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Event ids gathered from notifications before a pass falls back to a
 /// recent scan instead (one statement either way).
@@ -65,7 +77,7 @@ impl Dispatcher {
     /// then claim and deliver.
     pub fn wake(&self) {
         self.ask(|pending| {
-            pending.newest_unnamed();
+            pending.unnamed = true;
             pending.claim = true;
         });
     }
@@ -91,11 +103,13 @@ impl Dispatcher {
     }
 
     /// A notification arrived on the channel: its payload names the event
-    /// when it came from [`super::Outbox`]; anything else asks for a scan.
+    /// when it came from [`super::Outbox`]; anything else asks for the
+    /// newest events.
     pub(crate) fn notified(&self, payload: &str) {
         self.ask(|pending| match Uuid::try_parse(payload) {
             Ok(id) if pending.ids.len() < MAX_NOTIFIED_IDS => pending.ids.push(id),
-            _ => pending.newest_unnamed(),
+            Ok(_) => pending.newest_scan(),
+            Err(_) => pending.unnamed = true,
         });
     }
 
