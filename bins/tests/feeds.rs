@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{Websubd, free_port, scratch_dir};
+use common::{DatabaseOutage, Websubd, free_port, prometheus, scratch_dir};
 use sqlx::postgres::PgPool;
 use websub_hub::outbox::{Event, Outbox, OutboxTables, ddl};
 use websub_hub::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, verify};
@@ -209,6 +209,65 @@ async fn two_websubd_processes_on_one_feed_deliver_each_event_never_twice_at_onc
     drop(hubs);
 }
 
+/// A feed's gauges: its listener is up, and the rows a failing webhook
+/// leaves show as its backlog, with the age of the oldest event; its
+/// attempts are counted and timed on the webhook channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_feed_shows_its_listener_and_a_failing_webhook_in_the_metrics() {
+    let Some(shop) = Shop::open().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer(Route::any(), Answer::status(500));
+    let dir = scratch_dir("feed-gauges");
+    let webhooks = dir.join("webhooks.toml");
+    write_webhooks(&webhooks, "billing", receiver.url("/broken").as_str());
+    let config = shop.config_file(&dir, &webhooks);
+    // Retries enough that the rows stay pending while the gauges are read
+    // (the feed's table is the file's last).
+    let mut text = std::fs::read_to_string(&config).expect("read the config");
+    text.push_str("delivery_retries = 1000\n");
+    std::fs::write(&config, text).expect("write the config");
+    let config = config.display().to_string();
+    let hub = Websubd::spawn(&dir, free_port(), &["--config", &config])
+        .ready()
+        .await;
+    shop.produce(0..3).await;
+    let outbox = ["outbox=\"shop.outbox\""];
+    let webhook = ["channel=\"webhook\""];
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let families = prometheus::scrape(&hub).await;
+        let gauge = |name: &str| {
+            families
+                .get(name)
+                .map_or(0.0, |_| prometheus::value(&families, name, name, &outbox))
+        };
+        let listening = gauge("websub_outbox_listener_connected");
+        let backlog = gauge("websub_outbox_backlog");
+        let oldest = gauge("websub_outbox_oldest_undelivered_seconds");
+        let attempts = families
+            .get("websub_delivery_attempt_seconds")
+            .map_or(0.0, |_| {
+                prometheus::value(
+                    &families,
+                    "websub_delivery_attempt_seconds",
+                    "websub_delivery_attempt_seconds_count",
+                    &webhook,
+                )
+            });
+        if listening == 1.0 && backlog == 3.0 && oldest > 0.0 && attempts >= 3.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "listening {listening}, backlog {backlog}, oldest {oldest}, attempts {attempts}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    drop(hub);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_mid_flow_loses_no_event() {
     let Some(shop) = Shop::open().await else {
@@ -323,53 +382,6 @@ async fn websub_subscribers_get_the_envelope_and_sighup_applies_new_webhooks() {
     );
 }
 
-/// Cuts the hub's own database off (no new connections, every open one
-/// terminated) until [`HubDatabaseOutage::end`], while the server and the
-/// producer's database stay up.
-struct HubDatabaseOutage {
-    admin: sqlx::PgConnection,
-    name: String,
-}
-
-impl HubDatabaseOutage {
-    async fn begin(hub_database_url: &str) -> Self {
-        use sqlx::Connection;
-        let admin_url = websub_storetest::servers::postgres_url()
-            .await
-            .expect("the test PostgreSQL");
-        let mut admin = sqlx::PgConnection::connect(&admin_url)
-            .await
-            .expect("connect as the administrator");
-        let name = hub_database_url
-            .rsplit('/')
-            .next()
-            .expect("a database name")
-            .to_owned();
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false"
-        )))
-        .execute(&mut admin)
-        .await
-        .expect("refuse connections");
-        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
-            .bind(&name)
-            .execute(&mut admin)
-            .await
-            .expect("cut the open connections");
-        Self { admin, name }
-    }
-
-    async fn end(mut self) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "ALTER DATABASE {} WITH ALLOW_CONNECTIONS true",
-            self.name
-        )))
-        .execute(&mut self.admin)
-        .await
-        .expect("allow connections again");
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hub_database_outage_loses_and_duplicates_no_bridged_event() {
     const EVENTS: u32 = 2000;
@@ -425,7 +437,7 @@ async fn a_hub_database_outage_loses_and_duplicates_no_bridged_event() {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     shop.produce(0..EVENTS / 3).await;
-    let outage = HubDatabaseOutage::begin(&hub_database).await;
+    let outage = DatabaseOutage::begin(&hub_database).await;
     let at_outage = subscriber.deliveries_to("orders").len();
     shop.produce(EVENTS / 3..2 * EVENTS / 3).await;
     tokio::time::sleep(Duration::from_secs(30)).await;

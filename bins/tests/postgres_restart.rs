@@ -132,18 +132,11 @@ async fn a_postgres_restart_loses_no_delivery_and_no_pending_verification() {
     let client = http_client();
 
     // A fan-out in progress.
-    let answer = client
-        .post(format!(
-            "{}?hub.mode=publish&hub.topic={}",
-            hub.url, "http%3A%2F%2F127.0.0.1%3A9%2Ftopics%2Frestart"
-        ))
-        .header("content-type", "application/json")
-        .header("X-Internal-API-Key", INTERNAL_KEY)
-        .body("{\"restart\":true}")
-        .send()
-        .await
-        .expect("fat ping");
-    assert_eq!(answer.status().as_u16(), 202);
+    assert_eq!(
+        hub.fat_ping("http://127.0.0.1:9/topics/restart", "{\"restart\":true}")
+            .await,
+        202
+    );
     // And verifications waiting, a few in flight.
     let verified = "http://127.0.0.1:9/topics/verified";
     for index in 0..REQUESTS {

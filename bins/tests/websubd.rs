@@ -251,18 +251,12 @@ async fn kill_9_during_fan_out_loses_nothing(database_url: String) {
         "200ms",
     ];
     let first = Websubd::spawn(&dir, free_port(), &args).ready().await;
-    let response = http_client()
-        .post(format!(
-            "{}?hub.mode=publish&hub.topic={}",
-            first.url, "http%3A%2F%2F127.0.0.1%3A9%2Ftopics%2Fcrash"
-        ))
-        .header("content-type", "application/json")
-        .header("X-Internal-API-Key", INTERNAL_KEY)
-        .body("{\"crash\":true}")
-        .send()
-        .await
-        .expect("fat ping");
-    assert_eq!(response.status().as_u16(), 202);
+    assert_eq!(
+        first
+            .fat_ping("http://127.0.0.1:9/topics/crash", "{\"crash\":true}")
+            .await,
+        202
+    );
 
     assert!(
         subscriber

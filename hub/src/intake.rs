@@ -47,6 +47,9 @@ const FETCH_CONCURRENCY: usize = 32;
 /// `retried`, `failed` (given up, kept in the backlog).
 pub const FETCHES_TOTAL: &str = "websub_topic_fetches_total";
 
+/// `websub_events_recorded_total`: events recorded from publishes.
+pub const EVENTS_RECORDED_TOTAL: &str = "websub_events_recorded_total";
+
 /// Accepts content for distribution. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Intake {
@@ -180,7 +183,7 @@ impl Intake {
                 self.inner.clock.now(),
             )
             .await?;
-        metrics::counter!("websub_events_recorded_total").increment(1);
+        metrics::counter!(EVENTS_RECORDED_TOTAL).increment(1);
         self.inner.dispatcher.wake();
         Ok(event)
     }

@@ -85,6 +85,7 @@ pub mod server;
 mod setting;
 pub mod signature;
 pub mod subscriber;
+pub mod telemetry;
 pub mod verify;
 
 pub use config::HubConfig;

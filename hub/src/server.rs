@@ -242,6 +242,7 @@ impl Hub {
     /// Serves `/metrics` from this handle (the binary installs the recorder;
     /// the library installs nothing global).
     pub fn with_metrics(mut self, handle: PrometheusHandle) -> Self {
+        crate::telemetry::describe();
         self.metrics = Some(handle);
         self
     }
@@ -314,6 +315,11 @@ impl Hub {
                 .run_verifiers(intake_stop.clone()),
         );
         let fetchers = tokio::spawn(self.intake.clone().run_fetchers(intake_stop.clone()));
+        let gauges = tokio::spawn(crate::telemetry::sample(
+            self.events.clone(),
+            self.intake.backlog().clone(),
+            background.clone(),
+        ));
         let backlog_sweep = tokio::spawn(sweep_backlog(
             self.intake.backlog().clone(),
             background.clone(),
@@ -396,6 +402,7 @@ impl Hub {
             let _ = dispatcher.await;
             let _ = reaper.await;
             let _ = backlog_sweep.await;
+            let _ = gauges.await;
             if let Some(retention) = retention {
                 let _ = retention.await;
             }

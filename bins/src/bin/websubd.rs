@@ -15,7 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::process::ExitCode;
 
 use tracing_subscriber::EnvFilter;
-use websub_hub::config::{CommandLine, LoadError};
+use websub_hub::config::{CommandLine, LoadError, LogFormat};
 
 /// The bare command: its name, version and about; the settings are added by
 /// [`CommandLine::load`].
@@ -27,13 +27,6 @@ fn command() -> clap::Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
     let config = match CommandLine::load(command(), std::env::args_os(), |name| {
         std::env::var_os(name)
     }) {
@@ -46,6 +39,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    log_to_stderr(config.log_format);
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(error) => {
@@ -53,7 +47,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder();
+    let metrics = websub_hub::telemetry::prometheus().install_recorder();
     let hub = match websub_hub::server::Hub::open(config).await {
         Ok(hub) => hub,
         Err(error) => {
@@ -75,6 +69,25 @@ async fn main() -> ExitCode {
             eprintln!("websubd: {error}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Log lines go to stderr, filtered by `RUST_LOG` (info by default), as
+/// text or as one JSON object per line with the fields of their spans.
+fn log_to_stderr(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let lines = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => lines
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => lines
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
     }
 }
 

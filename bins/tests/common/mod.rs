@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod prometheus;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,18 +36,36 @@ pub(crate) struct Websubd {
 impl Websubd {
     /// Starts websubd in `dir` on `port` with `extra` arguments.
     pub(crate) fn spawn(dir: &PathBuf, port: u16, extra: &[&str]) -> Self {
+        Self::spawn_logging(dir, port, extra, "warn", Stdio::inherit())
+    }
+
+    /// Starts websubd with `RUST_LOG=filter`, its log lines going to
+    /// `stderr` (take them with [`Self::log`] when piped).
+    pub(crate) fn spawn_logging(
+        dir: &PathBuf,
+        port: u16,
+        extra: &[&str],
+        filter: &str,
+        stderr: Stdio,
+    ) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_websubd"))
             .current_dir(dir)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", filter)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(extra)
             .stdout(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("start websubd");
         Self {
             child,
             url: format!("http://127.0.0.1:{port}/"),
         }
+    }
+
+    /// Its stderr, when it was spawned with it piped.
+    pub(crate) fn log(&mut self) -> Option<std::process::ChildStderr> {
+        self.child.stderr.take()
     }
 
     /// Waits until `/healthz` answers.
@@ -109,6 +129,27 @@ impl Drop for Websubd {
     }
 }
 
+impl Websubd {
+    /// A fat ping of `body` (JSON) for `topic`, with the tests' internal key;
+    /// returns the status.
+    pub(crate) async fn fat_ping(&self, topic: &str, body: &str) -> u16 {
+        http_client()
+            .post(format!(
+                "{}?hub.mode=publish&hub.topic={}",
+                self.url,
+                url::form_urlencoded::byte_serialize(topic.as_bytes()).collect::<String>()
+            ))
+            .header("content-type", "application/json")
+            .header("X-Internal-API-Key", websub_tests::INTERNAL_KEY)
+            .body(body.to_owned())
+            .send()
+            .await
+            .expect("fat ping")
+            .status()
+            .as_u16()
+    }
+}
+
 /// How many callbacks received at least one delivery.
 pub(crate) fn distinct_callbacks(subscriber: &TestSubscriber) -> usize {
     subscriber
@@ -117,4 +158,51 @@ pub(crate) fn distinct_callbacks(subscriber: &TestSubscriber) -> usize {
         .map(|delivery| delivery.path)
         .collect::<HashSet<_>>()
         .len()
+}
+
+/// Cuts one database of the test PostgreSQL off (no new connections, every
+/// open one terminated) until [`DatabaseOutage::end`], while the server and
+/// its other databases stay up.
+pub(crate) struct DatabaseOutage {
+    admin: sqlx::PgConnection,
+    name: String,
+}
+
+impl DatabaseOutage {
+    pub(crate) async fn begin(database_url: &str) -> Self {
+        use sqlx::Connection;
+        let admin_url = websub_storetest::servers::postgres_url()
+            .await
+            .expect("the test PostgreSQL");
+        let mut admin = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .expect("connect as the administrator");
+        let name = database_url
+            .rsplit('/')
+            .next()
+            .expect("a database name")
+            .to_owned();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE {name} WITH ALLOW_CONNECTIONS false"
+        )))
+        .execute(&mut admin)
+        .await
+        .expect("refuse connections");
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1")
+            .bind(&name)
+            .execute(&mut admin)
+            .await
+            .expect("cut the open connections");
+        Self { admin, name }
+    }
+
+    pub(crate) async fn end(mut self) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE {} WITH ALLOW_CONNECTIONS true",
+            self.name
+        )))
+        .execute(&mut self.admin)
+        .await
+        .expect("allow connections again");
+    }
 }

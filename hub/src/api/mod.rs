@@ -10,10 +10,13 @@
 //!   ([`subscriber`]), with a user token;
 //! - `/api/v1/operator/…`: the operator API ([`operator`]), with the
 //!   internal key;
-//! - `/healthz`, `/metrics`.
+//! - `/healthz` (the process answers), `/readyz` (its databases answer and
+//!   are migrated, [`health`]), `/metrics`.
 
 mod backlog;
+mod health;
 mod operator;
+mod requests;
 mod subscriber;
 
 use std::sync::Arc;
@@ -37,6 +40,8 @@ use crate::protocol::{self, HubRequest, Mode, SubscriptionRequest};
 use crate::quota::QuotaError;
 use crate::verify::Subscriptions;
 use websub_store::SubscriptionStore;
+
+pub use requests::{HTTP_REQUEST_SECONDS, HTTP_REQUESTS_TOTAL};
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
@@ -78,8 +83,10 @@ pub fn router(state: ApiState) -> Router {
             subscriber::routes().nest("/operator", operator::routes()),
         )
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(health::ready))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(body_limit))
+        .route_layer(axum::middleware::from_fn(requests::count_requests))
         .with_state(state)
 }
 

@@ -179,6 +179,15 @@ pub enum Admission {
     },
 }
 
+/// What waits in the backlog, for its gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Waiting {
+    /// Verifications of intent.
+    pub verifications: u64,
+    /// Topic fetches.
+    pub fetches: u64,
+}
+
 /// Which rows a listing wants.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Listing<'a> {
@@ -272,6 +281,10 @@ pub trait Backlog: Send + Sync + std::fmt::Debug {
         listing: Listing<'_>,
         limit: usize,
     ) -> Result<Vec<IntentState>, BacklogError>;
+
+    /// How many verifications and fetches wait (due, retrying or in
+    /// flight; not failed).
+    async fn waiting(&self) -> Result<Waiting, BacklogError>;
 
     /// Whether a subscribe to `topic` is waiting for its verification: a
     /// publish must not be discarded as having nobody to reach while one

@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 
 use super::{
     Admission, Backlog, BacklogError, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult,
-    IntentState, Listing, Validators, mode, stale_bound, unsigned,
+    IntentState, Listing, Validators, Waiting, mode, stale_bound, unsigned,
 };
 use crate::protocol::SubscriptionRequest;
 
@@ -80,6 +80,10 @@ const REQUEST_INTENT: &str = "INSERT INTO websub_verifications \
 
 const WAITING_INTENTS: &str =
     "SELECT count(*) FROM websub_verifications WHERE next_attempt_at IS NOT NULL";
+
+const WAITING: &str = "SELECT \
+     (SELECT count(*) FROM websub_verifications WHERE next_attempt_at IS NOT NULL), \
+     (SELECT count(*) FROM websub_fetches WHERE next_attempt_at IS NOT NULL)";
 
 const CLAIM_INTENTS: &str = "UPDATE websub_verifications AS intent SET processing_since = $1 \
      FROM (SELECT topic, callback FROM websub_verifications \
@@ -291,6 +295,15 @@ impl Backlog for PostgresBacklog {
             .await?;
         Ok(Admission::Full {
             pending: u64::try_from(pending).unwrap_or(0),
+        })
+    }
+
+    async fn waiting(&self) -> Result<Waiting, BacklogError> {
+        let (verifications, fetches): (i64, i64) =
+            sqlx::query_as(WAITING).fetch_one(&self.pool).await?;
+        Ok(Waiting {
+            verifications: u64::try_from(verifications).unwrap_or(0),
+            fetches: u64::try_from(fetches).unwrap_or(0),
         })
     }
 

@@ -80,6 +80,8 @@ pub struct HubConfig {
     /// leaves room under a 1 024 file-descriptor limit for deliveries,
     /// verifications and database connections.
     pub max_connections: usize,
+    /// How the binary writes its log lines.
+    pub log_format: LogFormat,
     /// How often expired subscriptions are removed.
     pub reaper_interval: Duration,
     /// How often the dispatcher polls for due deliveries when nothing wakes it.
@@ -170,6 +172,7 @@ impl Default for HubConfig {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(75),
             max_connections: 512,
+            log_format: LogFormat::Text,
             reaper_interval: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
             retention: None,
@@ -218,6 +221,18 @@ impl Default for VerificationPolicy {
             max_pending: 10_000,
         }
     }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, with the fields of the spans it is in.
+    Json,
 }
 
 /// The public URL a hub listening on `listen` announces by default.

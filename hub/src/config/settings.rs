@@ -15,7 +15,9 @@ use crate::delivery::RetryPolicy;
 use crate::feed::FeedConfig;
 use crate::setting::{ConfigError, format_duration, invalid, parse_duration};
 
-use super::{DeliveryPolicy, HubConfig, LeasePolicy, VerificationPolicy, public_url_for};
+use super::{
+    DeliveryPolicy, HubConfig, LeasePolicy, LogFormat, VerificationPolicy, public_url_for,
+};
 
 /// One layer of settings: the TOML file, the `WEBSUB_*` environment and the
 /// flags are each read into one of these, and [`Settings::apply`] lays it
@@ -100,6 +102,9 @@ pub struct Settings {
     /// 503.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub max_pending_verifications: Option<u64>,
+    /// How log lines are written: text, or json (one object per line).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "FORMAT"))]
+    pub log_format: Option<LogFormat>,
     /// How often expired subscriptions are removed.
     #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
     pub reaper_interval: Option<String>,
@@ -204,6 +209,7 @@ impl Settings {
             verification_attempts,
             verification_retry_wait,
             max_pending_verifications,
+            log_format,
             reaper_interval,
             retention,
             max_form_bytes,
@@ -278,6 +284,7 @@ impl Settings {
             &mut config.verification.max_pending,
             max_pending_verifications,
         );
+        set(&mut config.log_format, log_format);
         set_duration(
             &mut config.reaper_interval,
             "reaper-interval",
@@ -355,6 +362,7 @@ impl From<&HubConfig> for Settings {
             header_read_timeout,
             idle_timeout,
             max_connections,
+            log_format,
             reaper_interval,
             poll_interval,
             retention,
@@ -407,6 +415,7 @@ impl From<&HubConfig> for Settings {
             verification_attempts: Some(*verification_attempts),
             verification_retry_wait: duration(verification_retry_wait),
             max_pending_verifications: Some(*max_pending_verifications),
+            log_format: Some(*log_format),
             reaper_interval: duration(reaper_interval),
             retention: retention.as_ref().and_then(duration),
             max_form_bytes: Some(*max_form_bytes),
@@ -529,6 +538,7 @@ pub(super) mod tests {
             header_read_timeout: Duration::from_secs(4),
             idle_timeout: Duration::from_secs(20),
             max_connections: 300,
+            log_format: crate::config::LogFormat::Json,
             reaper_interval: Duration::from_secs(5 * 60),
             poll_interval: Duration::from_millis(200),
             retention: Some(Duration::from_secs(7 * 86_400)),

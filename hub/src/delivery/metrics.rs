@@ -8,6 +8,16 @@ use super::Channel;
 /// subscription), `retried` or `exhausted`.
 pub const DELIVERIES_TOTAL: &str = "websub_deliveries_total";
 
+/// `websub_delivery_attempt_seconds{channel}`: how long each attempt took.
+pub const ATTEMPT_SECONDS: &str = "websub_delivery_attempt_seconds";
+
+/// `websub_delivery_latency_seconds{channel}`: from an event's recording
+/// to its delivery, for each delivered one.
+pub const DELIVERY_LATENCY_SECONDS: &str = "websub_delivery_latency_seconds";
+
+/// `websub_deliveries_in_flight{channel}`: attempts on the wire.
+pub const DELIVERIES_IN_FLIGHT: &str = "websub_deliveries_in_flight";
+
 /// The `outcome` label of an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tally {
@@ -21,28 +31,72 @@ pub enum Tally {
     Exhausted,
 }
 
-/// One channel's counters.
+/// One channel's metrics.
 #[derive(Debug, Clone)]
 pub struct DeliveryMetrics {
     delivered: metrics::Counter,
     gone: metrics::Counter,
     retried: metrics::Counter,
     exhausted: metrics::Counter,
+    attempt_seconds: metrics::Histogram,
+    latency_seconds: metrics::Histogram,
+    in_flight: metrics::Gauge,
+}
+
+/// One attempt on the wire: counted in flight until it is dropped.
+#[derive(Debug)]
+pub struct InFlight {
+    started: std::time::Instant,
+    in_flight: metrics::Gauge,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.in_flight.decrement(1.0);
+    }
 }
 
 impl DeliveryMetrics {
-    /// Registers the counters of `channel`.
+    /// Registers the metrics of `channel`.
     pub fn register(channel: Channel) -> Self {
-        let counter = |outcome: &'static str| metrics::counter!(DELIVERIES_TOTAL, "channel" => channel.label(), "outcome" => outcome);
-        metrics::describe_counter!(
-            DELIVERIES_TOTAL,
-            "Delivery attempts by channel and by what they came to"
-        );
+        let label = channel.label();
+        let counter = |outcome: &'static str| metrics::counter!(DELIVERIES_TOTAL, "channel" => label, "outcome" => outcome);
         Self {
             delivered: counter("delivered"),
             gone: counter("gone"),
             retried: counter("retried"),
             exhausted: counter("exhausted"),
+            attempt_seconds: metrics::histogram!(ATTEMPT_SECONDS, "channel" => label),
+            latency_seconds: metrics::histogram!(DELIVERY_LATENCY_SECONDS, "channel" => label),
+            in_flight: metrics::gauge!(DELIVERIES_IN_FLIGHT, "channel" => label),
+        }
+    }
+
+    /// An attempt starts.
+    pub fn attempting(&self) -> InFlight {
+        self.in_flight.increment(1.0);
+        InFlight {
+            started: std::time::Instant::now(),
+            in_flight: self.in_flight.clone(),
+        }
+    }
+
+    /// The attempt `attempt` ended; its event was recorded at `recorded`,
+    /// and was delivered if `delivered`.
+    pub fn attempted(
+        &self,
+        attempt: InFlight,
+        recorded: chrono::DateTime<chrono::Utc>,
+        delivered: bool,
+    ) {
+        self.attempt_seconds
+            .record(attempt.started.elapsed().as_secs_f64());
+        if delivered {
+            let age = chrono::Utc::now().signed_duration_since(recorded);
+            // A clock that went back (or a producer's skewed one) gives no
+            // meaningful latency; zero rather than nothing keeps the count.
+            self.latency_seconds
+                .record(age.to_std().unwrap_or_default().as_secs_f64());
         }
     }
 

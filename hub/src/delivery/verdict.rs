@@ -7,7 +7,7 @@ use tracing::{info, warn};
 
 use super::Channel;
 use super::attempt::{Answer, status_error};
-use super::metrics::{DeliveryMetrics, Tally};
+use super::metrics::{DeliveryMetrics, InFlight, Tally};
 use super::retry::{NextStep, RetryPolicy};
 
 /// The end of one attempt.
@@ -47,6 +47,27 @@ impl Judge {
             retry,
             metrics: DeliveryMetrics::register(channel),
         }
+    }
+
+    /// An attempt of this channel starts: it is counted in flight until
+    /// [`Self::judge`] has its answer (or it is dropped).
+    pub fn attempting(&self) -> InFlight {
+        self.metrics.attempting()
+    }
+
+    /// The verdict on the answer to `attempt`, whose event was recorded at
+    /// `recorded` (see [`Self::verdict`]); the attempt's duration and, when
+    /// delivered, the event's latency are measured.
+    pub fn judge(
+        &self,
+        attempt: InFlight,
+        recorded: chrono::DateTime<chrono::Utc>,
+        answer: Answer,
+        failures_before: u32,
+    ) -> Verdict {
+        let delivered = answer == Answer::Delivered;
+        self.metrics.attempted(attempt, recorded, delivered);
+        self.verdict(answer, failures_before)
     }
 
     /// The verdict on `answer` for a delivery that had `failures_before`

@@ -358,7 +358,7 @@ impl Distributor {
         // The host's slot first: waiting for a saturated host must not hold
         // one of the slots other hosts' deliveries need.
         let slots = (host.acquire().await, self.inner.http_slots.acquire().await);
-        let answer = match (slots, &outgoing.headers) {
+        let (answer, attempted) = match (slots, &outgoing.headers) {
             ((Ok(_host_slot), Ok(_http_slot)), Ok(headers)) => {
                 let request = Request {
                     url: &subscription.callback,
@@ -369,12 +369,26 @@ impl Distributor {
                     secret: subscription.secret.as_deref().map(str::as_bytes),
                     headers: &headers.link,
                 };
-                attempt::post(&self.inner.client, request, self.inner.policy.timeout, None).await
+                let attempted = self.inner.judge.attempting();
+                let answer =
+                    attempt::post(&self.inner.client, request, self.inner.policy.timeout, None)
+                        .await;
+                (answer, Some(attempted))
             }
-            (_, Err(error)) => Answer::Failed(error.clone()),
-            _ => Answer::Failed("the dispatcher is shutting down".to_owned()),
+            (_, Err(error)) => (Answer::Failed(error.clone()), None),
+            _ => (
+                Answer::Failed("the dispatcher is shutting down".to_owned()),
+                None,
+            ),
         };
-        let outcome = match self.inner.judge.verdict(answer, retry_count) {
+        let judge = &self.inner.judge;
+        let verdict = match attempted {
+            Some(attempted) => {
+                judge.judge(attempted, outgoing.event.created_at, answer, retry_count)
+            }
+            None => judge.verdict(answer, retry_count),
+        };
+        let outcome = match verdict {
             Verdict::Delivered => Outcome::Delivered,
             Verdict::Gone => {
                 info!("callback answered 410 Gone: removing the subscription");

@@ -139,6 +139,15 @@ pub struct DeliveryHealth {
     pub failed: u64,
 }
 
+/// What is left to deliver, for the backlog gauges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Undelivered {
+    /// Records due, retrying or in flight.
+    pub records: u64,
+    /// When the oldest of their events was recorded.
+    pub oldest: Option<DateTime<Utc>>,
+}
+
 /// A delivery record that exhausted its retries, for operators.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailedDelivery {
@@ -304,6 +313,14 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// The topic's most recently recorded event, if any.
     async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError>;
 
+    /// The records still to be delivered (due, retrying or in flight; not
+    /// exhausted), and when the oldest of their events was recorded.
+    async fn undelivered(&self) -> Result<Undelivered, EventLogError>;
+
+    /// The versions of this build's migrations that the database has not
+    /// applied (none on a ready log); a query, so also a sign of life.
+    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError>;
+
     /// Delivery health of `subscriber` over the topic's `window` most recent
     /// events: bounded work however long the log grows.
     async fn health(
@@ -358,6 +375,16 @@ fn stale_bound(now: DateTime<Utc>, visibility: std::time::Duration) -> Option<Da
 
 /// A column that does not decode is a stored value the backend cannot hold,
 /// not a failure of the database.
+/// The versions of `migrator`'s migrations missing from `applied`.
+fn unapplied(migrator: &sqlx::migrate::Migrator, applied: &[i64]) -> Vec<i64> {
+    migrator
+        .iter()
+        .filter(|migration| migration.migration_type.is_up_migration())
+        .map(|migration| migration.version)
+        .filter(|version| !applied.contains(version))
+        .collect()
+}
+
 fn invalid(error: sqlx::Error) -> EventLogError {
     EventLogError::Invalid(error.to_string())
 }

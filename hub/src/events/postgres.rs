@@ -31,12 +31,12 @@ use sqlx::migrate::Migrator;
 use std::str::FromStr;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::{
     Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError, FailedDelivery,
-    FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded,
+    FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded, Undelivered,
 };
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -147,6 +147,12 @@ const HEALTH: &str = "WITH recent AS ( \
                 AS failed \
      FROM recent AS r \
      JOIN websub_deliveries AS d ON d.event_id = r.id AND d.subscriber = $2";
+
+// The pending index's entries with a `next_attempt_at`: everything not
+// processed and not exhausted.
+const UNDELIVERED: &str = "SELECT count(*) AS records, min(e.created_at) AS oldest \
+     FROM websub_deliveries AS d JOIN websub_events AS e ON e.id = d.event_id \
+     WHERE d.processed_at IS NULL AND d.next_attempt_at IS NOT NULL";
 
 // Exhausted records are the pending index's NULL `next_attempt_at` entries.
 const FAILED: &str = "SELECT d.event_id, e.topic, d.subscriber::TEXT AS subscriber, e.created_at, \
@@ -613,6 +619,23 @@ impl EventLog for PostgresEventLog {
             .as_ref()
             .map(event_from_row)
             .transpose()
+    }
+
+    async fn undelivered(&self) -> Result<Undelivered, EventLogError> {
+        let row = sqlx::query(UNDELIVERED).fetch_one(&self.pool).await?;
+        Ok(Undelivered {
+            records: super::count(row.try_get("records").map_err(super::invalid)?)?,
+            oldest: row.try_get("oldest").map_err(super::invalid)?,
+        })
+    }
+
+    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError> {
+        let applied: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT version FROM {MIGRATIONS_TABLE} WHERE success"
+        )))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(super::unapplied(&migrator(), &applied))
     }
 
     async fn health(

@@ -43,13 +43,13 @@ use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
-use sqlx::{Connection, Row};
+use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 use uuid::Uuid;
 
 use super::{
     Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError, FailedDelivery,
-    FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded,
+    FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded, Undelivered,
 };
 
 /// The file is opened the way the subscription store opens it (the two share
@@ -169,6 +169,12 @@ const HEALTH: &str = "WITH recent AS ( \
              WHERE processed_at IS NULL AND next_attempt_at IS NOT NULL) AS pending, \
             (SELECT count(*) FROM records \
              WHERE processed_at IS NULL AND next_attempt_at IS NULL) AS failed";
+
+// The pending index's entries with a `next_attempt_at`: everything not
+// processed and not exhausted.
+const UNDELIVERED: &str = "SELECT count(*) AS records, min(e.created_at) AS oldest \
+     FROM websub_deliveries AS d JOIN websub_events AS e ON e.id = d.event_id \
+     WHERE d.processed_at IS NULL AND d.next_attempt_at IS NOT NULL";
 
 // Exhausted records are the pending index's NULL `next_attempt_at` entries.
 const FAILED: &str = "SELECT d.event_id, e.topic, d.subscriber, e.created_at, \
@@ -634,6 +640,27 @@ impl EventLog for SqliteEventLog {
             .as_ref()
             .map(event_from_row)
             .transpose()
+    }
+
+    async fn undelivered(&self) -> Result<Undelivered, EventLogError> {
+        let row = sqlx::query(UNDELIVERED).fetch_one(&self.pool).await?;
+        Ok(Undelivered {
+            records: super::count(row.try_get("records").map_err(super::invalid)?)?,
+            oldest: row
+                .try_get::<Option<i64>, _>("oldest")
+                .map_err(super::invalid)?
+                .map(from_micros)
+                .transpose()?,
+        })
+    }
+
+    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError> {
+        let applied: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT version FROM {MIGRATIONS_TABLE} WHERE success"
+        )))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(super::unapplied(&migrator(), &applied))
     }
 
     async fn health(

@@ -97,9 +97,12 @@ pub(crate) const REFUSAL_DEADLINE: Duration = Duration::from_secs(2);
 /// memory) before trying again: they come back only as connections close.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-const OPEN_METRIC: &str = "websub_http_connections_open";
-const CLOSED_METRIC: &str = "websub_http_connections_closed_total";
-const REFUSED_METRIC: &str = "websub_http_connections_refused_total";
+/// `websub_http_connections_open`.
+pub(crate) const OPEN_METRIC: &str = "websub_http_connections_open";
+/// `websub_http_connections_closed_total{reason}`.
+pub(crate) const CLOSED_METRIC: &str = "websub_http_connections_closed_total";
+/// `websub_http_connections_refused_total`.
+pub(crate) const REFUSED_METRIC: &str = "websub_http_connections_refused_total";
 
 const BUSY_REASON: &str = "the hub is at its connection limit; retry shortly\n";
 
@@ -350,16 +353,6 @@ struct Slot {
 
 impl Slots {
     fn new(max: usize) -> Self {
-        metrics::describe_gauge!(OPEN_METRIC, "HTTP connections open.");
-        metrics::describe_counter!(
-            CLOSED_METRIC,
-            "HTTP connections the hub closed: a head or body too slow, an idle wait \
-             too long, or evicted to make room at the connection limit."
-        );
-        metrics::describe_counter!(
-            REFUSED_METRIC,
-            "HTTP connections answered 503 at the connection limit."
-        );
         Self {
             max,
             epoch: Instant::now(),

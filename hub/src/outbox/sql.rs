@@ -608,6 +608,32 @@ pub(crate) async fn scan_index(
     Ok((row.try_get(0)?, row.try_get(1)?))
 }
 
+/// How many delivery rows of `subscribers` are due, retrying or in flight
+/// (not exhausted past `max_retries`), and the age in seconds of the oldest
+/// of their events (0 for none), by the database's clock.
+pub(crate) async fn undelivered(
+    pool: &PgPool,
+    tables: &OutboxTables,
+    subscribers: &[String],
+    max_retries: u32,
+) -> Result<(u64, f64), sqlx::Error> {
+    let row = sqlx::query(AssertSqlSafe(format!(
+        "SELECT count(*), \
+             COALESCE(EXTRACT(EPOCH FROM {NOW} - min(o.created_at))::float8, 0) \
+         FROM {} AS d JOIN {} AS o ON o.id = d.event_id \
+         WHERE d.processed_at IS NULL AND d.retry_count <= $1 AND d.subscriber = ANY($2)",
+        tables.deliveries_sql(),
+        tables.outbox_sql()
+    )))
+    .bind(i64::from(max_retries))
+    .bind(subscribers)
+    .fetch_one(pool)
+    .await?;
+    let rows: i64 = row.try_get(0)?;
+    let age: f64 = row.try_get(1)?;
+    Ok((u64::try_from(rows).unwrap_or(0), age.max(0.0)))
+}
+
 /// `statement`, unless it takes longer than `limit`: then it is abandoned
 /// (and its connection with it) with a timed-out error. A connection whose
 /// peer vanished without closing it would otherwise hold the caller until

@@ -34,6 +34,7 @@ impl Dispatcher {
         let inner = &self.inner;
         let registry = self.registry();
         let failures_before = u32::try_from(row.retry_count).unwrap_or(0);
+        let recorded = row.created_at.and_utc();
         let verdict = if inner.config.subscriber_name.as_deref() == Some(row.subscriber.as_str()) {
             let handler = registry
                 .handlers
@@ -42,6 +43,7 @@ impl Dispatcher {
             let Some(handler) = handler else {
                 return RowOutcome::Released;
             };
+            let attempted = inner.handlers.attempting();
             let answer = self
                 .call(handler.as_ref(), &prepared.envelope, deadline)
                 .await;
@@ -54,7 +56,9 @@ impl Dispatcher {
                     wait: inner.config.retry.max_backoff,
                 };
             }
-            inner.handlers.verdict(answer.into(), failures_before)
+            inner
+                .handlers
+                .judge(attempted, recorded, answer.into(), failures_before)
         } else {
             let subscriber = registry
                 .webhooks
@@ -65,8 +69,11 @@ impl Dispatcher {
             let Some(subscriber) = subscriber else {
                 return RowOutcome::Released;
             };
+            let attempted = inner.webhooks.attempting();
             let answer = self.post(subscriber, prepared, deadline).await;
-            inner.webhooks.verdict(answer, failures_before)
+            inner
+                .webhooks
+                .judge(attempted, recorded, answer, failures_before)
         };
         match verdict {
             // Only a WebSub channel judges a 410 gone.

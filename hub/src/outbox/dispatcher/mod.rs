@@ -247,6 +247,53 @@ impl Dispatcher {
     }
 }
 
+/// `websub_outbox_listener_connected{outbox}`: 1 while the feed listens.
+pub const OUTBOX_LISTENER_CONNECTED: &str = "websub_outbox_listener_connected";
+
+/// `websub_outbox_backlog{outbox}`: delivery rows of this dispatcher's
+/// subscribers due, retrying or in flight.
+pub const OUTBOX_BACKLOG: &str = "websub_outbox_backlog";
+
+/// `websub_outbox_oldest_undelivered_seconds{outbox}`: the age of the
+/// oldest event with such a row, 0 when there is none.
+pub const OUTBOX_OLDEST_UNDELIVERED_SECONDS: &str = "websub_outbox_oldest_undelivered_seconds";
+
+/// How often the backlog gauges are read from the outbox tables.
+const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+
+impl Dispatcher {
+    /// Keeps the feed's gauges current until `shutdown`: whether it listens
+    /// (also set at every change of the listener), and its backlog.
+    pub(super) async fn sample_gauges(self, shutdown: CancellationToken) {
+        let outbox = self.inner.config.tables.outbox.text.clone();
+        let listening = metrics::gauge!(OUTBOX_LISTENER_CONNECTED, "outbox" => outbox.clone());
+        let backlog = metrics::gauge!(OUTBOX_BACKLOG, "outbox" => outbox.clone());
+        let oldest = metrics::gauge!(OUTBOX_OLDEST_UNDELIVERED_SECONDS, "outbox" => outbox);
+        loop {
+            listening.set(if self.is_listening() { 1.0 } else { 0.0 });
+            let names = self.registry().names.clone();
+            let config = &self.inner.config;
+            let sampled = super::sql::undelivered(
+                &self.inner.pool,
+                &config.tables,
+                &names,
+                config.retry.max_retries,
+            );
+            match super::sql::bounded(config.query_timeout, sampled).await {
+                Ok((rows, age)) => {
+                    backlog.set(rows as f64);
+                    oldest.set(age);
+                }
+                Err(error) => debug!(%error, "sampling the outbox backlog failed"),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(SAMPLE_INTERVAL) => {}
+            }
+        }
+    }
+}
+
 /// Rows (the planner's estimate) from which an outbox without a `created_at`
 /// index earns a warning: reading them all every poll costs a core a
 /// noticeable share of its time.

@@ -182,6 +182,7 @@ impl Dispatcher {
             shutdown.clone(),
         ));
         background.spawn(self.clone().advise_on_scan_index());
+        background.spawn(self.clone().sample_gauges(shutdown.clone()));
         if let Some(ttl) = config.retention {
             background.spawn(self.clone().sweep(ttl, shutdown.clone()));
         }

@@ -1,0 +1,83 @@
+//! `/readyz`: whether this process can do its work now, for a load balancer
+//! or an orchestrator to route by. `/healthz` says only that it lives.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::ApiState;
+
+/// How long one check may take before it counts as failed: a database that
+/// does not answer within this is not one to route requests to.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The answer: 200 when every check passed, 503 otherwise; the same body
+/// either way, each check `"ok"` or what failed.
+#[derive(Debug, Serialize)]
+pub(super) struct Readiness {
+    pub(super) ready: bool,
+    /// The event log (and the backlog beside it) answers.
+    pub(super) event_log: String,
+    /// Its migrations are all applied.
+    pub(super) migrations: String,
+    /// The subscription store answers.
+    pub(super) store: String,
+}
+
+const OK: &str = "ok";
+
+pub(super) async fn ready(State(state): State<ApiState>) -> Response {
+    let (event_log, migrations) =
+        match tokio::time::timeout(CHECK_TIMEOUT, state.events.unapplied_migrations()).await {
+            Err(_) => (
+                timed_out(),
+                "unknown: the event log did not answer".to_owned(),
+            ),
+            Ok(Err(error)) => (
+                error.to_string(),
+                "unknown: the event log did not answer".to_owned(),
+            ),
+            Ok(Ok(missing)) if missing.is_empty() => (OK.to_owned(), OK.to_owned()),
+            Ok(Ok(missing)) => (
+                OK.to_owned(),
+                format!("not applied: {}", versions(&missing)),
+            ),
+        };
+    // A count for nobody: one indexed read in every backend.
+    let store = match tokio::time::timeout(CHECK_TIMEOUT, state.store.count_by_owner("")).await {
+        Err(_) => timed_out(),
+        Ok(Err(error)) => error.to_string(),
+        Ok(Ok(_)) => OK.to_owned(),
+    };
+    let ready = [&event_log, &migrations, &store]
+        .iter()
+        .all(|check| check.as_str() == OK);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = Readiness {
+        ready,
+        event_log,
+        migrations,
+        store,
+    };
+    (status, Json(body)).into_response()
+}
+
+fn timed_out() -> String {
+    format!("no answer within {CHECK_TIMEOUT:?}")
+}
+
+fn versions(missing: &[i64]) -> String {
+    missing
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
