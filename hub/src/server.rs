@@ -320,6 +320,10 @@ impl Hub {
             self.intake.backlog().clone(),
             background.clone(),
         ));
+        let upkeep = self
+            .metrics
+            .clone()
+            .map(|handle| tokio::spawn(crate::telemetry::upkeep(handle, background.clone())));
         let backlog_sweep = tokio::spawn(sweep_backlog(
             self.intake.backlog().clone(),
             background.clone(),
@@ -403,6 +407,9 @@ impl Hub {
             let _ = reaper.await;
             let _ = backlog_sweep.await;
             let _ = gauges.await;
+            if let Some(upkeep) = upkeep {
+                let _ = upkeep.await;
+            }
             if let Some(retention) = retention {
                 let _ = retention.await;
             }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
@@ -238,6 +238,19 @@ pub async fn sample(events: Arc<dyn EventLog>, backlog: Arc<dyn Backlog>, stop: 
             }
             Err(error) => debug!(%error, "sampling the backlog failed"),
         }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(SAMPLE_INTERVAL) => {}
+        }
+    }
+}
+
+/// Drains the recorder's histogram samples into their buckets every
+/// [`SAMPLE_INTERVAL`] until `stop`: without it they pile up between
+/// scrapes, and without scrapes, for ever.
+pub async fn upkeep(handle: PrometheusHandle, stop: CancellationToken) {
+    loop {
+        handle.run_upkeep();
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(SAMPLE_INTERVAL) => {}
