@@ -102,9 +102,19 @@ async fn every_documented_operation_is_answered_as_documented() {
     let hub = hub().await;
     let (_, document) = document(&hub).await;
     let operations = operations(&document);
+    // Not vacuous: both APIs are there (README.md's routes are checked
+    // in their own test).
+    let operator = operations
+        .iter()
+        .filter(|(_, path, _)| path.starts_with("/api/v1/operator/"))
+        .count();
     assert!(
-        operations.len() >= 11,
-        "too few operations documented: {operations:?}"
+        operator > 0 && operations.len() > operator + 1,
+        "the document misses an API: {:?}",
+        operations
+            .iter()
+            .map(|(method, path, _)| format!("{method} {path}"))
+            .collect::<Vec<_>>()
     );
     let token = format!(
         "Bearer {}",
@@ -210,7 +220,7 @@ async fn every_route_the_readme_names_is_documented() {
     let named = readme_routes();
     assert!(
         named.len() >= 11,
-        "README.md names too few API routes: {named:?}"
+        "README.md names too few API routes (is the parse broken?): {named:?}"
     );
     let missing: Vec<_> = named.difference(&documented).collect();
     assert!(
@@ -288,11 +298,16 @@ fn validate(text: &str) -> (bool, String) {
         .output()
         .expect("run openapi_spec_validator");
     let _ = std::fs::remove_file(&file);
-    let printed = format!(
+    let mut printed = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+    // Its errors quote the whole document after the reason.
+    if let Some((end, _)) = printed.char_indices().nth(2000) {
+        printed.truncate(end);
+        printed.push('…');
+    }
     (output.status.success(), printed)
 }
 
