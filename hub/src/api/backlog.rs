@@ -292,3 +292,36 @@ pub(super) async fn fetches(
         .map_err(backlog_unavailable)?;
     Ok(Json(fetches.into_iter().map(FetchView::from).collect::<Vec<_>>()).into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use utoipa::IntoParams;
+    use utoipa::openapi::path::Parameter;
+
+    use super::*;
+    use crate::api::operator::FailedQuery;
+
+    /// The bounds `#[param(...)]` documents, written as literals because
+    /// the attribute takes no constants, are the ones enforced.
+    #[test]
+    fn the_documented_limit_is_the_enforced_one() {
+        for parameters in [
+            BacklogQuery::into_params(|| None),
+            FailedQuery::into_params(|| None),
+        ] {
+            let limit = parameters
+                .iter()
+                .find(|parameter| parameter.name == "limit")
+                .map(|parameter: &Parameter| serde_json::to_value(&parameter.schema))
+                .and_then(Result::ok)
+                .unwrap_or_default();
+            assert_eq!(limit["minimum"], 1, "{limit}");
+            assert_eq!(limit["maximum"], MAX_LISTED, "{limit}");
+            assert_eq!(limit["default"], DEFAULT_LISTED, "{limit}");
+            assert!(parse_limit(Some(&MAX_LISTED.to_string())).is_ok());
+            assert!(parse_limit(Some(&(MAX_LISTED + 1).to_string())).is_err());
+            assert!(parse_limit(Some("0")).is_err());
+            assert!(matches!(parse_limit(None), Ok(DEFAULT_LISTED)));
+        }
+    }
+}

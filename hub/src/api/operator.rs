@@ -164,7 +164,7 @@ async fn subscriptions(
 /// Which failed deliveries to list.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-struct FailedQuery {
+pub(super) struct FailedQuery {
     /// Only this topic's.
     topic: Option<String>,
     /// Only this subscriber's (its callback URL).
