@@ -272,6 +272,35 @@ async fn the_security_schemes_are_the_user_token_and_the_internal_key() {
     hub.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_security_schemes_name_the_configured_headers() {
+    let mut config = test_config(Backend::Sqlite)
+        .await
+        .expect("SQLite needs no server");
+    config.internal_api_key = Some(INTERNAL_KEY.to_owned());
+    config.internal_api_key_header = "X-Hub-Key".to_owned();
+    config.user_token_key = Some(TOKEN_KEY.to_owned());
+    config.user_token_header = "X-User-Token".to_owned();
+    let hub = TestHub::start(config).await;
+    let (_, document) = document(&hub).await;
+    let schemes = &document["components"]["securitySchemes"];
+    // Not `Authorization`, so the token may come bare: an API key to
+    // OpenAPI.
+    assert_eq!(schemes["bearer"]["type"], "apiKey", "{schemes}");
+    assert_eq!(schemes["bearer"]["in"], "header");
+    assert_eq!(schemes["bearer"]["name"], "x-user-token");
+    assert_eq!(schemes["internal_api_key"]["name"], "x-hub-key");
+    let status = answer(
+        &hub,
+        Method::GET,
+        "/api/v1/operator/topics",
+        &[("x-hub-key", INTERNAL_KEY)],
+    )
+    .await;
+    assert_eq!(status, 200);
+    hub.stop().await;
+}
+
 /// Whether `python3` can run the validator; under CI it must.
 fn validator_available() -> bool {
     let found = Command::new("python3")

@@ -4,8 +4,9 @@
 //! [`ApiRoutes`] accepts nothing but what `utoipa_axum::routes!` makes of a
 //! handler carrying `#[utoipa::path(...)]`: the path, method, parameters,
 //! body and answers written on the handler are both the route and its
-//! description, so a route cannot be served undocumented or documented
-//! unserved. The shared answers (refusals, failures) are the response
+//! description, so a route added through it cannot be served undocumented
+//! or documented unserved (the end-to-end tests look for routes added any
+//! other way). The shared answers (refusals, failures) are the response
 //! components below, referenced by name from each handler's attribute; the
 //! security schemes name the headers this hub is configured with. The
 //! document is built once, with the router, and served as it is at
@@ -27,7 +28,7 @@ use crate::auth::{
 use crate::quota::ErrorBody;
 
 /// Where the APIs are mounted; the document's paths include it.
-pub(super) const PREFIX: &str = "/api/v1";
+const PREFIX: &str = "/api/v1";
 
 // The handlers' `security(...)` name these schemes again: the attribute
 // takes only string literals. The API description test fails on a name
@@ -106,10 +107,10 @@ async fn openapi_json(Extension(document): Extension<OpenApiJson>) -> Response {
 #[openapi(
     info(
         title = "websub-hub",
-        description = "The JSON APIs of a WebSub hub: the subscriber API (a user token, \
-            `Authorization: Bearer <JWT>`) and the operator API (the internal API key). \
-            Refusals and failures are answered with a plain-text reason, except quota \
-            errors, which are JSON.",
+        description = "The JSON APIs of a WebSub hub: the subscriber API (a user token, by \
+            default `Authorization: Bearer <JWT>`) and the operator API (the internal API \
+            key). Refusals and failures are answered with a plain-text reason, except \
+            quota errors, which are JSON.",
     ),
     tags(
         (name = "subscriber", description = "The caller's own subscriptions, usage and \
