@@ -269,6 +269,11 @@ impl UserTokens {
         })
     }
 
+    /// The header the token is read from.
+    pub fn header(&self) -> &HeaderName {
+        &self.inner.header
+    }
+
     /// The user whose token `headers` carry.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<User, AuthError> {
         let value = headers

@@ -245,7 +245,7 @@ impl QuotaError {
 }
 
 /// The JSON body of a quota error answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ErrorBody {
     /// [`QuotaError::code`].
     pub code: String,

@@ -10,11 +10,14 @@
 //!   ([`subscriber`]), with a user token;
 //! - `/api/v1/operator/…`: the operator API ([`operator`]), with the
 //!   internal key;
+//! - `/api/v1/openapi.json`: the OpenAPI description of both ([`openapi`]),
+//!   which is also the only way a route gets under `/api/v1`;
 //! - `/healthz` (the process answers), `/readyz` (its databases answer and
 //!   are migrated, [`health`]), `/metrics`.
 
 mod backlog;
 mod health;
+mod openapi;
 mod operator;
 mod requests;
 mod subscriber;
@@ -75,13 +78,13 @@ pub struct ApiState {
 /// The hub's routes (see the module docs).
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.max_content_bytes.max(state.max_form_bytes);
+    let apis = subscriber::routes()
+        .nest("/operator", operator::routes())
+        .serve(&state);
     Router::new()
         .route("/", post(hub_endpoint).get(about))
         .route("/topics/{*name}", get(topic))
-        .nest(
-            "/api/v1",
-            subscriber::routes().nest("/operator", operator::routes()),
-        )
+        .merge(apis)
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(health::ready))
         .route("/metrics", get(metrics))

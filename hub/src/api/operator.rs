@@ -5,36 +5,54 @@
 //! JSON in, JSON out; errors are plain-text reasons like the hub endpoint's.
 
 use axum::Json;
-use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::routes;
 use uuid::Uuid;
 
+use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::{ApiError, ApiState, authorize_internal, backlog};
 use crate::events::FailedFilter;
 use websub_store::Subscription;
 
-/// The operator routes, nested under `/api/v1/operator`.
-pub(super) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/topics", get(topics))
-        .route("/subscriptions", get(subscriptions))
-        .route("/deliveries/failed", get(failed))
-        .route("/deliveries/retry", post(retry))
-        .route("/verifications", get(backlog::operator_intents))
-        .route("/fetches", get(backlog::fetches))
+/// The operator routes, nested under `/api/v1/operator`. A route is its
+/// handler's `#[utoipa::path]` (see [`super::openapi`]).
+pub(super) fn routes() -> ApiRoutes {
+    ApiRoutes::new()
+        .route(routes!(topics))
+        .route(routes!(subscriptions))
+        .route(routes!(failed))
+        .route(routes!(retry))
+        .route(routes!(backlog::operator_intents))
+        .route(routes!(backlog::fetches))
 }
 
 /// A topic and how many subscriptions it has.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct TopicSummary {
+    /// The topic URL.
     topic: String,
+    /// How many subscriptions it has (at least one).
     subscribers: usize,
 }
 
+/// Every topic with at least one subscription.
+#[utoipa::path(
+    get,
+    path = "/topics",
+    operation_id = "list_topics",
+    tag = "operator",
+    security(("internal_api_key" = [])),
+    responses(
+        (status = 200, description = "The topics, in order.", body = [TopicSummary]),
+        (status = 401, response = WrongKey),
+        (status = 403, response = NoInternalKey),
+        (status = 503, response = Unavailable),
+    ),
+)]
 async fn topics(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -57,21 +75,33 @@ async fn topics(
     Ok(Json(summaries))
 }
 
-#[derive(Debug, Deserialize)]
+/// Which topic's subscriptions to list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct TopicQuery {
+    /// The topic URL.
+    #[param(required = true)]
     topic: Option<String>,
 }
 
 /// A subscription as operators see it: everything but the secret.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(super) struct SubscriptionView {
+    /// The topic URL.
     pub(super) topic: String,
+    /// The callback URL deliveries are POSTed to.
     pub(super) callback: String,
+    /// The user holding it, when it was requested with a user token.
     pub(super) owner: Option<String>,
+    /// Whether deliveries are signed (`X-Hub-Signature`).
     pub(super) has_secret: bool,
+    /// The lease granted, in seconds; `null` for a permanent subscription.
     pub(super) lease_seconds: Option<u32>,
+    /// When it was first verified.
     pub(super) created_at: DateTime<Utc>,
+    /// When it was last verified.
     pub(super) verified_at: DateTime<Utc>,
+    /// When it expires; `null` for a permanent subscription.
     pub(super) expires_at: Option<DateTime<Utc>>,
 }
 
@@ -90,6 +120,23 @@ impl From<Subscription> for SubscriptionView {
     }
 }
 
+/// The subscriptions of one topic.
+#[utoipa::path(
+    get,
+    path = "/subscriptions",
+    operation_id = "list_topic_subscriptions",
+    tag = "operator",
+    params(TopicQuery),
+    security(("internal_api_key" = [])),
+    responses(
+        (status = 200, description = "The topic's subscriptions, by callback.",
+            body = [SubscriptionView]),
+        (status = 400, response = BadRequest),
+        (status = 401, response = WrongKey),
+        (status = 403, response = NoInternalKey),
+        (status = 503, response = Unavailable),
+    ),
+)]
 async fn subscriptions(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -114,24 +161,52 @@ async fn subscriptions(
     Ok(Json(listed))
 }
 
-#[derive(Debug, Deserialize)]
-struct FailedQuery {
+/// Which failed deliveries to list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct FailedQuery {
+    /// Only this topic's.
     topic: Option<String>,
+    /// Only this subscriber's (its callback URL).
     subscriber: Option<String>,
+    /// The most to list.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000, default = 100)]
     limit: Option<String>,
 }
 
 /// An exhausted delivery record.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 struct FailedView {
+    /// The event that was not delivered.
     event_id: Uuid,
+    /// The event's topic.
     topic: String,
+    /// The subscriber's callback URL.
     subscriber: String,
+    /// When the event was recorded.
     created_at: DateTime<Utc>,
+    /// How many attempts failed.
     attempts: u32,
+    /// Why the last attempt failed.
     last_error: Option<String>,
 }
 
+/// Deliveries that ran out of retries, newest first.
+#[utoipa::path(
+    get,
+    path = "/deliveries/failed",
+    operation_id = "list_failed_deliveries",
+    tag = "operator",
+    params(FailedQuery),
+    security(("internal_api_key" = [])),
+    responses(
+        (status = 200, description = "The failed deliveries.", body = [FailedView]),
+        (status = 400, response = BadRequest),
+        (status = 401, response = WrongKey),
+        (status = 403, response = NoInternalKey),
+        (status = 503, response = Unavailable),
+    ),
+)]
 async fn failed(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -164,18 +239,44 @@ async fn failed(
 }
 
 /// Which failed records to retry; both absent retries every one.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct RetryRequest {
+    /// Only this topic's.
     topic: Option<String>,
+    /// Only this subscriber's (its callback URL).
     subscriber: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+/// How many failed records were re-opened.
+#[derive(Debug, Serialize, ToSchema)]
 struct RetryAnswer {
+    /// How many failed records were re-opened.
     retried: u64,
 }
 
+/// Re-opens failed deliveries with a fresh retry budget.
+///
+/// The dispatcher is woken for them. No body, `null` or `{}` retries every
+/// failed delivery.
+#[utoipa::path(
+    post,
+    path = "/deliveries/retry",
+    operation_id = "retry_failed_deliveries",
+    tag = "operator",
+    request_body(content = Option<RetryRequest>, description = "Which failed deliveries to \
+        retry."),
+    security(("internal_api_key" = [])),
+    responses(
+        (status = 200, description = "Re-opened.", body = RetryAnswer),
+        (status = 400, response = BadRequest),
+        (status = 401, response = WrongKey),
+        (status = 403, response = NoInternalKey),
+        (status = 413, description = "The body is larger than the hub accepts.", body = String,
+            content_type = "text/plain"),
+        (status = 503, response = Unavailable),
+    ),
+)]
 async fn retry(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -185,12 +286,14 @@ async fn retry(
     let request: RetryRequest = if body.iter().all(u8::is_ascii_whitespace) {
         RetryRequest::default()
     } else {
-        serde_json::from_slice(&body).map_err(|error| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!("expected a JSON object with optional topic and subscriber: {error}"),
-            )
-        })?
+        serde_json::from_slice::<Option<RetryRequest>>(&body)
+            .map(Option::unwrap_or_default)
+            .map_err(|error| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("expected a JSON object with optional topic and subscriber: {error}"),
+                )
+            })?
     };
     let filter = FailedFilter {
         topic: request.topic.as_deref(),

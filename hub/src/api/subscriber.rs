@@ -5,37 +5,47 @@
 //! verifications waiting or failed.
 
 use axum::Json;
-use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::routes;
 
+use super::openapi::{
+    ApiRoutes, BadRequest, NoSubscriberApi, TokenTooLarge, Unauthenticated, Unavailable,
+};
 use super::operator::{SubscriptionView, store_failed};
 use super::{ApiError, ApiState, caller};
 use crate::auth::User;
 use crate::events::DeliveryHealth;
+use crate::quota::ErrorBody;
 
 /// How many of a topic's most recent events a subscription's delivery
 /// health looks at.
 const HEALTH_WINDOW: usize = 1000;
 
 /// The subscriber routes, nested under `/api/v1`.
-pub(super) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/subscriptions", get(list).delete(remove))
-        .route("/usage", get(usage))
-        .route("/verifications", get(super::backlog::own_intents))
+pub(super) fn routes() -> ApiRoutes {
+    ApiRoutes::new()
+        .route(routes!(list))
+        .route(routes!(remove))
+        .route(routes!(usage))
+        .route(routes!(super::backlog::own_intents))
 }
 
-/// How deliveries to one subscription are going.
-#[derive(Debug, Serialize)]
+/// How deliveries to one subscription are going, over the topic's most
+/// recent 1000 events.
+#[derive(Debug, Serialize, ToSchema)]
 struct HealthView {
+    /// When a delivery last succeeded.
     last_success: Option<DateTime<Utc>>,
+    /// Why the latest failed attempt failed.
     last_error: Option<String>,
+    /// Deliveries still to be attempted or retried.
     pending: u64,
+    /// Deliveries that ran out of retries.
     failed: u64,
 }
 
@@ -50,13 +60,30 @@ impl From<DeliveryHealth> for HealthView {
     }
 }
 
-#[derive(Debug, Serialize)]
+/// One of the caller's subscriptions, with how its deliveries are going.
+#[derive(Debug, Serialize, ToSchema)]
 struct OwnSubscription {
     #[serde(flatten)]
     subscription: SubscriptionView,
     delivery: HealthView,
 }
 
+/// The caller's subscriptions.
+#[utoipa::path(
+    get,
+    path = "/subscriptions",
+    operation_id = "list_own_subscriptions",
+    tag = "subscriber",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The caller's subscriptions, by topic then callback.",
+            body = [OwnSubscription]),
+        (status = 401, response = Unauthenticated),
+        (status = 404, response = NoSubscriberApi),
+        (status = 431, response = TokenTooLarge),
+        (status = 503, response = Unavailable),
+    ),
+)]
 async fn list(State(state): State<ApiState>, headers: HeaderMap) -> Response {
     let user = match caller(&state, &headers) {
         Ok(user) => user,
@@ -95,12 +122,39 @@ async fn list_own(state: &ApiState, user: &User) -> Result<Vec<OwnSubscription>,
     Ok(listed)
 }
 
-#[derive(Debug, Deserialize)]
+/// The subscription to remove; both are needed.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct Pair {
+    /// The topic URL.
+    #[param(required = true)]
     topic: Option<String>,
+    /// The callback URL.
+    #[param(required = true)]
     callback: Option<String>,
 }
 
+/// Removes one of the caller's subscriptions at once.
+///
+/// The owner is authenticated, so there is no verification of intent.
+#[utoipa::path(
+    delete,
+    path = "/subscriptions",
+    operation_id = "remove_own_subscription",
+    tag = "subscriber",
+    params(Pair),
+    security(("bearer" = [])),
+    responses(
+        (status = 204, description = "Removed."),
+        (status = 400, response = BadRequest),
+        (status = 401, response = Unauthenticated),
+        (status = 404, description = "The caller holds no subscription of this callback to \
+            this topic (another subscriber's is answered the same), or this hub has no \
+            subscriber API.", body = String, content_type = "text/plain"),
+        (status = 431, response = TokenTooLarge),
+        (status = 503, response = Unavailable),
+    ),
+)]
 async fn remove(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -136,14 +190,45 @@ async fn remove(
     }
 }
 
-#[derive(Debug, Serialize)]
+/// The caller's usage of the subscription quota.
+#[derive(Debug, Serialize, ToSchema)]
 struct Usage {
+    /// The quota type counted, or `null` when the hub enforces no quota.
     quota_type: Option<String>,
+    /// How many subscriptions the caller holds.
     used: u64,
+    /// The caller's limit, or `null` when unlimited.
     limit: Option<u64>,
+    /// Whether the caller may hold any number.
     unlimited: bool,
 }
 
+/// The caller's usage of the subscription quota.
+#[utoipa::path(
+    get,
+    path = "/usage",
+    operation_id = "own_usage",
+    tag = "subscriber",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "What the caller holds and may hold.", body = Usage),
+        (status = 401, response = Unauthenticated),
+        (status = 403, description = "The caller's tier has no quota of this type \
+            (`quota_not_allowed`).", body = ErrorBody),
+        (status = 404, response = NoSubscriberApi),
+        (status = 431, response = TokenTooLarge),
+        (status = 500, description = "The quota is misconfigured (`quota_misconfigured`).",
+            body = ErrorBody),
+        (status = 502, description = "The subscriptions service answered without a usable \
+            quota (`quota_resource_not_found`, `quota_unexpected_response`).", body = ErrorBody),
+        (status = 503, description = "The subscriptions service did not answer \
+            (`quota_unavailable`, as JSON), or the subscription store failed (a plain-text \
+            reason).", content(
+            (ErrorBody = "application/json"),
+            (String = "text/plain"),
+        )),
+    ),
+)]
 async fn usage(State(state): State<ApiState>, headers: HeaderMap) -> Response {
     let user = match caller(&state, &headers) {
         Ok(user) => user,
