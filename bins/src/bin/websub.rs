@@ -196,7 +196,9 @@ fn source_of(matches: &ArgMatches, setting: Setting) -> String {
         Setting::Middlewares(Policy::Enriched) => "enriched_middlewares",
         Setting::Middlewares(Policy::Protected) => "protected_middlewares",
         Setting::Middlewares(Policy::Admin) => "admin_middlewares",
-        _ => "name",
+        Setting::Name => "name",
+        // Nothing else comes from this command's arguments.
+        _ => return setting.to_string(),
     };
     let arg = RoutesArgs::augment_args(clap::Command::new("routes"))
         .get_arguments()
@@ -217,44 +219,45 @@ fn source_of(matches: &ArgMatches, setting: Setting) -> String {
 
 fn routes(args: &RoutesArgs, matches: &ArgMatches) -> ExitCode {
     let config = args.config();
-    if !args.traefik {
-        // Checked all the same, so that a bad environment shows before
-        // it is exported.
-        if let Err(error) = config.validate() {
+    // The listing is checked too, so that a bad environment shows before
+    // anything is exported with it.
+    let exported = config.validate().and_then(|()| {
+        if args.traefik {
+            config.export().map(Some)
+        } else {
+            Ok(None)
+        }
+    });
+    match exported {
+        Ok(Some(toml)) => print!("{toml}"),
+        Ok(None) => list_routes(&config),
+        Err(error) => {
             eprintln!("websub: {}: {error}", source_of(matches, error.setting()));
             return ExitCode::from(2);
         }
-        println!(
-            "{:<24} {:<10} {:<16} MIDDLEWARES",
-            "PATH", "POLICY", "ENTRY POINTS"
-        );
-        for route in ROUTES {
-            let served = match route.policy {
-                Policy::Internal if config.internal_entry_points.is_empty() => {
-                    "not routed".to_owned()
-                }
-                Policy::Internal => config.internal_entry_points.join(","),
-                _ => config.entry_points.join(","),
-            };
-            let middlewares = config.middlewares(route.policy).join(",");
-            println!(
-                "{:<24} {:<10} {:<16} {middlewares}",
-                route.path.to_string(),
-                route.policy.name(),
-                served
-            );
-        }
-        return ExitCode::SUCCESS;
     }
-    match config.export() {
-        Ok(toml) => {
-            print!("{toml}");
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("websub: {}: {error}", source_of(matches, error.setting()));
-            ExitCode::from(2)
-        }
+    ExitCode::SUCCESS
+}
+
+/// Each route with its policy, where it is routed and behind what.
+fn list_routes(config: &TraefikConfig) {
+    println!(
+        "{:<24} {:<10} {:<16} MIDDLEWARES",
+        "PATH", "POLICY", "ENTRY POINTS"
+    );
+    for route in ROUTES {
+        let served = match route.policy {
+            Policy::Internal if config.internal_entry_points.is_empty() => "not routed".to_owned(),
+            Policy::Internal => config.internal_entry_points.join(","),
+            _ => config.entry_points.join(","),
+        };
+        println!(
+            "{:<24} {:<10} {:<16} {}",
+            route.path.to_string(),
+            route.policy.name(),
+            served,
+            config.middlewares(route.policy).join(",")
+        );
     }
 }
 
