@@ -33,7 +33,8 @@
 //! - [`delivery`]: the delivery core both schedulers share;
 //! - [`net`]: the network policy for everything contacted on others' behalf;
 //! - [`signature`]: the HMAC signatures and their header names;
-//! - [`api`]: the HTTP adapter; [`server`]: assembling and running a hub,
+//! - [`api`]: the HTTP adapter; [`routes`]: its route table with each
+//!   route's policy, and the table's export for Traefik; [`server`]: assembling and running a hub,
 //!   which serves connections under bounds on slow, idle and surplus
 //!   clients;
 //! - [`subscriber`]: the receiving side for services that subscribe;
@@ -81,6 +82,7 @@ pub mod net;
 pub mod outbox;
 pub mod protocol;
 pub mod quota;
+pub mod routes;
 pub mod server;
 mod setting;
 pub mod signature;

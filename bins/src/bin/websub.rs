@@ -15,6 +15,11 @@
 //! producer's outbox tables (names configurable; optionally with an index
 //! on `created_at` for polling scans), and `websub outbox-purge --database-url URL
 //! --older-than 30d` deletes expired outbox events on demand, e.g. from cron.
+//!
+//! `websub routes` prints the hub's routes with their policies, and
+//! `websub routes --traefik` a Traefik file-provider configuration routing
+//! them (the table and the export are `websub_hub::routes`'); a refused
+//! setting is named by the flag or variable it came from, with exit code 2.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -27,7 +32,8 @@ use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::routing::get;
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use websub_hub::auth::issue_token;
 use websub_hub::config::parse_duration;
 use websub_hub::outbox::{
@@ -36,6 +42,11 @@ use websub_hub::outbox::{
 };
 use websub_hub::quota::Quota;
 use websub_hub::quota::fake::FakeQuotaServer;
+use websub_hub::routes::traefik::{
+    DEFAULT_ADMIN_MIDDLEWARES, DEFAULT_ENRICHED_MIDDLEWARES, DEFAULT_ENTRY_POINT, DEFAULT_NAME,
+    DEFAULT_PROTECTED_MIDDLEWARES, DEFAULT_SERVICE_URL, Setting, TraefikConfig, split_list,
+};
+use websub_hub::routes::{Policy, ROUTES};
 use websub_hub::signature::{EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, verify};
 
 #[derive(Debug, Parser)]
@@ -105,6 +116,149 @@ enum Command {
         #[command(flatten)]
         tables: TableNames,
     },
+    /// Print the hub's routes and their policies, or (--traefik) a Traefik
+    /// file-provider configuration that routes them.
+    Routes(RoutesArgs),
+}
+
+/// `websub routes`. The lists are comma-separated, as the
+/// `TRAEFIK_MIDDLEWARES_*` variables shared by an environment's services
+/// hold them; an empty entry or one holding whitespace is refused.
+#[derive(Debug, clap::Args)]
+struct RoutesArgs {
+    /// Print the Traefik dynamic configuration (TOML, file provider).
+    #[arg(long)]
+    traefik: bool,
+    /// The prefix of the routers' names and the service's name.
+    #[arg(long, env = "WEBSUB_TRAEFIK_NAME", default_value = DEFAULT_NAME)]
+    name: String,
+    /// The hub's public host name, matched by every rule (without it the
+    /// routes answer on every host of their entry points).
+    #[arg(long, env = "WEBSUB_TRAEFIK_HOST")]
+    host: Option<String>,
+    /// The entry points of the public routes.
+    #[arg(long, value_name = "LIST", env = "WEBSUB_TRAEFIK_ENTRY_POINTS",
+          default_value = DEFAULT_ENTRY_POINT)]
+    entry_points: String,
+    /// The entry points of the internal routes (operator API, /admin,
+    /// /metrics); without them those routes are not routed at all.
+    #[arg(
+        long,
+        value_name = "LIST",
+        env = "WEBSUB_TRAEFIK_INTERNAL_ENTRY_POINTS"
+    )]
+    internal_entry_points: Option<String>,
+    /// The hub's URLs as Traefik reaches them (one per replica).
+    #[arg(long, value_name = "LIST", env = "WEBSUB_TRAEFIK_SERVICE_URL",
+          default_value = DEFAULT_SERVICE_URL)]
+    service_url: String,
+    /// The middlewares of the enriched policy.
+    #[arg(long, value_name = "LIST", env = "TRAEFIK_MIDDLEWARES_ENRICHED",
+          default_value_t = DEFAULT_ENRICHED_MIDDLEWARES.join(","))]
+    enriched_middlewares: String,
+    /// The middlewares of the protected policy (the subscriber API).
+    #[arg(long, value_name = "LIST", env = "TRAEFIK_MIDDLEWARES_PROTECTED",
+          default_value_t = DEFAULT_PROTECTED_MIDDLEWARES.join(","))]
+    protected_middlewares: String,
+    /// The middlewares of the admin policy.
+    #[arg(long, value_name = "LIST", env = "TRAEFIK_MIDDLEWARES_ADMIN",
+          default_value_t = DEFAULT_ADMIN_MIDDLEWARES.join(","))]
+    admin_middlewares: String,
+}
+
+impl RoutesArgs {
+    fn config(&self) -> TraefikConfig {
+        TraefikConfig {
+            name: self.name.clone(),
+            host: self.host.clone(),
+            entry_points: split_list(&self.entry_points),
+            internal_entry_points: self
+                .internal_entry_points
+                .as_deref()
+                .map(split_list)
+                .unwrap_or_default(),
+            service_urls: split_list(&self.service_url),
+            enriched_middlewares: split_list(&self.enriched_middlewares),
+            protected_middlewares: split_list(&self.protected_middlewares),
+            admin_middlewares: split_list(&self.admin_middlewares),
+        }
+    }
+}
+
+/// Where a setting's value came from, as the operator would look for it:
+/// the variable when the environment gave it, the flag otherwise.
+fn source_of(matches: &ArgMatches, setting: Setting) -> String {
+    let id = match setting {
+        Setting::Host => "host",
+        Setting::EntryPoints => "entry_points",
+        Setting::InternalEntryPoints => "internal_entry_points",
+        Setting::ServiceUrls => "service_url",
+        Setting::Middlewares(Policy::Enriched) => "enriched_middlewares",
+        Setting::Middlewares(Policy::Protected) => "protected_middlewares",
+        Setting::Middlewares(Policy::Admin) => "admin_middlewares",
+        Setting::Name => "name",
+        // Nothing else comes from this command's arguments.
+        _ => return setting.to_string(),
+    };
+    let arg = RoutesArgs::augment_args(clap::Command::new("routes"))
+        .get_arguments()
+        .find(|arg| arg.get_id() == id)
+        .cloned();
+    let flag = arg
+        .as_ref()
+        .and_then(clap::Arg::get_long)
+        .map_or_else(|| id.to_owned(), |long| format!("--{long}"));
+    match (
+        matches.value_source(id),
+        arg.as_ref().and_then(clap::Arg::get_env),
+    ) {
+        (Some(ValueSource::EnvVariable), Some(variable)) => variable.to_string_lossy().into_owned(),
+        _ => flag,
+    }
+}
+
+fn routes(args: &RoutesArgs, matches: &ArgMatches) -> ExitCode {
+    let config = args.config();
+    // The listing is checked too, so that a bad environment shows before
+    // anything is exported with it.
+    let exported = config.validate().and_then(|()| {
+        if args.traefik {
+            config.export().map(Some)
+        } else {
+            Ok(None)
+        }
+    });
+    match exported {
+        Ok(Some(toml)) => print!("{toml}"),
+        Ok(None) => list_routes(&config),
+        Err(error) => {
+            eprintln!("websub: {}: {error}", source_of(matches, error.setting()));
+            return ExitCode::from(2);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Each route with its policy, where it is routed and behind what.
+fn list_routes(config: &TraefikConfig) {
+    println!(
+        "{:<24} {:<10} {:<16} MIDDLEWARES",
+        "PATH", "POLICY", "ENTRY POINTS"
+    );
+    for route in ROUTES {
+        let served = match route.policy {
+            Policy::Internal if config.internal_entry_points.is_empty() => "not routed".to_owned(),
+            Policy::Internal => config.internal_entry_points.join(","),
+            _ => config.entry_points.join(","),
+        };
+        println!(
+            "{:<24} {:<10} {:<16} {}",
+            route.path.to_string(),
+            route.policy.name(),
+            served,
+            config.middlewares(route.policy).join(",")
+        );
+    }
 }
 
 /// Where a producer's outbox tables are.
@@ -139,7 +293,14 @@ struct Listener {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match Cli::parse().command {
+    // The matches are kept to tell a flag from a variable in errors.
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
+    match cli.command {
+        Command::Routes(args) => {
+            let matches = matches.subcommand_matches("routes").unwrap_or(&matches);
+            routes(&args, matches)
+        }
         Command::Listen { address, secret } => listen(address, secret).await,
         Command::Token {
             user_token_key,
