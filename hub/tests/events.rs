@@ -27,8 +27,8 @@ use uuid::Uuid;
 use websub_hub::events::postgres::PostgresEventLog;
 use websub_hub::events::sqlite::SqliteEventLog;
 use websub_hub::events::{
-    Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError, FailedFilter,
-    LoggedEvent, NewEvent, Outcome,
+    Attempt, Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError,
+    FailedFilter, LoggedEvent, NewEvent, Outcome,
 };
 
 /// Long enough that no claim in a check goes stale unless the check says so.
@@ -210,6 +210,7 @@ fn completion(event_id: Uuid, subscriber: &str, outcome: Outcome) -> Completion 
         event_id,
         subscriber: subscriber.to_owned(),
         outcome,
+        attempt: None,
     }
 }
 
@@ -871,6 +872,110 @@ async fn purge_deletes_old_events_with_their_records(log: &dyn EventLog) {
     assert_eq!(log.purge_before(cutoff).await.expect("purge again"), 0);
 }
 both!(purge_deletes_old_events_with_their_records);
+
+/// Every attempt is kept with the outcome it came to, in the completion's
+/// write: when, how long, the status, the error, the answer's beginning
+/// (bytes as they came); a completion without an attempt (a lease that ran
+/// out) adds none; they go with their event.
+async fn attempts_are_kept_per_delivery_and_go_with_their_event(log: &dyn EventLog) {
+    let t0 = base_time();
+    let topic = topic();
+    let event = record(log, &topic, t0).await;
+    let subscribers = subscribers("history", 2);
+    log.expand(event.id, &subscribers, t0)
+        .await
+        .expect("expand");
+    let attempt = |at: DateTime<Utc>, status: Option<u16>, response: &[u8]| Attempt {
+        at,
+        duration_micros: 1_234,
+        status,
+        error: None,
+        response: Bytes::copy_from_slice(response),
+    };
+    let failed = Completion {
+        attempt: Some(attempt(t0, Some(503), b"\x00busy\xff")),
+        ..completion(
+            event.id,
+            &subscribers[0],
+            Outcome::Retry {
+                error: "HTTP 503 Service Unavailable".to_owned(),
+                next_attempt_at: t0 + secs(1),
+            },
+        )
+    };
+    let refused = Completion {
+        attempt: Some(attempt(t0, None, b"")),
+        ..completion(
+            event.id,
+            &subscribers[1],
+            Outcome::Retry {
+                error: "request failed: connection refused".to_owned(),
+                next_attempt_at: t0 + secs(1),
+            },
+        )
+    };
+    log.complete(&[failed, refused], t0)
+        .await
+        .expect("complete");
+    claim_own(log, event.id, t0 + secs(2)).await;
+    let delivered = Completion {
+        attempt: Some(attempt(t0 + secs(2), Some(204), b"")),
+        ..completion(event.id, &subscribers[0], Outcome::Delivered)
+    };
+    let expired = completion(
+        event.id,
+        &subscribers[1],
+        Outcome::Dropped {
+            reason: "lease expired".to_owned(),
+        },
+    );
+    log.complete(&[delivered, expired], t0 + secs(2))
+        .await
+        .expect("complete again");
+
+    let first = log
+        .attempts(event.id, &subscribers[0])
+        .await
+        .expect("attempts");
+    assert_eq!(
+        first,
+        vec![
+            Attempt {
+                error: Some("HTTP 503 Service Unavailable".to_owned()),
+                ..attempt(t0, Some(503), b"\x00busy\xff")
+            },
+            attempt(t0 + secs(2), Some(204), b""),
+        ],
+        "{}",
+        backend(log)
+    );
+    let second = log
+        .attempts(event.id, &subscribers[1])
+        .await
+        .expect("attempts");
+    assert_eq!(
+        second,
+        vec![Attempt {
+            error: Some("request failed: connection refused".to_owned()),
+            ..attempt(t0, None, b"")
+        }],
+        "the dropped completion made no attempt"
+    );
+    assert_eq!(
+        log.attempts(event.id, "nobody").await.expect("attempts"),
+        vec![]
+    );
+
+    assert!(log.purge_before(t0 + secs(1)).await.expect("purge") >= 1);
+    assert_eq!(
+        log.attempts(event.id, &subscribers[0])
+            .await
+            .expect("attempts"),
+        vec![],
+        "purged with the event"
+    );
+}
+both!(attempts_are_kept_per_delivery_and_go_with_their_event);
 
 /// Eight dispatchers draining one event's 5 000 records at once.
 async fn concurrent_claimers_never_share_a_record(log: Arc<dyn EventLog>) {

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
+use crate::events::RESPONSE_EXCERPT_BYTES;
 use crate::signature::{sign, sign_standard};
 
 /// How much of an answer is read so its connection can be reused; a longer
@@ -92,6 +93,29 @@ impl From<Result<(), String>> for Answer {
     }
 }
 
+/// What came back from one POST: its meaning, and what the delivery's
+/// history keeps of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempted {
+    /// What it means.
+    pub answer: Answer,
+    /// The status, when an answer came.
+    pub status: Option<u16>,
+    /// The first [`RESPONSE_EXCERPT_BYTES`] of its body.
+    pub response: Bytes,
+}
+
+impl Attempted {
+    /// An attempt that ended without an answer.
+    fn unanswered(error: String) -> Self {
+        Self {
+            answer: Answer::Failed(error),
+            status: None,
+            response: Bytes::new(),
+        }
+    }
+}
+
 /// POSTs `request` with `timeout` for the whole exchange, connection and
 /// answer included, and gives up at `deadline` if that comes first (a claim
 /// that would otherwise go stale while the attempt runs).
@@ -100,7 +124,7 @@ pub async fn post(
     request: Request<'_>,
     timeout: Duration,
     deadline: Option<Instant>,
-) -> Answer {
+) -> Attempted {
     let mut builder = client
         .post(request.url)
         .timeout(timeout)
@@ -127,33 +151,44 @@ pub async fn post(
         Some(deadline) => match tokio::time::timeout_at(deadline, exchange).await {
             Ok(answered) => answered,
             Err(_) => {
-                return Answer::Failed("no answer before the claim would have gone stale".into());
+                return Attempted::unanswered(
+                    "no answer before the claim would have gone stale".into(),
+                );
             }
         },
     };
     match answered {
-        Ok(status) => classify(status),
-        Err(error) if error.is_timeout() => Answer::Failed("timed out".to_owned()),
-        Err(error) => Answer::Failed(format!("request failed: {}", error_chain(&error))),
+        Ok((status, response)) => Attempted {
+            answer: classify(status),
+            status: Some(status.as_u16()),
+            response,
+        },
+        Err(error) if error.is_timeout() => Attempted::unanswered("timed out".to_owned()),
+        Err(error) => Attempted::unanswered(format!("request failed: {}", error_chain(&error))),
     }
 }
 
 /// Sends and drains: a small answer is read so the connection goes back to
-/// the pool (an empty one, a 204 say, is complete already); the request's
-/// timeout covers the reading too.
-async fn exchange(request: reqwest::RequestBuilder) -> Result<StatusCode, reqwest::Error> {
+/// the pool (an empty one, a 204 say, is complete already), its beginning
+/// kept; the request's timeout covers the reading too.
+async fn exchange(request: reqwest::RequestBuilder) -> Result<(StatusCode, Bytes), reqwest::Error> {
     let mut response = request.send().await?;
     let status = response.status();
+    let mut kept = Vec::new();
     if response.content_length() != Some(0) {
         let mut read = 0;
         while read < DRAINED_AT_MOST {
             match response.chunk().await {
-                Ok(Some(chunk)) => read += chunk.len(),
+                Ok(Some(chunk)) => {
+                    let room = RESPONSE_EXCERPT_BYTES.saturating_sub(kept.len());
+                    kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                    read += chunk.len();
+                }
                 _ => break,
             }
         }
     }
-    Ok(status)
+    Ok((status, Bytes::from(kept)))
 }
 
 /// What a status means for a delivery.

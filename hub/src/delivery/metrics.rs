@@ -50,6 +50,13 @@ pub struct InFlight {
     in_flight: metrics::Gauge,
 }
 
+impl InFlight {
+    /// How long the attempt has run.
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.in_flight.decrement(1.0);

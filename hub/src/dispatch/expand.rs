@@ -178,6 +178,7 @@ impl Distributor {
                         outcome: Outcome::Dropped {
                             reason: LEASE_EXPIRED.to_owned(),
                         },
+                        attempt: None,
                     });
                     continue;
                 }

@@ -35,7 +35,7 @@ use crate::config::DeliveryPolicy;
 use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
 use crate::delivery::recorder::{self, Batching, OutcomeStore};
 use crate::delivery::{Channel, Judge, Verdict};
-use crate::events::{Claimed, Completion, EventLog, EventLogError, Outcome};
+use crate::events::{Attempt, Claimed, Completion, EventLog, EventLogError, Outcome};
 use crate::protocol::iri_to_uri;
 
 pub use cache::SUBSCRIBERS_TTL;
@@ -369,11 +369,20 @@ impl Distributor {
                     secret: subscription.secret.as_deref().map(str::as_bytes),
                     headers: &headers.link,
                 };
-                let attempted = self.inner.judge.attempting();
-                let answer =
+                let at = self.inner.clock.now();
+                let in_flight = self.inner.judge.attempting();
+                let attempted =
                     attempt::post(&self.inner.client, request, self.inner.policy.timeout, None)
                         .await;
-                (answer, Some(attempted))
+                let history = Attempt {
+                    at,
+                    duration_micros: i64::try_from(in_flight.elapsed().as_micros())
+                        .unwrap_or(i64::MAX),
+                    status: attempted.status,
+                    error: None,
+                    response: attempted.response,
+                };
+                (attempted.answer, Some((in_flight, history)))
             }
             (_, Err(error)) => (Answer::Failed(error.clone()), None),
             _ => (
@@ -382,11 +391,12 @@ impl Distributor {
             ),
         };
         let judge = &self.inner.judge;
-        let verdict = match attempted {
-            Some(attempted) => {
-                judge.judge(attempted, outgoing.event.created_at, answer, retry_count)
-            }
-            None => judge.verdict(answer, retry_count),
+        let (verdict, mut history) = match attempted {
+            Some((in_flight, history)) => (
+                judge.judge(in_flight, outgoing.event.created_at, answer, retry_count),
+                Some(history),
+            ),
+            None => (judge.verdict(answer, retry_count), None),
         };
         let outcome = match verdict {
             Verdict::Delivered => Outcome::Delivered,
@@ -412,10 +422,14 @@ impl Distributor {
             },
             Verdict::Exhausted { error } => Outcome::Exhausted { error },
         };
+        if let Some(history) = &mut history {
+            history.error = outcome.error().map(str::to_owned);
+        }
         Completion {
             event_id: outgoing.event.id,
             subscriber: subscription.callback.clone(),
             outcome,
+            attempt: history,
         }
     }
 }
@@ -462,6 +476,7 @@ fn dropped(claim: &Claimed, reason: &str) -> Completion {
         outcome: Outcome::Dropped {
             reason: reason.to_owned(),
         },
+        attempt: None,
     }
 }
 

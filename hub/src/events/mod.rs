@@ -94,6 +94,18 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// The error (or the reason for dropping) it records; none when
+    /// delivered.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            Self::Delivered => None,
+            Self::Retry { error, .. } | Self::Exhausted { error } => Some(error),
+            Self::Dropped { reason } => Some(reason),
+        }
+    }
+}
+
 /// The outcome of one claimed delivery, ready to be recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Completion {
@@ -103,7 +115,28 @@ pub struct Completion {
     pub subscriber: String,
     /// What happened.
     pub outcome: Outcome,
+    /// The attempt that came to it, kept in the delivery's history; none
+    /// when nothing was sent (the subscription went away first).
+    pub attempt: Option<Attempt>,
 }
+
+/// One attempt of a delivery, as its history keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// When it started.
+    pub at: DateTime<Utc>,
+    /// How long it took, in microseconds.
+    pub duration_micros: i64,
+    /// The answer's status, when one came.
+    pub status: Option<u16>,
+    /// Why it failed, as the delivery records it; none when delivered.
+    pub error: Option<String>,
+    /// The first [`RESPONSE_EXCERPT_BYTES`] of the answer's body.
+    pub response: Bytes,
+}
+
+/// How much of an answer's body an attempt keeps.
+pub const RESPONSE_EXCERPT_BYTES: usize = 1024;
 
 /// The full state of one delivery record, for inspection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -309,6 +342,13 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
 
     /// Every delivery record of an event.
     async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError>;
+
+    /// The attempts of one delivery, oldest first.
+    async fn attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError>;
 
     /// The topic's most recently recorded event, if any.
     async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError>;

@@ -35,8 +35,8 @@ use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::{
-    Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError, FailedDelivery,
-    FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded, Undelivered,
+    Attempt, Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError,
+    FailedDelivery, FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded, Undelivered,
 };
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -124,7 +124,10 @@ const EVENT: &str = "SELECT id, topic, content_type, body, created_at FROM websu
 const CLAIM: &str =
     "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_deliveries($1, $2, $3)";
 
-const COMPLETE: &str = "SELECT websub_complete_deliveries($1, $2, $3, $4, $5, $6)";
+const COMPLETE: &str = "SELECT websub_complete_attempts($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
+     FROM websub_attempts WHERE event_id = $1 AND subscriber = $2 ORDER BY attempted_at";
 
 const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
      processing_since, next_attempt_at FROM websub_deliveries \
@@ -275,6 +278,10 @@ struct CompletionColumns<'a> {
     kinds: Vec<&'static str>,
     errors: Vec<Option<&'a str>>,
     next_attempts: Vec<Option<DateTime<Utc>>>,
+    attempted_ats: Vec<Option<DateTime<Utc>>>,
+    durations: Vec<Option<i64>>,
+    statuses: Vec<Option<i16>>,
+    responses: Vec<Option<&'a [u8]>>,
 }
 
 impl<'a> CompletionColumns<'a> {
@@ -285,6 +292,10 @@ impl<'a> CompletionColumns<'a> {
             kinds: Vec::with_capacity(completions.len()),
             errors: Vec::with_capacity(completions.len()),
             next_attempts: Vec::with_capacity(completions.len()),
+            attempted_ats: Vec::with_capacity(completions.len()),
+            durations: Vec::with_capacity(completions.len()),
+            statuses: Vec::with_capacity(completions.len()),
+            responses: Vec::with_capacity(completions.len()),
         };
         for completion in completions {
             let (kind, error, next) = match &completion.outcome {
@@ -301,6 +312,21 @@ impl<'a> CompletionColumns<'a> {
             columns.kinds.push(kind);
             columns.errors.push(error);
             columns.next_attempts.push(next);
+            let attempt = completion.attempt.as_ref();
+            columns
+                .attempted_ats
+                .push(attempt.map(|attempt| attempt.at));
+            columns
+                .durations
+                .push(attempt.map(|attempt| attempt.duration_micros));
+            columns.statuses.push(
+                attempt
+                    .and_then(|attempt| attempt.status)
+                    .and_then(|status| i16::try_from(status).ok()),
+            );
+            columns
+                .responses
+                .push(attempt.map(|attempt| attempt.response.as_ref()));
         }
         columns
     }
@@ -596,9 +622,40 @@ impl EventLog for PostgresEventLog {
             .bind(&columns.errors)
             .bind(&columns.next_attempts)
             .bind(now)
+            .bind(&columns.attempted_ats)
+            .bind(&columns.durations)
+            .bind(&columns.statuses)
+            .bind(&columns.responses)
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    async fn attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        sqlx::query(ATTEMPTS)
+            .bind(event_id)
+            .bind(subscriber)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                let status: Option<i16> = row.try_get("status").map_err(super::invalid)?;
+                Ok(Attempt {
+                    at: row.try_get("attempted_at").map_err(super::invalid)?,
+                    duration_micros: row.try_get("duration_us").map_err(super::invalid)?,
+                    status: status.and_then(|status| u16::try_from(status).ok()),
+                    error: row.try_get("error").map_err(super::invalid)?,
+                    response: Bytes::from(
+                        row.try_get::<Vec<u8>, _>("response")
+                            .map_err(super::invalid)?,
+                    ),
+                })
+            })
+            .collect()
     }
 
     async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {

@@ -48,8 +48,8 @@ use tokio::sync::{Mutex, MutexGuard, OnceCell};
 use uuid::Uuid;
 
 use super::{
-    Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError, FailedDelivery,
-    FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded, Undelivered,
+    Attempt, Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError,
+    FailedDelivery, FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded, Undelivered,
 };
 
 /// The file is opened the way the subscription store opens it (the two share
@@ -145,6 +145,17 @@ const COMPLETE: &str = "UPDATE websub_deliveries AS d SET \
            FROM json_each(?1)) AS c \
      WHERE d.event_id = c.event_id AND d.subscriber = c.subscriber \
        AND d.processed_at IS NULL";
+
+// One row of `?1` per attempt: [event id as hex, subscriber, attempted at in
+// µs, duration in µs, status, error, response as hex].
+const RECORD_ATTEMPTS: &str = "INSERT INTO websub_attempts \
+     (event_id, subscriber, attempted_at, duration_us, status, error, response) \
+     SELECT unhex(value ->> 0), value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
+            value ->> 5, unhex(value ->> 6) \
+     FROM json_each(?1)";
+
+const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
+     FROM websub_attempts WHERE event_id = ?1 AND subscriber = ?2 ORDER BY attempted_at";
 
 const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
      processing_since, next_attempt_at FROM websub_deliveries \
@@ -350,6 +361,43 @@ fn completions_json(completions: &[&Completion]) -> Result<String, EventLogError
         })
         .collect();
     serde_json::to_string(&rows).map_err(|error| EventLogError::Invalid(error.to_string()))
+}
+
+/// The attempts `completions` carry, as [`RECORD_ATTEMPTS`] reads them; none
+/// when no completion carries one.
+fn attempts_json(completions: &[Completion]) -> Result<Option<String>, EventLogError> {
+    let rows: Vec<_> = completions
+        .iter()
+        .filter_map(|completion| {
+            let attempt = completion.attempt.as_ref()?;
+            let error = completion.outcome.error();
+            Some((
+                completion.event_id.simple().to_string(),
+                completion.subscriber.as_str(),
+                attempt.at.timestamp_micros(),
+                attempt.duration_micros,
+                attempt.status,
+                error,
+                hex(&attempt.response),
+            ))
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    serde_json::to_string(&rows)
+        .map(Some)
+        .map_err(|error| EventLogError::Invalid(error.to_string()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut text, byte| {
+            let _ = write!(text, "{byte:02x}");
+            text
+        })
 }
 
 /// The body of [`EventLog::expand`], on a transaction holding the write lock.
@@ -600,6 +648,7 @@ impl EventLog for SqliteEventLog {
         } else {
             Some(completions_json(&others)?)
         };
+        let attempts = attempts_json(completions)?;
         let now = now.timestamp_micros();
         let mut writer = self.writer().await?;
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
@@ -618,8 +667,41 @@ impl EventLog for SqliteEventLog {
                 .execute(&mut *tx)
                 .await?;
         }
+        if let Some(attempts) = attempts {
+            sqlx::query(RECORD_ATTEMPTS)
+                .bind(attempts)
+                .execute(&mut *tx)
+                .await?;
+        }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        sqlx::query(ATTEMPTS)
+            .bind(event_id)
+            .bind(subscriber)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                let status: Option<i64> = row.try_get("status").map_err(super::invalid)?;
+                Ok(Attempt {
+                    at: from_micros(row.try_get("attempted_at").map_err(super::invalid)?)?,
+                    duration_micros: row.try_get("duration_us").map_err(super::invalid)?,
+                    status: status.and_then(|status| u16::try_from(status).ok()),
+                    error: row.try_get("error").map_err(super::invalid)?,
+                    response: Bytes::from(
+                        row.try_get::<Vec<u8>, _>("response")
+                            .map_err(super::invalid)?,
+                    ),
+                })
+            })
+            .collect()
     }
 
     async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {

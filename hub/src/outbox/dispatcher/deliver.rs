@@ -133,6 +133,7 @@ impl Dispatcher {
             Some(deadline),
         )
         .await
+        .answer
     }
 }
 
