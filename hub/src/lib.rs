@@ -26,7 +26,8 @@
 //! - [`backlog`]: acknowledged work not yet done (pending topic fetches and
 //!   verifications), durable before its answer, and the workers that claim
 //!   it;
-//! - [`events`]: the durable event log and per-subscriber delivery records;
+//! - [`events`]: the durable event log, per-subscriber delivery records and
+//!   the history of their attempts;
 //! - [`dispatch`]: the WebSub scheduler: expand, claim, hand to the core;
 //! - [`outbox`]: the producer side of the outbox, and the outbox scheduler;
 //! - [`feed`]: the hub consuming a producer's outbox, bridged to WebSub;
@@ -34,9 +35,11 @@
 //! - [`net`]: the network policy for everything contacted on others' behalf;
 //! - [`signature`]: the HMAC signatures and their header names;
 //! - [`api`]: the HTTP adapter; [`routes`]: its route table with each
-//!   route's policy, and the table's export for Traefik; [`server`]: assembling and running a hub,
-//!   which serves connections under bounds on slow, idle and surplus
-//!   clients;
+//!   route's policy, and the table's export for Traefik; [`server`]:
+//!   assembling and running a hub, which serves connections under bounds on
+//!   slow, idle and surplus clients;
+//! - [`telemetry`]: every metric's name and help, histogram buckets, and the
+//!   gauges sampled from the databases;
 //! - [`subscriber`]: the receiving side for services that subscribe;
 //! - [`config`]: settings, defaults and validation; [`clock`]: injected time.
 //!
