@@ -42,14 +42,20 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
-use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
+use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 use uuid::Uuid;
 
+mod rows;
+
 use super::{
     Attempt, Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError,
     FailedDelivery, FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded, Undelivered,
+};
+use rows::{
+    attempts_json, claimed_from_row, completions_json, delivery_from_row, event_from_row,
+    from_micros, is_unique_violation, optional_time, retry_count,
 };
 
 /// The file is opened the way the subscription store opens it (the two share
@@ -276,128 +282,6 @@ fn migrator() -> Migrator {
     let mut migrator = sqlx::migrate!("../migrations/sqlite/hub");
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator
-}
-
-fn from_micros(micros: i64) -> Result<DateTime<Utc>, EventLogError> {
-    DateTime::from_timestamp_micros(micros)
-        .ok_or_else(|| EventLogError::Invalid(format!("timestamp {micros} µs out of range")))
-}
-
-fn optional_time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, EventLogError> {
-    row.try_get::<Option<i64>, _>(column)
-        .map_err(super::invalid)?
-        .map(from_micros)
-        .transpose()
-}
-
-fn retry_count(row: &SqliteRow) -> Result<u32, EventLogError> {
-    let value: i64 = row.try_get("retry_count").map_err(super::invalid)?;
-    u32::try_from(value)
-        .map_err(|_| EventLogError::Invalid(format!("retry_count {value} out of range")))
-}
-
-fn event_from_row(row: &SqliteRow) -> Result<LoggedEvent, EventLogError> {
-    Ok(LoggedEvent {
-        id: row.try_get("id").map_err(super::invalid)?,
-        topic: row.try_get("topic").map_err(super::invalid)?,
-        content_type: row.try_get("content_type").map_err(super::invalid)?,
-        body: Bytes::from(row.try_get::<Vec<u8>, _>("body").map_err(super::invalid)?),
-        created_at: from_micros(row.try_get("created_at").map_err(super::invalid)?)?,
-    })
-}
-
-fn claimed_from_row(row: &SqliteRow) -> Result<Claimed, EventLogError> {
-    Ok(Claimed {
-        event_id: row.try_get("event_id").map_err(super::invalid)?,
-        topic: row.try_get("topic").map_err(super::invalid)?,
-        subscriber: row.try_get("subscriber").map_err(super::invalid)?,
-        retry_count: retry_count(row)?,
-    })
-}
-
-fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRecord, EventLogError> {
-    Ok(DeliveryRecord {
-        event_id: row.try_get("event_id").map_err(super::invalid)?,
-        subscriber: row.try_get("subscriber").map_err(super::invalid)?,
-        processed_at: optional_time(row, "processed_at")?,
-        retry_count: retry_count(row)?,
-        last_error: row.try_get("last_error").map_err(super::invalid)?,
-        processing_since: optional_time(row, "processing_since")?,
-        next_attempt_at: optional_time(row, "next_attempt_at")?,
-    })
-}
-
-fn is_unique_violation(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|error| error.is_unique_violation())
-}
-
-/// The completions as the JSON array [`COMPLETE`] reads.
-fn completions_json(completions: &[&Completion]) -> Result<String, EventLogError> {
-    let rows: Vec<_> = completions
-        .iter()
-        .map(|completion| {
-            let (kind, error, next) = match &completion.outcome {
-                Outcome::Delivered => ("delivered", None, None),
-                Outcome::Retry {
-                    error,
-                    next_attempt_at,
-                } => (
-                    "retry",
-                    Some(error.as_str()),
-                    Some(next_attempt_at.timestamp_micros()),
-                ),
-                Outcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
-                Outcome::Dropped { reason } => ("dropped", Some(reason.as_str()), None),
-            };
-            (
-                completion.event_id.simple().to_string(),
-                completion.subscriber.as_str(),
-                kind,
-                error,
-                next,
-            )
-        })
-        .collect();
-    serde_json::to_string(&rows).map_err(|error| EventLogError::Invalid(error.to_string()))
-}
-
-/// The attempts `completions` carry, as [`RECORD_ATTEMPTS`] reads them; none
-/// when no completion carries one.
-fn attempts_json(completions: &[Completion]) -> Result<Option<String>, EventLogError> {
-    let rows: Vec<_> = completions
-        .iter()
-        .filter_map(|completion| {
-            let attempt = completion.attempt.as_ref()?;
-            let error = completion.outcome.error();
-            Some((
-                completion.event_id.simple().to_string(),
-                completion.subscriber.as_str(),
-                attempt.at.timestamp_micros(),
-                attempt.duration_micros,
-                attempt.status,
-                error,
-                hex(&attempt.response),
-            ))
-        })
-        .collect();
-    if rows.is_empty() {
-        return Ok(None);
-    }
-    serde_json::to_string(&rows)
-        .map(Some)
-        .map_err(|error| EventLogError::Invalid(error.to_string()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut text, byte| {
-            let _ = write!(text, "{byte:02x}");
-            text
-        })
 }
 
 /// The body of [`EventLog::expand`], on a transaction holding the write lock.
