@@ -1,5 +1,6 @@
 //! End to end: the operator API (topics, subscriptions, failed deliveries
-//! and their retry) and the discovery answer of topics the hub publishes.
+//! and their retry, one delivery with its attempts) and the discovery answer
+//! of topics the hub publishes.
 
 use std::time::Duration;
 
@@ -262,4 +263,109 @@ async fn hub_topics_answer_discovery_with_their_latest_content() {
     );
     assert_eq!(response.text().await.unwrap_or_default(), "{\"order\":2}");
     hub.stop().await;
+}
+
+/// A delivery that failed once and then went through shows both attempts,
+/// oldest first, with their statuses, errors and the answers' beginnings;
+/// a bad or unknown delivery is refused with a reason.
+async fn a_delivery_shows_its_attempts(backend: Backend) {
+    let Some(mut config) = test_config(backend).await else {
+        return;
+    };
+    config.internal_api_key = Some(INTERNAL_KEY.to_owned());
+    config.delivery.retry.max_backoff = Duration::from_millis(50);
+    let hub = TestHub::start(config).await;
+    let subscriber = TestSubscriber::start().await;
+    let topic = "http://127.0.0.1:9/topics/history";
+    let callback = subscriber.callback("history");
+    hub.subscribe(topic, &callback, &[]).await;
+    subscriber.answer_deliveries_in_turn(
+        "history",
+        [
+            Answer::status(503).with_body("busy, come back later"),
+            Answer::status(200).with_body("thanks"),
+        ],
+    );
+    publish(&hub, topic, "{\"n\":1}").await;
+    assert!(
+        subscriber
+            .wait_until(WAIT, |s| s.attempts("history") >= 2)
+            .await,
+        "two attempts"
+    );
+    let event_id = subscriber.deliveries_to("history")[0]
+        .header("x-websub-event-id")
+        .expect("an event id")
+        .to_owned();
+    let query = serde_urlencoded::to_string([("event_id", &event_id), ("subscriber", &callback)])
+        .unwrap_or_default();
+    let deadline = std::time::Instant::now() + WAIT;
+    let shown = loop {
+        let (status, shown) = operator(
+            &hub,
+            reqwest::Method::GET,
+            &format!("delivery?{query}"),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{shown}");
+        if shown["state"] == "delivered" {
+            break shown;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never delivered: {shown}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(shown["event_id"], event_id.as_str());
+    assert_eq!(shown["subscriber"], callback.as_str());
+    assert_eq!(shown["retry_count"], 1);
+    let attempts = shown["attempts"].as_array().expect("attempts");
+    assert_eq!(attempts.len(), 2, "{shown}");
+    assert_eq!(attempts[0]["status"], 503);
+    assert_eq!(attempts[0]["error"], "HTTP 503 Service Unavailable");
+    assert_eq!(attempts[0]["response"], "busy, come back later");
+    assert_eq!(attempts[1]["status"], 200);
+    assert_eq!(attempts[1]["error"], Value::Null);
+    assert_eq!(attempts[1]["response"], "thanks");
+    assert!(attempts[0]["at"].as_str() <= attempts[1]["at"].as_str());
+    assert!(
+        attempts[0]["duration_ms"]
+            .as_f64()
+            .is_some_and(|ms| ms >= 0.0)
+    );
+
+    for (query, status) in [
+        ("subscriber=x".to_owned(), 400),
+        ("event_id=not-a-uuid&subscriber=x".to_owned(), 400),
+        (format!("event_id={event_id}"), 400),
+        (
+            format!("event_id={}&subscriber=x", uuid::Uuid::now_v7()),
+            404,
+        ),
+    ] {
+        let (answered, reason) = operator(
+            &hub,
+            reqwest::Method::GET,
+            &format!("delivery?{query}"),
+            None,
+        )
+        .await;
+        assert_eq!(answered, status, "{query}: {reason}");
+        assert!(
+            reason.as_str().is_some_and(|text| !text.is_empty()),
+            "{query}: a reason"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delivery_shows_its_attempts_on_sqlite() {
+    a_delivery_shows_its_attempts(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delivery_shows_its_attempts_on_postgres() {
+    a_delivery_shows_its_attempts(Backend::Postgres).await;
 }

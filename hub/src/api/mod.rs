@@ -17,6 +17,7 @@
 
 mod backlog;
 mod health;
+mod history;
 mod openapi;
 mod operator;
 mod requests;

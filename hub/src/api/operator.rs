@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::{ApiError, ApiState, authorize_internal, backlog};
+use super::{ApiError, ApiState, authorize_internal, backlog, history};
 use crate::events::FailedFilter;
 use websub_store::Subscription;
 
@@ -26,6 +26,7 @@ pub(super) fn routes() -> ApiRoutes {
         .route(routes!(subscriptions))
         .route(routes!(failed))
         .route(routes!(retry))
+        .route(routes!(history::delivery))
         .route(routes!(backlog::operator_intents))
         .route(routes!(backlog::fetches))
 }
@@ -317,7 +318,7 @@ pub(super) fn store_failed(error: websub_store::StoreError) -> ApiError {
     )
 }
 
-fn events_failed(error: crate::events::EventLogError) -> ApiError {
+pub(super) fn events_failed(error: crate::events::EventLogError) -> ApiError {
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         format!("the event log failed: {error}"),

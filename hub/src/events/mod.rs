@@ -343,6 +343,13 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// Every delivery record of an event.
     async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError>;
 
+    /// One delivery record, if the event has one for `subscriber`.
+    async fn delivery(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Option<DeliveryRecord>, EventLogError>;
+
     /// The attempts of one delivery, oldest first.
     async fn attempts(
         &self,

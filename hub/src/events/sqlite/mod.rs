@@ -163,6 +163,10 @@ const RECORD_ATTEMPTS: &str = "INSERT INTO websub_attempts \
 const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
      FROM websub_attempts WHERE event_id = ?1 AND subscriber = ?2 ORDER BY attempted_at";
 
+const DELIVERY: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
+     processing_since, next_attempt_at FROM websub_deliveries \
+     WHERE event_id = ?1 AND subscriber = ?2";
+
 const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
      processing_since, next_attempt_at FROM websub_deliveries \
      WHERE event_id = ?1 ORDER BY subscriber";
@@ -559,6 +563,21 @@ impl EventLog for SqliteEventLog {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn delivery(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Option<DeliveryRecord>, EventLogError> {
+        sqlx::query(DELIVERY)
+            .bind(event_id)
+            .bind(subscriber)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(delivery_from_row)
+            .transpose()
     }
 
     async fn attempts(
