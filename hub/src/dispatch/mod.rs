@@ -391,7 +391,7 @@ impl Distributor {
             ),
         };
         let judge = &self.inner.judge;
-        let (verdict, mut history) = match attempted {
+        let (verdict, history) = match attempted {
             Some((in_flight, history)) => (
                 judge.judge(in_flight, outgoing.event.created_at, answer, retry_count),
                 Some(history),
@@ -422,9 +422,6 @@ impl Distributor {
             },
             Verdict::Exhausted { error } => Outcome::Exhausted { error },
         };
-        if let Some(history) = &mut history {
-            history.error = outcome.error().map(str::to_owned);
-        }
         Completion {
             event_id: outgoing.event.id,
             subscriber: subscription.callback.clone(),

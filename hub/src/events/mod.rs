@@ -116,7 +116,8 @@ pub struct Completion {
     /// What happened.
     pub outcome: Outcome,
     /// The attempt that came to it, kept in the delivery's history; none
-    /// when nothing was sent (the subscription went away first).
+    /// when nothing was sent (the subscription went away first). Its error is
+    /// written from `outcome`, so it need not be filled in.
     pub attempt: Option<Attempt>,
 }
 

@@ -39,7 +39,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
@@ -54,8 +53,8 @@ use super::{
     FailedDelivery, FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded, Undelivered,
 };
 use rows::{
-    attempts_json, claimed_from_row, completions_json, delivery_from_row, event_from_row,
-    from_micros, is_unique_violation, optional_time, retry_count,
+    attempt_from_row, attempts_json, claimed_from_row, completions_json, delivery_from_row,
+    event_from_row, from_micros, is_unique_violation, optional_time, retry_count,
 };
 
 /// The file is opened the way the subscription store opens it (the two share
@@ -591,19 +590,7 @@ impl EventLog for SqliteEventLog {
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(|row| {
-                let status: Option<i64> = row.try_get("status").map_err(super::invalid)?;
-                Ok(Attempt {
-                    at: from_micros(row.try_get("attempted_at").map_err(super::invalid)?)?,
-                    duration_micros: row.try_get("duration_us").map_err(super::invalid)?,
-                    status: status.and_then(|status| u16::try_from(status).ok()),
-                    error: row.try_get("error").map_err(super::invalid)?,
-                    response: Bytes::from(
-                        row.try_get::<Vec<u8>, _>("response")
-                            .map_err(super::invalid)?,
-                    ),
-                })
-            })
+            .map(attempt_from_row)
             .collect()
     }
 

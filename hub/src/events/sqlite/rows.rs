@@ -7,7 +7,9 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use super::super::{Claimed, Completion, DeliveryRecord, EventLogError, LoggedEvent, Outcome};
+use super::super::{
+    Attempt, Claimed, Completion, DeliveryRecord, EventLogError, LoggedEvent, Outcome,
+};
 
 pub(super) fn from_micros(micros: i64) -> Result<DateTime<Utc>, EventLogError> {
     DateTime::from_timestamp_micros(micros)
@@ -135,4 +137,18 @@ pub(super) fn hex(bytes: &[u8]) -> String {
             let _ = write!(text, "{byte:02x}");
             text
         })
+}
+
+pub(super) fn attempt_from_row(row: &SqliteRow) -> Result<Attempt, EventLogError> {
+    let status: Option<i64> = row.try_get("status").map_err(super::super::invalid)?;
+    Ok(Attempt {
+        at: from_micros(row.try_get("attempted_at").map_err(super::super::invalid)?)?,
+        duration_micros: row.try_get("duration_us").map_err(super::super::invalid)?,
+        status: status.and_then(|status| u16::try_from(status).ok()),
+        error: row.try_get("error").map_err(super::super::invalid)?,
+        response: Bytes::from(
+            row.try_get::<Vec<u8>, _>("response")
+                .map_err(super::super::invalid)?,
+        ),
+    })
 }

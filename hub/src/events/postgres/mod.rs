@@ -30,16 +30,21 @@ use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use uuid::Uuid;
 
+mod rows;
+
 use super::{
     Attempt, Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError,
-    FailedDelivery, FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded, Undelivered,
+    FailedDelivery, FailedFilter, LoggedEvent, NewEvent, Recorded, Undelivered,
 };
 use async_trait::async_trait;
-use bytes::Bytes;
+use rows::{
+    CompletionColumns, attempt_from_row, claimed_from_row, delivery_from_row, event_from_row,
+    retry_count,
+};
 
 /// The table the hub's migrations are recorded in; see the module doc.
 const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
@@ -239,113 +244,6 @@ fn migrator() -> Migrator {
     migrator
 }
 
-fn retry_count(value: i32) -> Result<u32, EventLogError> {
-    u32::try_from(value)
-        .map_err(|_| EventLogError::Invalid(format!("negative retry_count {value}")))
-}
-
-fn event_from_row(row: &PgRow) -> Result<LoggedEvent, EventLogError> {
-    Ok(LoggedEvent {
-        id: row.try_get("id").map_err(super::invalid)?,
-        topic: row.try_get("topic").map_err(super::invalid)?,
-        content_type: row.try_get("content_type").map_err(super::invalid)?,
-        body: Bytes::from(row.try_get::<Vec<u8>, _>("body").map_err(super::invalid)?),
-        created_at: row.try_get("created_at").map_err(super::invalid)?,
-    })
-}
-
-fn claimed_from_row(row: &PgRow) -> Result<Claimed, EventLogError> {
-    Ok(Claimed {
-        event_id: row.try_get("event_id").map_err(super::invalid)?,
-        topic: row.try_get("topic").map_err(super::invalid)?,
-        subscriber: row.try_get("subscriber").map_err(super::invalid)?,
-        retry_count: retry_count(row.try_get("retry_count").map_err(super::invalid)?)?,
-    })
-}
-
-fn delivery_from_row(row: &PgRow) -> Result<DeliveryRecord, EventLogError> {
-    Ok(DeliveryRecord {
-        event_id: row.try_get("event_id").map_err(super::invalid)?,
-        subscriber: row.try_get("subscriber").map_err(super::invalid)?,
-        processed_at: row.try_get("processed_at").map_err(super::invalid)?,
-        retry_count: retry_count(row.try_get("retry_count").map_err(super::invalid)?)?,
-        last_error: row.try_get("last_error").map_err(super::invalid)?,
-        processing_since: row.try_get("processing_since").map_err(super::invalid)?,
-        next_attempt_at: row.try_get("next_attempt_at").map_err(super::invalid)?,
-    })
-}
-
-/// The completions as the column arrays [`COMPLETE`] unnests.
-struct CompletionColumns<'a> {
-    event_ids: Vec<Uuid>,
-    subscribers: Vec<&'a str>,
-    kinds: Vec<&'static str>,
-    errors: Vec<Option<&'a str>>,
-    next_attempts: Vec<Option<DateTime<Utc>>>,
-    attempted_ats: Vec<Option<DateTime<Utc>>>,
-    durations: Vec<Option<i64>>,
-    statuses: Vec<Option<i16>>,
-    responses: Vec<Option<&'a [u8]>>,
-}
-
-impl<'a> CompletionColumns<'a> {
-    fn new(completions: &'a [Completion]) -> Self {
-        let mut columns = Self {
-            event_ids: Vec::with_capacity(completions.len()),
-            subscribers: Vec::with_capacity(completions.len()),
-            kinds: Vec::with_capacity(completions.len()),
-            errors: Vec::with_capacity(completions.len()),
-            next_attempts: Vec::with_capacity(completions.len()),
-            attempted_ats: Vec::with_capacity(completions.len()),
-            durations: Vec::with_capacity(completions.len()),
-            statuses: Vec::with_capacity(completions.len()),
-            responses: Vec::with_capacity(completions.len()),
-        };
-        for completion in completions {
-            let (kind, error, next) = match &completion.outcome {
-                Outcome::Delivered => ("delivered", None, None),
-                Outcome::Retry {
-                    error,
-                    next_attempt_at,
-                } => ("retry", Some(error.as_str()), Some(*next_attempt_at)),
-                Outcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
-                Outcome::Dropped { reason } => ("dropped", Some(reason.as_str()), None),
-            };
-            columns.event_ids.push(completion.event_id);
-            columns.subscribers.push(&completion.subscriber);
-            columns.kinds.push(kind);
-            columns.errors.push(error);
-            columns.next_attempts.push(next);
-            let attempt = completion.attempt.as_ref();
-            columns
-                .attempted_ats
-                .push(attempt.map(|attempt| attempt.at));
-            columns
-                .durations
-                .push(attempt.map(|attempt| attempt.duration_micros));
-            columns.statuses.push(
-                attempt
-                    .and_then(|attempt| attempt.status)
-                    .and_then(|status| i16::try_from(status).ok()),
-            );
-            columns
-                .responses
-                .push(attempt.map(|attempt| attempt.response.as_ref()));
-        }
-        columns
-    }
-}
-
-/// The body of [`EventLog::expand`], on its transaction.
-/// How [`expand_in`] inserts records on the path where it marks the event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Insert {
-    /// Without ON CONFLICT: no record can exist unless parts were written.
-    Unchecked,
-    /// With ON CONFLICT DO NOTHING.
-    SkipExisting,
-}
-
 fn is_unique_violation(error: &sqlx::Error) -> bool {
     error
         .as_database_error()
@@ -364,6 +262,16 @@ fn missing_event(error: sqlx::Error, event_id: Uuid) -> EventLogError {
     }
 }
 
+/// How [`expand_in`] inserts records on the path where it marks the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Insert {
+    /// Without ON CONFLICT: no record can exist unless parts were written.
+    Unchecked,
+    /// With ON CONFLICT DO NOTHING.
+    SkipExisting,
+}
+
+/// The body of [`EventLog::expand`], on its transaction.
 async fn expand_in(
     tx: &mut Transaction<'_, Postgres>,
     event_id: Uuid,
@@ -661,19 +569,7 @@ impl EventLog for PostgresEventLog {
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(|row| {
-                let status: Option<i16> = row.try_get("status").map_err(super::invalid)?;
-                Ok(Attempt {
-                    at: row.try_get("attempted_at").map_err(super::invalid)?,
-                    duration_micros: row.try_get("duration_us").map_err(super::invalid)?,
-                    status: status.and_then(|status| u16::try_from(status).ok()),
-                    error: row.try_get("error").map_err(super::invalid)?,
-                    response: Bytes::from(
-                        row.try_get::<Vec<u8>, _>("response")
-                            .map_err(super::invalid)?,
-                    ),
-                })
-            })
+            .map(attempt_from_row)
             .collect()
     }
 
