@@ -292,6 +292,7 @@ impl Hub {
             max_form_bytes: self.config.max_form_bytes,
             max_content_bytes: self.config.max_content_bytes,
             metrics: self.metrics.clone(),
+            retention: self.config.retention,
         })
     }
 

@@ -17,6 +17,7 @@ use crate::events::EventLog;
 use crate::outbox::{OUTBOX_BACKLOG, OUTBOX_LISTENER_CONNECTED, OUTBOX_OLDEST_UNDELIVERED_SECONDS};
 
 use crate::api::{HTTP_REQUEST_SECONDS, HTTP_REQUESTS_TOTAL, SHED_TOTAL};
+use crate::delivery::health::{ENDPOINTS_DISABLED, ENDPOINTS_DISABLED_TOTAL};
 use crate::delivery::metrics::{
     ATTEMPT_SECONDS, DELIVERIES_IN_FLIGHT, DELIVERIES_TOTAL, DELIVERY_LATENCY_SECONDS,
 };
@@ -60,6 +61,17 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         DELIVERIES_IN_FLIGHT,
         Kind::Gauge,
         "Delivery attempts on the wire now, by channel.",
+    ),
+    (
+        ENDPOINTS_DISABLED_TOTAL,
+        Kind::Counter,
+        "Endpoints disabled, by channel and by who disabled them: the hub after deliveries \
+         exhausted their retries too many times in a row (failures), or an operator.",
+    ),
+    (
+        ENDPOINTS_DISABLED,
+        Kind::Gauge,
+        "Endpoints disabled now, by channel: their deliveries are recorded as skipped.",
     ),
     (
         EVENTS_RECORDED_TOTAL,

@@ -27,8 +27,8 @@ use uuid::Uuid;
 use websub_hub::events::postgres::PostgresEventLog;
 use websub_hub::events::sqlite::SqliteEventLog;
 use websub_hub::events::{
-    Attempt, Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError,
-    FailedFilter, LoggedEvent, NewEvent, Outcome,
+    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliveryState,
+    EventLog, EventLogError, Exhaustion, FailedFilter, LoggedEvent, NewEvent, Outcome,
 };
 
 /// Long enough that no claim in a check goes stale unless the check says so.
@@ -223,6 +223,7 @@ fn pending(event_id: Uuid, subscriber: &str, due: DateTime<Utc>) -> DeliveryReco
         last_error: None,
         processing_since: None,
         next_attempt_at: Some(due),
+        state: DeliveryState::Pending,
     }
 }
 
@@ -748,6 +749,7 @@ async fn complete_sets_each_outcome(log: &dyn EventLog) {
         &DeliveryRecord {
             processed_at: Some(t1),
             next_attempt_at: None,
+            state: DeliveryState::Delivered,
             ..pending(event.id, &subs[0], t0)
         }
     );
@@ -766,6 +768,7 @@ async fn complete_sets_each_outcome(log: &dyn EventLog) {
             retry_count: 1,
             last_error: Some("connection refused".to_owned()),
             next_attempt_at: None,
+            state: DeliveryState::Failed,
             ..pending(event.id, &subs[2], t0)
         }
     );
@@ -775,6 +778,7 @@ async fn complete_sets_each_outcome(log: &dyn EventLog) {
             processed_at: Some(t1),
             last_error: Some("HTTP 410 Gone".to_owned()),
             next_attempt_at: None,
+            state: DeliveryState::Dropped,
             ..pending(event.id, &subs[3], t0)
         }
     );
@@ -813,6 +817,7 @@ async fn complete_sets_each_outcome(log: &dyn EventLog) {
             retry_count: 2,
             last_error: Some("HTTP 500".to_owned()),
             next_attempt_at: None,
+            state: DeliveryState::Delivered,
             ..pending(event.id, &subs[1], t0)
         }
     );
@@ -1682,6 +1687,7 @@ async fn complete_mixes_events_and_ignores_late_deliveries(log: &dyn EventLog) {
     let delivered = |event_id: Uuid, subscriber: &str| DeliveryRecord {
         processed_at: Some(t1),
         next_attempt_at: None,
+        state: DeliveryState::Delivered,
         ..pending(event_id, subscriber, t0)
     };
     let firsts = log.deliveries(first.id).await.expect("deliveries");
@@ -1725,3 +1731,377 @@ async fn complete_mixes_events_and_ignores_late_deliveries(log: &dyn EventLog) {
     assert_eq!(log.deliveries(first.id).await.expect("deliveries"), firsts);
 }
 both!(complete_mixes_events_and_ignores_late_deliveries);
+
+// ---------------------------------------------------------------------------
+// What operators read and steer
+// ---------------------------------------------------------------------------
+
+/// The state of each listed record, by (event, subscriber).
+fn states(listed: &[websub_hub::events::DeliverySummary]) -> Vec<(Uuid, String, DeliveryState)> {
+    listed
+        .iter()
+        .map(|record| (record.event_id, record.subscriber.clone(), record.state))
+        .collect()
+}
+
+async fn deliveries_are_listed_by_state_topic_subscriber_and_time(log: &dyn EventLog) {
+    let t0 = base_time();
+    let watched = topic();
+    let subs = subscribers("listed", 2);
+    let (a, b) = (subs[0].as_str(), subs[1].as_str());
+    let first = record(log, &watched, t0).await;
+    let second = record(log, &watched, t0 + secs(1)).await;
+    let elsewhere = record(log, &topic(), t0 + secs(2)).await;
+    for event in [&first, &second, &elsewhere] {
+        log.expand(event.id, &subs, t0).await.expect("expand");
+    }
+    let done = t0 + secs(3);
+    log.complete(
+        &[
+            completion(first.id, a, Outcome::Delivered),
+            completion(
+                first.id,
+                b,
+                Outcome::Exhausted {
+                    error: "HTTP 500".to_owned(),
+                },
+            ),
+            completion(
+                second.id,
+                a,
+                Outcome::Dropped {
+                    reason: "410 Gone".to_owned(),
+                },
+            ),
+            completion(
+                second.id,
+                b,
+                Outcome::Skipped {
+                    reason: "endpoint disabled".to_owned(),
+                },
+            ),
+        ],
+        done,
+    )
+    .await
+    .expect("complete");
+    let of_topic = |state: Option<DeliveryState>| DeliveryFilter {
+        topic: Some(&watched),
+        state,
+        ..DeliveryFilter::default()
+    };
+    let listed = log.list(of_topic(None), 100).await.expect("list");
+    assert_eq!(
+        states(&listed),
+        vec![
+            (second.id, a.to_owned(), DeliveryState::Dropped),
+            (second.id, b.to_owned(), DeliveryState::Skipped),
+            (first.id, a.to_owned(), DeliveryState::Delivered),
+            (first.id, b.to_owned(), DeliveryState::Failed),
+        ],
+        "newest event first, then by subscriber"
+    );
+    assert_eq!(listed[3].last_error.as_deref(), Some("HTTP 500"));
+    assert_eq!(listed[3].topic, watched);
+    assert_eq!(listed[1].processed_at, Some(done));
+    for (state, expected) in [
+        (DeliveryState::Delivered, (first.id, a)),
+        (DeliveryState::Failed, (first.id, b)),
+        (DeliveryState::Dropped, (second.id, a)),
+        (DeliveryState::Skipped, (second.id, b)),
+    ] {
+        let listed = log.list(of_topic(Some(state)), 100).await.expect("list");
+        assert_eq!(
+            states(&listed),
+            vec![(expected.0, expected.1.to_owned(), state)],
+            "{state:?}"
+        );
+    }
+    let pending = log
+        .list(
+            DeliveryFilter {
+                state: Some(DeliveryState::Pending),
+                subscriber: Some(a),
+                ..DeliveryFilter::default()
+            },
+            100,
+        )
+        .await
+        .expect("list");
+    assert_eq!(
+        states(&pending),
+        vec![(elsewhere.id, a.to_owned(), DeliveryState::Pending)]
+    );
+    let window = log
+        .list(
+            DeliveryFilter {
+                subscriber: Some(b),
+                since: Some(t0 + secs(1)),
+                until: Some(t0 + secs(2)),
+                ..DeliveryFilter::default()
+            },
+            100,
+        )
+        .await
+        .expect("list");
+    assert_eq!(
+        states(&window),
+        vec![(second.id, b.to_owned(), DeliveryState::Skipped)],
+        "since is inclusive, until exclusive"
+    );
+    let limited = log.list(of_topic(None), 1).await.expect("list");
+    assert_eq!(limited.len(), 1);
+    let record = log.delivery(second.id, b).await.expect("delivery");
+    assert_eq!(
+        record.map(|record| record.state),
+        Some(DeliveryState::Skipped)
+    );
+    let record = log.delivery(first.id, a).await.expect("delivery");
+    assert_eq!(
+        record.map(|record| record.state),
+        Some(DeliveryState::Delivered)
+    );
+}
+both!(deliveries_are_listed_by_state_topic_subscriber_and_time);
+
+async fn a_redelivery_is_a_copy_with_records_of_its_own(log: &dyn EventLog) {
+    let t0 = base_time();
+    let watched = topic();
+    let subs = subscribers("again", 2);
+    let (a, b) = (subs[0].as_str(), subs[1].as_str());
+    let original = record(log, &watched, t0).await;
+    log.expand(original.id, &subs[..1], t0)
+        .await
+        .expect("expand");
+    log.complete(&[completion(original.id, a, Outcome::Delivered)], t0)
+        .await
+        .expect("complete");
+
+    let later = t0 + secs(5);
+    let copy = log
+        .redeliver(original.id, &[a, b], later)
+        .await
+        .expect("redeliver")
+        .expect("the event is there");
+    assert_ne!(copy, original.id);
+    let stored = log.event(copy).await.expect("event").expect("the copy");
+    assert_eq!(stored.original_id, Some(original.id));
+    assert_eq!(stored.delivered_id(), original.id);
+    assert_eq!(
+        (stored.body, stored.topic),
+        (original.body.clone(), watched.clone())
+    );
+    assert_eq!(
+        log.delivery(original.id, a)
+            .await
+            .expect("delivery")
+            .map(|r| r.state),
+        Some(DeliveryState::Delivered),
+        "the original record keeps its round"
+    );
+    let claimed = claim_own(log, copy, later).await;
+    let mut claimed: Vec<&str> = claimed.iter().map(|c| c.subscriber.as_str()).collect();
+    claimed.sort_unstable();
+    assert_eq!(claimed, vec![a, b]);
+    assert!(
+        log.unexpanded(1000)
+            .await
+            .expect("unexpanded")
+            .iter()
+            .all(|event| event.id != copy),
+        "a copy is never expanded to the topic's other subscribers"
+    );
+    let both_rounds = log
+        .list(
+            DeliveryFilter {
+                event_id: Some(original.id),
+                subscriber: Some(a),
+                ..DeliveryFilter::default()
+            },
+            100,
+        )
+        .await
+        .expect("list");
+    assert_eq!(
+        both_rounds
+            .iter()
+            .map(|r| (r.event_id, r.original_id))
+            .collect::<Vec<_>>(),
+        vec![(copy, Some(original.id)), (original.id, None)]
+    );
+    // A copy of the copy names the first original.
+    let again = log
+        .redeliver(copy, &[a], later)
+        .await
+        .expect("redeliver")
+        .expect("the copy is there");
+    let stored = log.event(again).await.expect("event").expect("the copy");
+    assert_eq!(stored.original_id, Some(original.id));
+    assert_eq!(
+        log.redeliver(Uuid::now_v7(), &[a], later)
+            .await
+            .expect("redeliver"),
+        None
+    );
+    let latest = log
+        .latest(&watched)
+        .await
+        .expect("latest")
+        .expect("an event");
+    assert_eq!(
+        latest.id, original.id,
+        "a copy is not the topic's latest content"
+    );
+    let newcomer = "https://subscriber.example/newcomer";
+    assert_eq!(
+        log.deliver_since(&watched, newcomer, t0, later)
+            .await
+            .expect("deliver_since"),
+        1,
+        "a new subscription gets the originals only"
+    );
+}
+both!(a_redelivery_is_a_copy_with_records_of_its_own);
+
+async fn a_replay_sends_a_topics_originals_since_a_time(log: &dyn EventLog) {
+    let t0 = base_time();
+    let watched = topic();
+    let subscriber = "https://subscriber.example/replayed";
+    let mut originals = Vec::new();
+    for offset in 0..3 {
+        originals.push(record(log, &watched, t0 + secs(offset)).await);
+    }
+    let _other = record(log, &topic(), t0 + secs(1)).await;
+    let later = t0 + secs(10);
+    log.redeliver(originals[2].id, &[subscriber], later)
+        .await
+        .expect("redeliver");
+
+    let first = log
+        .replay(&watched, subscriber, t0 + secs(1), 1, later)
+        .await
+        .expect("replay");
+    assert_eq!(first.redeliveries.len(), 1);
+    assert_eq!(first.resume_since, Some(originals[2].created_at));
+    let copy = log
+        .event(first.redeliveries[0])
+        .await
+        .expect("event")
+        .expect("the copy");
+    assert_eq!(copy.original_id, Some(originals[1].id));
+
+    let rest = log
+        .replay(&watched, subscriber, t0, 10, later)
+        .await
+        .expect("replay");
+    assert_eq!(rest.redeliveries.len(), 3, "originals only, never copies");
+    assert_eq!(rest.resume_since, None);
+    let none = log
+        .replay(&watched, subscriber, t0 + secs(60), 10, later)
+        .await
+        .expect("replay");
+    assert!(none.redeliveries.is_empty());
+}
+both!(a_replay_sends_a_topics_originals_since_a_time);
+
+async fn endpoints_are_disabled_after_failures_in_a_row(log: &dyn EventLog) {
+    let t0 = base_time();
+    let run = Uuid::new_v4().simple();
+    let dead = format!("https://dead.example/{run}");
+    let flaky = format!("https://flaky.example/{run}");
+    let failing = |endpoint: &str| Exhaustion {
+        endpoint: Box::leak(endpoint.to_owned().into_boxed_str()),
+        error: "HTTP 500",
+    };
+    let disabled = log
+        .tally_endpoints(
+            &[failing(&dead), failing(&dead), failing(&flaky)],
+            &[],
+            3,
+            t0,
+        )
+        .await
+        .expect("tally");
+    assert!(disabled.is_empty());
+    let ours = |records: Vec<websub_hub::events::EndpointRecord>| -> Vec<(String, u32, bool)> {
+        records
+            .into_iter()
+            .filter(|record| record.endpoint.ends_with(&run.to_string()))
+            .map(|record| {
+                (
+                    record.endpoint,
+                    record.failures,
+                    record.disabled_at.is_some(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        ours(log.endpoints(1000).await.expect("endpoints")),
+        vec![(dead.clone(), 2, false), (flaky.clone(), 1, false)]
+    );
+    // A delivery clears the failures; the third exhaustion in a row
+    // disables, once.
+    let disabled = log
+        .tally_endpoints(&[failing(&dead)], &[&flaky], 3, t0 + secs(1))
+        .await
+        .expect("tally");
+    assert_eq!(disabled, vec![dead.clone()]);
+    let disabled = log
+        .tally_endpoints(&[failing(&dead)], &[&dead], 3, t0 + secs(2))
+        .await
+        .expect("tally");
+    assert!(disabled.is_empty(), "already disabled");
+    let listed = log.endpoints(1000).await.expect("endpoints");
+    let record = listed
+        .iter()
+        .find(|record| record.endpoint == dead)
+        .expect("the dead endpoint");
+    assert_eq!(record.disabled_at, Some(t0 + secs(1)));
+    assert!(
+        record
+            .disabled_reason
+            .as_deref()
+            .is_some_and(|reason| reason.contains("3 deliveries")),
+        "{record:?}"
+    );
+    assert_eq!(
+        record.failures, 4,
+        "a delivery does not clear a disabled endpoint"
+    );
+    assert_eq!(ours(listed), vec![(dead.clone(), 4, true)]);
+
+    assert!(
+        log.set_endpoint_disabled(&dead, None, t0)
+            .await
+            .expect("enable")
+    );
+    assert!(
+        !log.set_endpoint_disabled(&dead, None, t0)
+            .await
+            .expect("enable")
+    );
+    assert!(
+        log.set_endpoint_disabled(&flaky, Some("maintenance"), t0)
+            .await
+            .expect("disable")
+    );
+    assert!(
+        !log.set_endpoint_disabled(&flaky, Some("again"), t0)
+            .await
+            .expect("disable"),
+        "already disabled"
+    );
+    assert_eq!(
+        ours(log.endpoints(1000).await.expect("endpoints")),
+        vec![(flaky, 0, true)]
+    );
+    // Never disabled with a threshold of 0.
+    let never = format!("https://never.example/{run}");
+    let disabled = log
+        .tally_endpoints(&[failing(&never); 10], &[], 0, t0)
+        .await
+        .expect("tally");
+    assert!(disabled.is_empty());
+}
+both!(endpoints_are_disabled_after_failures_in_a_row);

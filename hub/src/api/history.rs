@@ -1,5 +1,7 @@
-//! The operator's view of one WebSub delivery: its record and the history
-//! of its attempts, at `GET /api/v1/operator/delivery?event_id=…&subscriber=…`.
+//! The operator's view of WebSub deliveries: lists of delivery records by
+//! topic, subscriber, state and time at `GET /api/v1/operator/deliveries`,
+//! and one record with the history of its attempts at
+//! `GET /api/v1/operator/delivery?event_id=…&subscriber=…`.
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -9,10 +11,11 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
+use super::backlog::parse_limit;
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::operator::events_failed;
 use super::{ApiError, ApiState, authorize_internal};
-use crate::events::{Attempt, DeliveryRecord};
+use crate::events::{Attempt, DeliveryFilter, DeliveryRecord, DeliveryState, DeliverySummary};
 
 /// Which delivery: both are required, and read after the key is checked so
 /// that a request without it is refused as such.
@@ -23,21 +26,6 @@ pub(super) struct DeliveryQuery {
     event_id: Option<String>,
     /// The subscriber: the subscription's callback URL.
     subscriber: Option<String>,
-}
-
-/// Where a delivery stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub(super) enum DeliveryState {
-    /// Due, retrying or in flight.
-    Pending,
-    /// The subscriber answered 2xx.
-    Delivered,
-    /// Closed without a delivery: the subscription went away (a 410, an
-    /// expired lease, an unsubscribe).
-    Dropped,
-    /// Out of retries; an operator may retry it.
-    Failed,
 }
 
 /// One attempt, as kept.
@@ -104,8 +92,7 @@ pub(super) async fn delivery(
         .event_id
         .as_deref()
         .ok_or_else(|| bad("event_id is required"))?;
-    let event_id = Uuid::try_parse(event_id)
-        .map_err(|_| bad(&format!("event_id {event_id:?} is not a UUID")))?;
+    let event_id = parse_event_id(event_id)?;
     let subscriber = query
         .subscriber
         .as_deref()
@@ -130,17 +117,10 @@ pub(super) async fn delivery(
 }
 
 fn view(record: DeliveryRecord, attempts: Vec<Attempt>) -> DeliveryView {
-    let delivered_last = attempts.last().is_some_and(|last| last.error.is_none());
-    let state = match (record.processed_at, record.next_attempt_at) {
-        (Some(_), _) if delivered_last => DeliveryState::Delivered,
-        (Some(_), _) => DeliveryState::Dropped,
-        (None, None) => DeliveryState::Failed,
-        (None, Some(_)) => DeliveryState::Pending,
-    };
     DeliveryView {
         event_id: record.event_id,
         subscriber: record.subscriber,
-        state,
+        state: record.state,
         retry_count: record.retry_count,
         last_error: record.last_error,
         processed_at: record.processed_at,
@@ -156,4 +136,106 @@ fn view(record: DeliveryRecord, attempts: Vec<Attempt>) -> DeliveryView {
             })
             .collect(),
     }
+}
+
+/// Which delivery records to list; every filter is optional, and read after
+/// the key is checked.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct ListQuery {
+    /// Records of this event and of its redeliveries.
+    event_id: Option<String>,
+    /// Records of this topic's events.
+    topic: Option<String>,
+    /// Records of this subscriber (a callback URL).
+    subscriber: Option<String>,
+    /// `pending`, `delivered`, `dropped`, `failed` or `skipped`.
+    state: Option<String>,
+    /// Events recorded at or after this time (RFC 3339).
+    since: Option<String>,
+    /// Events recorded before this time (RFC 3339).
+    until: Option<String>,
+    /// At most this many (1 to 1000; 100 when absent).
+    limit: Option<String>,
+}
+
+/// Delivery records, newest event first.
+#[utoipa::path(
+    get,
+    path = "/deliveries",
+    operation_id = "list_deliveries",
+    tag = "operator",
+    params(ListQuery),
+    security(("internal_api_key" = [])),
+    responses(
+        (status = 200, description = "The matching delivery records.", body = [DeliverySummary]),
+        (status = 400, response = BadRequest),
+        (status = 401, response = WrongKey),
+        (status = 403, response = NoInternalKey),
+        (status = 503, response = Unavailable),
+    ),
+)]
+pub(super) async fn deliveries(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<Vec<DeliverySummary>>, ApiError> {
+    authorize_internal(&state, &headers)?;
+    let event_id = query.event_id.as_deref().map(parse_event_id).transpose()?;
+    let filter = DeliveryFilter {
+        event_id,
+        topic: query.topic.as_deref(),
+        subscriber: query.subscriber.as_deref(),
+        state: parse_state(query.state.as_deref())?,
+        since: parse_time("since", query.since.as_deref())?,
+        until: parse_time("until", query.until.as_deref())?,
+    };
+    let limit = parse_limit(query.limit.as_deref())?;
+    let listed = state
+        .events
+        .list(filter, limit)
+        .await
+        .map_err(events_failed)?;
+    Ok(Json(listed))
+}
+
+pub(super) fn parse_event_id(text: &str) -> Result<Uuid, ApiError> {
+    Uuid::try_parse(text).map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("event_id {text:?} is not a UUID"),
+        )
+    })
+}
+
+/// The `state` parameter, as [`DeliveryState`] spells it.
+pub(super) fn parse_state(text: Option<&str>) -> Result<Option<DeliveryState>, ApiError> {
+    text.map(|text| {
+        DeliveryState::parse(text).ok_or_else(|| {
+            let known: Vec<&str> = DeliveryState::ALL.iter().map(|s| s.as_str()).collect();
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("state must be one of {}, got {text:?}", known.join(", ")),
+            )
+        })
+    })
+    .transpose()
+}
+
+/// A time parameter: RFC 3339, e.g. `2026-12-01T10:00:00Z`.
+pub(super) fn parse_time(
+    name: &str,
+    text: Option<&str>,
+) -> Result<Option<DateTime<Utc>>, ApiError> {
+    text.map(|text| {
+        DateTime::parse_from_rfc3339(text)
+            .map(|time| time.with_timezone(&Utc))
+            .map_err(|error| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("{name} must be an RFC 3339 time such as 2026-12-01T10:00:00Z, got {text:?}: {error}"),
+                )
+            })
+    })
+    .transpose()
 }

@@ -16,10 +16,13 @@
 //!   are migrated, [`health`]), `/metrics`.
 
 mod backlog;
+mod endpoints;
 mod health;
 mod history;
 mod openapi;
 mod operator;
+mod own_deliveries;
+mod redeliver;
 mod requests;
 mod subscriber;
 
@@ -74,6 +77,9 @@ pub struct ApiState {
     pub max_content_bytes: usize,
     /// Renders `/metrics`, when the binary installed a recorder.
     pub metrics: Option<PrometheusHandle>,
+    /// How long events are kept, when the hub purges them; a replay from
+    /// before it is refused.
+    pub retention: Option<std::time::Duration>,
 }
 
 /// The hub's routes (see the module docs).

@@ -62,6 +62,11 @@ impl ApiRoutes {
         Self(self.0.routes(documented))
     }
 
+    /// Adds `routes` beside these.
+    pub(super) fn merge(self, routes: ApiRoutes) -> Self {
+        Self(self.0.merge(routes.0))
+    }
+
     /// Adds `routes` under `path`.
     pub(super) fn nest(self, path: &str, routes: ApiRoutes) -> Self {
         Self(self.0.nest(path, routes.0))

@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::{ApiError, ApiState, authorize_internal, backlog, history};
+use super::{ApiError, ApiState, authorize_internal, backlog, endpoints, history, redeliver};
 use crate::events::FailedFilter;
 use websub_store::Subscription;
 
@@ -27,6 +27,9 @@ pub(super) fn routes() -> ApiRoutes {
         .route(routes!(failed))
         .route(routes!(retry))
         .route(routes!(history::delivery))
+        .route(routes!(history::deliveries))
+        .merge(redeliver::routes())
+        .merge(endpoints::routes())
         .route(routes!(backlog::operator_intents))
         .route(routes!(backlog::fetches))
 }

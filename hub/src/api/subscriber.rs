@@ -33,6 +33,7 @@ pub(super) fn routes() -> ApiRoutes {
         .route(routes!(remove))
         .route(routes!(usage))
         .route(routes!(super::backlog::own_intents))
+        .route(routes!(super::own_deliveries::own_deliveries))
 }
 
 /// How deliveries to one subscription are going, over the topic's most

@@ -134,6 +134,9 @@ pub struct DeliveryPolicy {
     /// A claim older than this is taken to be from a dead process and the
     /// delivery becomes claimable again.
     pub visibility_timeout: Duration,
+    /// Deliveries to one endpoint that exhaust their retries in a row before
+    /// it is disabled; 0 never disables.
+    pub disable_endpoint_after: u32,
 }
 
 /// Verification of intent.
@@ -205,6 +208,7 @@ impl Default for DeliveryPolicy {
             per_host: 64,
             batch_size: 500,
             visibility_timeout: Duration::from_secs(60),
+            disable_endpoint_after: 5,
         }
     }
 }

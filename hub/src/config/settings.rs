@@ -74,6 +74,11 @@ pub struct Settings {
     /// Deliveries in flight at once to one callback host.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub delivery_per_host: Option<usize>,
+    /// Deliveries to one endpoint that exhaust their retries in a row before
+    /// the endpoint is disabled (its new deliveries are then skipped until
+    /// an operator enables it); 0 never disables.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub disable_endpoint_after: Option<u32>,
     /// Delivery records claimed per round trip to the event log (1 to
     /// 10000).
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
@@ -201,6 +206,7 @@ impl Settings {
             delivery_max_backoff,
             delivery_concurrency,
             delivery_per_host,
+            disable_endpoint_after,
             delivery_batch_size,
             visibility_timeout,
             poll_interval,
@@ -258,6 +264,7 @@ impl Settings {
         )?;
         set(&mut delivery.concurrency, delivery_concurrency);
         set(&mut delivery.per_host, delivery_per_host);
+        set(&mut delivery.disable_endpoint_after, disable_endpoint_after);
         set(&mut delivery.batch_size, delivery_batch_size);
         set_duration(
             &mut delivery.visibility_timeout,
@@ -381,6 +388,7 @@ impl From<&HubConfig> for Settings {
             per_host,
             batch_size,
             visibility_timeout,
+            disable_endpoint_after,
         } = delivery;
         let RetryPolicy {
             max_retries,
@@ -407,6 +415,7 @@ impl From<&HubConfig> for Settings {
             delivery_max_backoff: duration(max_backoff),
             delivery_concurrency: Some(*concurrency),
             delivery_per_host: Some(*per_host),
+            disable_endpoint_after: Some(*disable_endpoint_after),
             delivery_batch_size: Some(*batch_size),
             visibility_timeout: duration(visibility_timeout),
             poll_interval: duration(poll_interval),
@@ -522,6 +531,7 @@ pub(super) mod tests {
                 per_host: 9,
                 batch_size: 42,
                 visibility_timeout: Duration::from_secs(90),
+                disable_endpoint_after: 7,
             },
             verification: VerificationPolicy {
                 timeout: Duration::from_secs(3),

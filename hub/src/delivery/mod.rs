@@ -16,16 +16,20 @@
 //! - [`client`]: the builder of every outgoing HTTP client, with the network
 //!   policy;
 //! - [`recorder`]: gathering, batching and retrying the writes of outcomes;
-//! - [`metrics`]: one set of metric names, labelled by [`Channel`].
+//! - [`metrics`]: one set of metric names, labelled by [`Channel`];
+//! - [`health`]: failures counted per endpoint, and endpoints disabled after
+//!   too many in a row.
 
 pub mod attempt;
 pub mod client;
+pub mod health;
 pub mod metrics;
 pub mod recorder;
 pub mod retry;
 pub mod verdict;
 
 pub use attempt::{Answer, MESSAGING_SCHEME, Request, SignatureScheme, WEBSUB_SCHEME, error_chain};
+pub use health::Endpoints;
 pub use recorder::{Batching, OutcomeStore};
 pub use retry::{NextStep, RetryPolicy};
 pub use verdict::{Judge, Verdict};

@@ -39,7 +39,7 @@ impl Outgoing {
         let headers = [
             HeaderValue::from_str(&event.content_type),
             HeaderValue::from_str(&link_header(hub_url, &event.topic)),
-            HeaderValue::from_str(&event.id.to_string()),
+            HeaderValue::from_str(&event.delivered_id().to_string()),
         ];
         let headers = match headers {
             [Ok(content_type), Ok(link), Ok(event_id)] => Ok(EventHeaders {

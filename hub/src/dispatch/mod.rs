@@ -33,8 +33,9 @@ use websub_store::{Subscription, SubscriptionStore};
 use crate::clock::Clock;
 use crate::config::DeliveryPolicy;
 use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
+use crate::delivery::health::SKIPPED_REASON;
 use crate::delivery::recorder::{self, Batching, OutcomeStore};
-use crate::delivery::{Channel, Judge, Verdict};
+use crate::delivery::{Channel, Endpoints, Judge, Verdict};
 use crate::events::{Attempt, Claimed, Completion, EventLog, EventLogError, Outcome};
 use crate::protocol::iri_to_uri;
 
@@ -66,6 +67,7 @@ struct DistributorState {
     bodies: EventCache,
     subscribers: SubscriberCache,
     judge: Judge,
+    endpoints: Endpoints,
     hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
@@ -98,8 +100,14 @@ impl Distributor {
         poll_interval: Duration,
         clock: Arc<dyn Clock>,
     ) -> Self {
+        let endpoints = Endpoints::new(
+            events.clone(),
+            Channel::WebSub,
+            policy.disable_endpoint_after,
+        );
         Self {
             inner: Arc::new(DistributorState {
+                endpoints,
                 events,
                 store,
                 client,
@@ -123,6 +131,11 @@ impl Distributor {
     /// not wait for its next poll.
     pub fn wake(&self) {
         self.inner.wake.notify_one();
+    }
+
+    /// The health of the callbacks this scheduler delivers to.
+    pub fn endpoints(&self) -> &Endpoints {
+        &self.inner.endpoints
     }
 
     /// Forgets the cached subscribers of `topic`: a subscription to it was
@@ -152,6 +165,7 @@ impl Distributor {
             self.clone()
                 .run_expander(pipeline.clone(), shutdown.clone()),
         );
+        let health = tokio::spawn(self.inner.endpoints.clone().keep_fresh(shutdown.clone()));
         self.expand_soon();
         while !shutdown.is_cancelled() {
             let room = pipeline.pending.available_permits();
@@ -199,6 +213,7 @@ impl Distributor {
         if let Err(error) = expander.await {
             warn!(%error, "the expander stopped abnormally");
         }
+        let _ = health.await;
         let Pipeline {
             attempts,
             completed,
@@ -354,6 +369,16 @@ impl Distributor {
         subscription: Arc<Subscription>,
         outgoing: Arc<Outgoing>,
     ) -> Completion {
+        if self.inner.endpoints.is_disabled(&subscription.callback) {
+            return Completion {
+                event_id: outgoing.event.id,
+                subscriber: subscription.callback.clone(),
+                outcome: Outcome::Skipped {
+                    reason: SKIPPED_REASON.to_owned(),
+                },
+                attempt: None,
+            };
+        }
         let host = self.host_limit(&subscription.callback);
         // The host's slot first: waiting for a saturated host must not hold
         // one of the slots other hosts' deliveries need.
@@ -441,11 +466,14 @@ impl OutcomeStore for LogOutcomes {
 
     async fn write(&self, batch: &[Completion]) -> Result<(), String> {
         let inner = &self.0.inner;
+        let now = inner.clock.now();
         inner
             .events
-            .complete(batch, inner.clock.now())
+            .complete(batch, now)
             .await
-            .map_err(|error| error.to_string())
+            .map_err(|error| error.to_string())?;
+        inner.endpoints.tally(batch, now).await;
+        Ok(())
     }
 
     fn retry_in(&self, completion: &Completion) -> Option<Duration> {

@@ -8,8 +8,13 @@
 //! [`postgres::PostgresEventLog`] (several hub replicas on one database:
 //! claims use `FOR UPDATE SKIP LOCKED` and never overlap).
 
+mod operate;
 pub mod postgres;
 pub mod sqlite;
+
+pub use operate::{
+    DeliveryFilter, DeliveryState, DeliverySummary, EndpointRecord, Exhaustion, Replayed,
+};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -43,6 +48,17 @@ pub struct LoggedEvent {
     pub body: Bytes,
     /// When it was recorded.
     pub created_at: DateTime<Utc>,
+    /// For a redelivery ([`EventLog::redeliver`], [`EventLog::replay`]): the
+    /// event it sends again, whose id its deliveries carry.
+    pub original_id: Option<Uuid>,
+}
+
+impl LoggedEvent {
+    /// The id its deliveries carry: the original's, for a redelivery, so
+    /// that a subscriber can tell it has seen the event before.
+    pub fn delivered_id(&self) -> Uuid {
+        self.original_id.unwrap_or(self.id)
+    }
 }
 
 /// What [`EventLog::record_once`] found.
@@ -92,6 +108,12 @@ pub enum Outcome {
         /// Why it was dropped.
         reason: String,
     },
+    /// Not sent: the endpoint is disabled. The record is closed with the
+    /// reason kept, and a replay sends the event again.
+    Skipped {
+        /// Why it was skipped.
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -101,7 +123,7 @@ impl Outcome {
         match self {
             Self::Delivered => None,
             Self::Retry { error, .. } | Self::Exhausted { error } => Some(error),
-            Self::Dropped { reason } => Some(reason),
+            Self::Dropped { reason } | Self::Skipped { reason } => Some(reason),
         }
     }
 }
@@ -156,6 +178,8 @@ pub struct DeliveryRecord {
     pub processing_since: Option<DateTime<Utc>>,
     /// When it is due; `None` once exhausted or processed.
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Where it stands.
+    pub state: DeliveryState,
 }
 
 /// How deliveries to one subscriber of a topic are going, over the topic's
@@ -208,6 +232,9 @@ pub struct FailedFilter<'a> {
     /// Only records of this subscriber.
     pub subscriber: Option<&'a str>,
 }
+
+/// Events one [`EventLog::replay`] sends again at most.
+pub const REPLAY_LIMIT: usize = 10_000;
 
 /// Failures of the event log.
 #[derive(Debug, thiserror::Error)]
@@ -411,6 +438,65 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         since: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError>;
+
+    /// Delivery records matching `filter`, newest event first, at most
+    /// `limit`.
+    async fn list(
+        &self,
+        filter: DeliveryFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, EventLogError>;
+
+    /// Sends event `event_id` again to `subscribers`: records a redelivery
+    /// (a copy of the event naming it as its original, recorded at `now`,
+    /// never expanded) with a record due at `now` for each subscriber. The
+    /// original's records stay as they are, so each record is the history of
+    /// one round. A redelivery of a redelivery names the first original.
+    /// Returns the redelivery's id; `None` when the event is not in the log.
+    async fn redeliver(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, EventLogError>;
+
+    /// Sends the events of `topic` recorded at or after `since` again to
+    /// `subscriber`, oldest first, at most `limit` of them: a redelivery of
+    /// each (see [`EventLog::redeliver`]). Redeliveries themselves are not
+    /// replayed; their originals are.
+    async fn replay(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Replayed, EventLogError>;
+
+    /// The endpoints that failed since their last delivery or are disabled,
+    /// disabled first, at most `limit`.
+    async fn endpoints(&self, limit: usize) -> Result<Vec<EndpointRecord>, EventLogError>;
+
+    /// Counts outcomes against their endpoints: each exhaustion is one more
+    /// failure in a row, and an endpoint that reaches `disable_after` (when
+    /// not 0) is disabled at `now`; a delivery to an enabled endpoint clears
+    /// its failures. Returns the endpoints this call disabled.
+    async fn tally_endpoints(
+        &self,
+        exhausted: &[Exhaustion<'_>],
+        delivered: &[&str],
+        disable_after: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError>;
+
+    /// Disables `endpoint` at `now` for `reason`, or (`reason` none) enables
+    /// it again with its failures cleared. Returns whether it changed.
+    async fn set_endpoint_disabled(
+        &self,
+        endpoint: &str,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EventLogError>;
 }
 
 /// The oldest claim still alive at `now`, or `None` when the visibility

@@ -34,11 +34,13 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use uuid::Uuid;
 
+mod operate;
 mod rows;
 
 use super::{
-    Attempt, Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError,
-    FailedDelivery, FailedFilter, LoggedEvent, NewEvent, Recorded, Undelivered,
+    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
+    EndpointRecord, EventLog, EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent,
+    NewEvent, Recorded, Replayed, Undelivered,
 };
 use async_trait::async_trait;
 use rows::{
@@ -117,10 +119,10 @@ const EXPAND_CLAIMED_AGAIN: &str = "INSERT INTO websub_deliveries \
      SELECT $1, subscriber, $2, $2 FROM unnest($3::text[]) AS s(subscriber) \
      ON CONFLICT DO NOTHING RETURNING subscriber::TEXT";
 
-const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
+const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
      WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT $1";
 
-const EVENT: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
+const EVENT: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
      WHERE id = $1";
 
 // Both are functions in the migration, so that their plans cannot depend on
@@ -135,15 +137,15 @@ const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, respons
      FROM websub_attempts WHERE event_id = $1 AND subscriber = $2 ORDER BY attempted_at";
 
 const DELIVERY: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
-     processing_since, next_attempt_at FROM websub_deliveries \
+     processing_since, next_attempt_at, outcome FROM websub_deliveries \
      WHERE event_id = $1 AND subscriber = $2";
 
 const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
-     processing_since, next_attempt_at FROM websub_deliveries \
+     processing_since, next_attempt_at, outcome FROM websub_deliveries \
      WHERE event_id = $1 ORDER BY subscriber";
 
-const LATEST: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
-     WHERE topic = $1 ORDER BY created_at DESC, id DESC LIMIT 1";
+const LATEST: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
+     WHERE topic = $1 AND original_id IS NULL ORDER BY created_at DESC, id DESC LIMIT 1";
 
 // The window walks the (topic, created_at) index backwards; each of its
 // events is one primary-key probe for the subscriber's record.
@@ -320,7 +322,8 @@ async fn expand_in(
 }
 
 const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
-     SELECT id, $2, $4 FROM websub_events WHERE topic = $1 AND created_at >= $3 \
+     SELECT id, $2, $4 FROM websub_events \
+     WHERE topic = $1 AND created_at >= $3 AND original_id IS NULL \
      ON CONFLICT DO NOTHING";
 
 #[async_trait]
@@ -336,6 +339,7 @@ impl EventLog for PostgresEventLog {
             content_type: event.content_type,
             body: event.body,
             created_at: websub_store::to_micros(now),
+            original_id: None,
         };
         // Durable before the hub says "accepted", whatever the session's
         // synchronous_commit (see `connect`).
@@ -367,6 +371,7 @@ impl EventLog for PostgresEventLog {
             content_type: event.content_type,
             body: event.body,
             created_at: websub_store::to_micros(now),
+            original_id: None,
         };
         // An event found there can be purged before it is read back; the
         // next round then records it again.
@@ -705,5 +710,56 @@ impl EventLog for PostgresEventLog {
             .execute(&self.pool)
             .await?
             .rows_affected())
+    }
+
+    async fn list(
+        &self,
+        filter: DeliveryFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, EventLogError> {
+        operate::list(&self.pool, filter, limit).await
+    }
+
+    async fn redeliver(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, EventLogError> {
+        operate::redeliver(&self.pool, event_id, subscribers, now).await
+    }
+
+    async fn replay(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Replayed, EventLogError> {
+        operate::replay(&self.pool, topic, subscriber, since, limit, now).await
+    }
+
+    async fn endpoints(&self, limit: usize) -> Result<Vec<EndpointRecord>, EventLogError> {
+        operate::endpoints(&self.pool, limit).await
+    }
+
+    async fn tally_endpoints(
+        &self,
+        exhausted: &[Exhaustion<'_>],
+        delivered: &[&str],
+        disable_after: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        operate::tally_endpoints(&self.pool, exhausted, delivered, disable_after, now).await
+    }
+
+    async fn set_endpoint_disabled(
+        &self,
+        endpoint: &str,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EventLogError> {
+        operate::set_endpoint_disabled(&self.pool, endpoint, reason, now).await
     }
 }

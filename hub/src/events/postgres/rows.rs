@@ -9,7 +9,8 @@ use sqlx::postgres::PgRow;
 use uuid::Uuid;
 
 use super::super::{
-    Attempt, Claimed, Completion, DeliveryRecord, EventLogError, LoggedEvent, Outcome,
+    Attempt, Claimed, Completion, DeliveryRecord, DeliveryState, EventLogError, LoggedEvent,
+    Outcome,
 };
 
 pub(super) fn retry_count(value: i32) -> Result<u32, EventLogError> {
@@ -27,6 +28,7 @@ pub(super) fn event_from_row(row: &PgRow) -> Result<LoggedEvent, EventLogError> 
                 .map_err(super::super::invalid)?,
         ),
         created_at: row.try_get("created_at").map_err(super::super::invalid)?,
+        original_id: row.try_get("original_id").map_err(super::super::invalid)?,
     })
 }
 
@@ -40,18 +42,23 @@ pub(super) fn claimed_from_row(row: &PgRow) -> Result<Claimed, EventLogError> {
 }
 
 pub(super) fn delivery_from_row(row: &PgRow) -> Result<DeliveryRecord, EventLogError> {
+    let processed_at: Option<DateTime<Utc>> =
+        row.try_get("processed_at").map_err(super::super::invalid)?;
+    let next_attempt_at: Option<DateTime<Utc>> = row
+        .try_get("next_attempt_at")
+        .map_err(super::super::invalid)?;
+    let outcome: Option<&str> = row.try_get("outcome").map_err(super::super::invalid)?;
     Ok(DeliveryRecord {
+        state: DeliveryState::of(processed_at.is_some(), next_attempt_at.is_some(), outcome)?,
         event_id: row.try_get("event_id").map_err(super::super::invalid)?,
         subscriber: row.try_get("subscriber").map_err(super::super::invalid)?,
-        processed_at: row.try_get("processed_at").map_err(super::super::invalid)?,
+        processed_at,
         retry_count: retry_count(row.try_get("retry_count").map_err(super::super::invalid)?)?,
         last_error: row.try_get("last_error").map_err(super::super::invalid)?,
         processing_since: row
             .try_get("processing_since")
             .map_err(super::super::invalid)?,
-        next_attempt_at: row
-            .try_get("next_attempt_at")
-            .map_err(super::super::invalid)?,
+        next_attempt_at,
     })
 }
 
@@ -90,6 +97,7 @@ impl<'a> CompletionColumns<'a> {
                 } => ("retry", Some(error.as_str()), Some(*next_attempt_at)),
                 Outcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
                 Outcome::Dropped { reason } => ("dropped", Some(reason.as_str()), None),
+                Outcome::Skipped { reason } => ("skipped", Some(reason.as_str()), None),
             };
             columns.event_ids.push(completion.event_id);
             columns.subscribers.push(&completion.subscriber);

@@ -46,11 +46,13 @@ use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 use uuid::Uuid;
 
+mod operate;
 mod rows;
 
 use super::{
-    Attempt, Claimed, Completion, DeliveryHealth, DeliveryRecord, EventLog, EventLogError,
-    FailedDelivery, FailedFilter, LoggedEvent, NewEvent, Outcome, Recorded, Undelivered,
+    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
+    EndpointRecord, EventLog, EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent,
+    NewEvent, Outcome, Recorded, Replayed, Undelivered,
 };
 use rows::{
     attempt_from_row, attempts_json, claimed_from_row, completions_json, delivery_from_row,
@@ -105,10 +107,10 @@ const EXPAND_CLAIMED_AGAIN: &str = "INSERT INTO websub_deliveries \
 
 const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = ?1)";
 
-const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
+const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
      WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT ?1";
 
-const EVENT: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
+const EVENT: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
      WHERE id = ?1";
 
 // RETURNING may read only the updated table, so the topic comes from a scalar
@@ -130,7 +132,8 @@ const CLAIM: &str = "UPDATE websub_deliveries SET processing_since = ?1 \
 // decodes five fields of a JSON row for each. Otherwise as COMPLETE does for
 // a `Delivered` outcome.
 const COMPLETE_DELIVERED: &str = "UPDATE websub_deliveries \
-     SET processed_at = ?3, processing_since = NULL, next_attempt_at = NULL \
+     SET processed_at = ?3, processing_since = NULL, next_attempt_at = NULL, \
+         outcome = 'delivered' \
      WHERE event_id = ?1 AND subscriber IN (SELECT value FROM json_each(?2)) \
        AND processed_at IS NULL";
 
@@ -140,7 +143,8 @@ const COMPLETE_DELIVERED: &str = "UPDATE websub_deliveries \
 // re-counting a closed record. A `Delivered` outcome carries no error, so the
 // last failure stays in `last_error` for inspection.
 const COMPLETE: &str = "UPDATE websub_deliveries AS d SET \
-     processed_at = CASE WHEN c.kind IN ('delivered', 'dropped') THEN ?2 ELSE NULL END, \
+     processed_at = CASE WHEN c.kind IN ('delivered', 'dropped', 'skipped') THEN ?2 ELSE NULL END, \
+     outcome = c.kind, \
      retry_count = d.retry_count + CASE WHEN c.kind IN ('retry', 'exhausted') THEN 1 ELSE 0 END, \
      last_error = COALESCE(c.error, d.last_error), \
      processing_since = NULL, \
@@ -163,15 +167,15 @@ const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, respons
      FROM websub_attempts WHERE event_id = ?1 AND subscriber = ?2 ORDER BY attempted_at";
 
 const DELIVERY: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
-     processing_since, next_attempt_at FROM websub_deliveries \
+     processing_since, next_attempt_at, outcome FROM websub_deliveries \
      WHERE event_id = ?1 AND subscriber = ?2";
 
 const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
-     processing_since, next_attempt_at FROM websub_deliveries \
+     processing_since, next_attempt_at, outcome FROM websub_deliveries \
      WHERE event_id = ?1 ORDER BY subscriber";
 
-const LATEST: &str = "SELECT id, topic, content_type, body, created_at FROM websub_events \
-     WHERE topic = ?1 ORDER BY created_at DESC, id DESC LIMIT 1";
+const LATEST: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
+     WHERE topic = ?1 AND original_id IS NULL ORDER BY created_at DESC, id DESC LIMIT 1";
 
 // The window walks the (topic, created_at) index backwards; each of its
 // events is one primary-key probe for the subscriber's record.
@@ -322,7 +326,8 @@ async fn expand_in(
 }
 
 const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
-     SELECT id, ?2, ?4 FROM websub_events WHERE topic = ?1 AND created_at >= ?3 \
+     SELECT id, ?2, ?4 FROM websub_events \
+     WHERE topic = ?1 AND created_at >= ?3 AND original_id IS NULL \
      ON CONFLICT DO NOTHING";
 
 #[async_trait]
@@ -338,6 +343,7 @@ impl EventLog for SqliteEventLog {
             content_type: event.content_type,
             body: event.body,
             created_at: websub_store::to_micros(now),
+            original_id: None,
         };
         let mut writer = self.writer().await?;
         sqlx::query(INSERT_EVENT)
@@ -363,6 +369,7 @@ impl EventLog for SqliteEventLog {
             content_type: event.content_type,
             body: event.body,
             created_at: websub_store::to_micros(now),
+            original_id: None,
         };
         let mut writer = self.writer().await?;
         // One transaction under the write lock: an event found there stays
@@ -728,5 +735,60 @@ impl EventLog for SqliteEventLog {
             .execute(&mut *writer)
             .await?
             .rows_affected())
+    }
+
+    async fn list(
+        &self,
+        filter: DeliveryFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, EventLogError> {
+        operate::list(&self.pool, filter, limit).await
+    }
+
+    async fn redeliver(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, EventLogError> {
+        let mut writer = self.writer().await?;
+        operate::redeliver(&mut writer, event_id, subscribers, now).await
+    }
+
+    async fn replay(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Replayed, EventLogError> {
+        let mut writer = self.writer().await?;
+        operate::replay(&mut writer, topic, subscriber, since, limit, now).await
+    }
+
+    async fn endpoints(&self, limit: usize) -> Result<Vec<EndpointRecord>, EventLogError> {
+        operate::endpoints(&self.pool, limit).await
+    }
+
+    async fn tally_endpoints(
+        &self,
+        exhausted: &[Exhaustion<'_>],
+        delivered: &[&str],
+        disable_after: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        let mut writer = self.writer().await?;
+        operate::tally_endpoints(&mut writer, exhausted, delivered, disable_after, now).await
+    }
+
+    async fn set_endpoint_disabled(
+        &self,
+        endpoint: &str,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EventLogError> {
+        let mut writer = self.writer().await?;
+        operate::set_endpoint_disabled(&mut writer, endpoint, reason, now).await
     }
 }

@@ -8,7 +8,8 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
 use super::super::{
-    Attempt, Claimed, Completion, DeliveryRecord, EventLogError, LoggedEvent, Outcome,
+    Attempt, Claimed, Completion, DeliveryRecord, DeliveryState, EventLogError, LoggedEvent,
+    Outcome,
 };
 
 pub(super) fn from_micros(micros: i64) -> Result<DateTime<Utc>, EventLogError> {
@@ -42,6 +43,7 @@ pub(super) fn event_from_row(row: &SqliteRow) -> Result<LoggedEvent, EventLogErr
                 .map_err(super::super::invalid)?,
         ),
         created_at: from_micros(row.try_get("created_at").map_err(super::super::invalid)?)?,
+        original_id: row.try_get("original_id").map_err(super::super::invalid)?,
     })
 }
 
@@ -55,14 +57,18 @@ pub(super) fn claimed_from_row(row: &SqliteRow) -> Result<Claimed, EventLogError
 }
 
 pub(super) fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRecord, EventLogError> {
+    let processed_at = optional_time(row, "processed_at")?;
+    let next_attempt_at = optional_time(row, "next_attempt_at")?;
+    let outcome: Option<&str> = row.try_get("outcome").map_err(super::super::invalid)?;
     Ok(DeliveryRecord {
         event_id: row.try_get("event_id").map_err(super::super::invalid)?,
         subscriber: row.try_get("subscriber").map_err(super::super::invalid)?,
-        processed_at: optional_time(row, "processed_at")?,
+        state: DeliveryState::of(processed_at.is_some(), next_attempt_at.is_some(), outcome)?,
+        processed_at,
         retry_count: retry_count(row)?,
         last_error: row.try_get("last_error").map_err(super::super::invalid)?,
         processing_since: optional_time(row, "processing_since")?,
-        next_attempt_at: optional_time(row, "next_attempt_at")?,
+        next_attempt_at,
     })
 }
 
@@ -89,6 +95,7 @@ pub(super) fn completions_json(completions: &[&Completion]) -> Result<String, Ev
                 ),
                 Outcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
                 Outcome::Dropped { reason } => ("dropped", Some(reason.as_str()), None),
+                Outcome::Skipped { reason } => ("skipped", Some(reason.as_str()), None),
             };
             (
                 completion.event_id.simple().to_string(),

@@ -1,0 +1,168 @@
+//! What operators read and steer in the event log beyond the dispatcher's
+//! bookkeeping: where each delivery stands, the filters that list them,
+//! redeliveries and replays (copies of an event, each a round of its own),
+//! and the health of endpoints that have been failing.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::EventLogError;
+
+/// Where a delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DeliveryState {
+    /// Due, retrying or in flight.
+    Pending,
+    /// The subscriber answered 2xx.
+    Delivered,
+    /// Closed without a delivery: the subscription went away (a 410, an
+    /// expired lease, an unsubscribe).
+    Dropped,
+    /// Out of retries; an operator may retry it.
+    Failed,
+    /// Not sent: its endpoint was disabled. Replayable.
+    Skipped,
+}
+
+impl DeliveryState {
+    /// Every state, in the order a list explains them.
+    pub const ALL: [Self; 5] = [
+        Self::Pending,
+        Self::Delivered,
+        Self::Dropped,
+        Self::Failed,
+        Self::Skipped,
+    ];
+
+    /// The state as the APIs and the database's filters spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Delivered => "delivered",
+            Self::Dropped => "dropped",
+            Self::Failed => "failed",
+            Self::Skipped => "skipped",
+        }
+    }
+
+    /// The state `name` spells, if any.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == name)
+    }
+
+    /// The state of a record with these columns: due or not, closed or not,
+    /// and how its last outcome ended.
+    pub(super) fn of(
+        processed: bool,
+        due: bool,
+        outcome: Option<&str>,
+    ) -> Result<Self, EventLogError> {
+        Ok(match (processed, due, outcome) {
+            (false, true, _) => Self::Pending,
+            (false, false, _) => Self::Failed,
+            (true, _, None | Some("delivered")) => Self::Delivered,
+            (true, _, Some("dropped")) => Self::Dropped,
+            (true, _, Some("skipped")) => Self::Skipped,
+            (true, _, Some(other)) => {
+                return Err(EventLogError::Invalid(format!(
+                    "a closed record with outcome {other:?}"
+                )));
+            }
+        })
+    }
+}
+
+/// The SQL that computes a record's [`DeliveryState`] from the columns of
+/// `websub_deliveries AS d`, the same in both dialects.
+pub(super) const STATE_SQL: &str = "CASE \
+     WHEN d.processed_at IS NULL AND d.next_attempt_at IS NOT NULL THEN 'pending' \
+     WHEN d.processed_at IS NULL THEN 'failed' \
+     ELSE COALESCE(d.outcome, 'delivered') END";
+
+/// Which delivery records [`EventLog::list`](super::EventLog::list) returns;
+/// `None` matches everything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeliveryFilter<'a> {
+    /// Records of this event, and of its redeliveries.
+    pub event_id: Option<Uuid>,
+    /// Records of events of this topic.
+    pub topic: Option<&'a str>,
+    /// Records of this subscriber (a callback URL).
+    pub subscriber: Option<&'a str>,
+    /// Records in this state.
+    pub state: Option<DeliveryState>,
+    /// Records of events recorded at or after this time.
+    pub since: Option<DateTime<Utc>>,
+    /// Records of events recorded before this time.
+    pub until: Option<DateTime<Utc>>,
+}
+
+/// One delivery record with its event's topic and time, for lists.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct DeliverySummary {
+    /// The event this record belongs to: the original's, or a redelivery's.
+    pub event_id: Uuid,
+    /// For a redelivery, the event it sends again (whose id the subscriber
+    /// receives).
+    pub original_id: Option<Uuid>,
+    /// The event's topic.
+    pub topic: String,
+    /// The subscriber (callback URL).
+    pub subscriber: String,
+    /// When the event (or the redelivery) was recorded.
+    pub created_at: DateTime<Utc>,
+    /// Where it stands.
+    pub state: DeliveryState,
+    /// Failed attempts counted against the retry limit.
+    pub retry_count: u32,
+    /// The last failure (or why it was dropped or skipped).
+    pub last_error: Option<String>,
+    /// When it was closed: delivered, dropped or skipped.
+    pub processed_at: Option<DateTime<Utc>>,
+    /// When it is due, while pending.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+}
+
+/// What [`EventLog::replay`](super::EventLog::replay) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replayed {
+    /// The redeliveries recorded, one per event, oldest event first.
+    pub redeliveries: Vec<Uuid>,
+    /// When more events follow than one call replays: the time of the first
+    /// of them, to replay from next.
+    pub resume_since: Option<DateTime<Utc>>,
+}
+
+/// An endpoint that failed since its last delivery, or that is disabled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct EndpointRecord {
+    /// The callback URL (or the webhook's name).
+    pub endpoint: String,
+    /// Deliveries to it that exhausted their retries in a row.
+    pub failures: u32,
+    /// When the latest of them failed.
+    pub last_failure_at: Option<DateTime<Utc>>,
+    /// Why it failed.
+    pub last_error: Option<String>,
+    /// When it was disabled; `None` while enabled.
+    pub disabled_at: Option<DateTime<Utc>>,
+    /// Why it was disabled.
+    pub disabled_reason: Option<String>,
+}
+
+/// One delivery that exhausted its retries, for the endpoints' tally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exhaustion<'a> {
+    /// The endpoint it went to.
+    pub endpoint: &'a str,
+    /// Why its last attempt failed.
+    pub error: &'a str,
+}
+
+/// Why the tally disabled an endpoint.
+pub(super) fn disabled_after(failures: impl std::fmt::Display) -> String {
+    format!("{failures} deliveries in a row exhausted their retries")
+}

@@ -1,0 +1,289 @@
+//! The SQLite statements behind the operators' calls: listing delivery
+//! records, redeliveries and replays, and the endpoints' tally. Writes run
+//! on the log's write connection, in one transaction each.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
+use sqlx::{AssertSqlSafe, Connection, Row};
+use uuid::Uuid;
+
+use super::super::operate::{STATE_SQL, disabled_after};
+use super::super::{
+    DeliveryFilter, DeliveryState, DeliverySummary, EndpointRecord, EventLogError, Exhaustion,
+    Replayed, invalid,
+};
+use super::rows::{from_micros, optional_time, retry_count};
+
+/// Newest first; each filter is a parameter that is NULL when unset.
+fn list_sql() -> String {
+    format!(
+        "SELECT * FROM ( \
+             SELECT d.event_id, e.original_id, e.topic, d.subscriber, e.created_at, \
+                    {STATE_SQL} AS state, d.retry_count, d.last_error, d.processed_at, \
+                    d.next_attempt_at \
+             FROM websub_events AS e JOIN websub_deliveries AS d ON d.event_id = e.id \
+             WHERE (?1 IS NULL OR e.id = ?1 OR e.original_id = ?1) \
+               AND (?2 IS NULL OR e.topic = ?2) \
+               AND (?3 IS NULL OR d.subscriber = ?3) \
+               AND (?5 IS NULL OR e.created_at >= ?5) \
+               AND (?6 IS NULL OR e.created_at < ?6)) AS listed \
+         WHERE (?4 IS NULL OR state = ?4) \
+         ORDER BY created_at DESC, event_id DESC, subscriber LIMIT ?7"
+    )
+}
+
+pub(super) async fn list(
+    pool: &SqlitePool,
+    filter: DeliveryFilter<'_>,
+    limit: usize,
+) -> Result<Vec<DeliverySummary>, EventLogError> {
+    sqlx::query(AssertSqlSafe(list_sql()))
+        .bind(filter.event_id)
+        .bind(filter.topic)
+        .bind(filter.subscriber)
+        .bind(filter.state.map(DeliveryState::as_str))
+        .bind(filter.since.map(|since| since.timestamp_micros()))
+        .bind(filter.until.map(|until| until.timestamp_micros()))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(summary_from_row)
+        .collect()
+}
+
+fn summary_from_row(row: &SqliteRow) -> Result<DeliverySummary, EventLogError> {
+    let state: &str = row.try_get("state").map_err(invalid)?;
+    Ok(DeliverySummary {
+        event_id: row.try_get("event_id").map_err(invalid)?,
+        original_id: row.try_get("original_id").map_err(invalid)?,
+        topic: row.try_get("topic").map_err(invalid)?,
+        subscriber: row.try_get("subscriber").map_err(invalid)?,
+        created_at: from_micros(row.try_get("created_at").map_err(invalid)?)?,
+        state: DeliveryState::parse(state)
+            .ok_or_else(|| EventLogError::Invalid(format!("delivery state {state:?}")))?,
+        retry_count: retry_count(row)?,
+        last_error: row.try_get("last_error").map_err(invalid)?,
+        processed_at: optional_time(row, "processed_at")?,
+        next_attempt_at: optional_time(row, "next_attempt_at")?,
+    })
+}
+
+const COPY_EVENT: &str = "INSERT INTO websub_events \
+     (id, topic, content_type, body, created_at, expanded_at, original_id) \
+     SELECT ?2, topic, content_type, body, ?3, ?3, COALESCE(original_id, id) \
+     FROM websub_events WHERE id = ?1";
+
+const COPY_RECORDS: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
+     SELECT ?1, value, ?3 FROM json_each(?2)";
+
+/// Records a copy of each of `originals` with a record due at `now` for
+/// each of `subscribers`, on a transaction; the copies' ids, in order.
+async fn copy_events(
+    tx: &mut SqliteConnection,
+    originals: &[Uuid],
+    subscribers: &[&str],
+    now: DateTime<Utc>,
+) -> Result<Vec<Uuid>, EventLogError> {
+    let subscribers =
+        serde_json::to_string(&super::super::sorted_unique(subscribers.iter().copied()))
+            .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+    let now = now.timestamp_micros();
+    let mut copies = Vec::with_capacity(originals.len());
+    for original in originals {
+        let copy = Uuid::now_v7();
+        let copied = sqlx::query(COPY_EVENT)
+            .bind(original)
+            .bind(copy)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if copied == 0 {
+            return Err(EventLogError::UnknownEvent(*original));
+        }
+        sqlx::query(COPY_RECORDS)
+            .bind(copy)
+            .bind(&subscribers)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        copies.push(copy);
+    }
+    Ok(copies)
+}
+
+pub(super) async fn redeliver(
+    writer: &mut SqliteConnection,
+    event_id: Uuid,
+    subscribers: &[&str],
+    now: DateTime<Utc>,
+) -> Result<Option<Uuid>, EventLogError> {
+    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+    match copy_events(&mut tx, &[event_id], subscribers, now).await {
+        Ok(copies) => {
+            tx.commit().await?;
+            Ok(copies.into_iter().next())
+        }
+        Err(EventLogError::UnknownEvent(_)) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+const REPLAYED: &str = "SELECT id, created_at FROM websub_events \
+     WHERE topic = ?1 AND created_at >= ?2 AND original_id IS NULL \
+     ORDER BY created_at, id LIMIT ?3";
+
+pub(super) async fn replay(
+    writer: &mut SqliteConnection,
+    topic: &str,
+    subscriber: &str,
+    since: DateTime<Utc>,
+    limit: usize,
+    now: DateTime<Utc>,
+) -> Result<Replayed, EventLogError> {
+    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+    let mut found: Vec<(Uuid, i64)> = sqlx::query_as(REPLAYED)
+        .bind(topic)
+        .bind(since.timestamp_micros())
+        .bind(i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX))
+        .fetch_all(&mut *tx)
+        .await?;
+    let resume_since = if found.len() > limit {
+        Some(from_micros(found[limit].1)?)
+    } else {
+        None
+    };
+    found.truncate(limit);
+    let originals: Vec<Uuid> = found.iter().map(|(id, _)| *id).collect();
+    let redeliveries = copy_events(&mut tx, &originals, &[subscriber], now).await?;
+    tx.commit().await?;
+    Ok(Replayed {
+        redeliveries,
+        resume_since,
+    })
+}
+
+const ENDPOINTS: &str = "SELECT endpoint, failures, last_failure_at, last_error, disabled_at, \
+     disabled_reason FROM websub_endpoints \
+     ORDER BY disabled_at IS NULL, failures DESC, endpoint LIMIT ?1";
+
+pub(super) async fn endpoints(
+    pool: &SqlitePool,
+    limit: usize,
+) -> Result<Vec<EndpointRecord>, EventLogError> {
+    sqlx::query(ENDPOINTS)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(|row| {
+            let failures: i64 = row.try_get("failures").map_err(invalid)?;
+            Ok(EndpointRecord {
+                endpoint: row.try_get("endpoint").map_err(invalid)?,
+                failures: u32::try_from(failures)
+                    .map_err(|_| EventLogError::Invalid(format!("failures {failures}")))?,
+                last_failure_at: optional_time(row, "last_failure_at")?,
+                last_error: row.try_get("last_error").map_err(invalid)?,
+                disabled_at: optional_time(row, "disabled_at")?,
+                disabled_reason: row.try_get("disabled_reason").map_err(invalid)?,
+            })
+        })
+        .collect()
+}
+
+const TALLY_EXHAUSTED: &str = "INSERT INTO websub_endpoints AS w \
+     (endpoint, failures, last_failure_at, last_error) VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (endpoint) DO UPDATE \
+     SET failures = w.failures + excluded.failures, last_failure_at = excluded.last_failure_at, \
+         last_error = excluded.last_error \
+     RETURNING failures, disabled_at IS NOT NULL AS disabled";
+
+const DISABLE_TALLIED: &str = "UPDATE websub_endpoints \
+     SET disabled_at = ?2, disabled_reason = ?3 \
+     WHERE endpoint = ?1 AND disabled_at IS NULL";
+
+const CLEAR_DELIVERED: &str = "DELETE FROM websub_endpoints \
+     WHERE endpoint IN (SELECT value FROM json_each(?1)) AND disabled_at IS NULL";
+
+pub(super) async fn tally_endpoints(
+    writer: &mut SqliteConnection,
+    exhausted: &[Exhaustion<'_>],
+    delivered: &[&str],
+    disable_after: u32,
+    now: DateTime<Utc>,
+) -> Result<Vec<String>, EventLogError> {
+    // Per endpoint: how many exhaustions, and the last one's error.
+    let mut counted: BTreeMap<&str, (i64, &str)> = BTreeMap::new();
+    for exhaustion in exhausted {
+        let entry = counted.entry(exhaustion.endpoint).or_insert((0, ""));
+        entry.0 += 1;
+        entry.1 = exhaustion.error;
+    }
+    let now = now.timestamp_micros();
+    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+    if !delivered.is_empty() {
+        let delivered = serde_json::to_string(delivered)
+            .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+        sqlx::query(CLEAR_DELIVERED)
+            .bind(delivered)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let mut disabled = Vec::new();
+    for (endpoint, (failures, error)) in counted {
+        let (total, already): (i64, bool) = sqlx::query_as(TALLY_EXHAUSTED)
+            .bind(endpoint)
+            .bind(failures)
+            .bind(now)
+            .bind(error)
+            .fetch_one(&mut *tx)
+            .await?;
+        if disable_after == 0 || already || total < i64::from(disable_after) {
+            continue;
+        }
+        sqlx::query(DISABLE_TALLIED)
+            .bind(endpoint)
+            .bind(now)
+            .bind(disabled_after(total))
+            .execute(&mut *tx)
+            .await?;
+        disabled.push(endpoint.to_owned());
+    }
+    tx.commit().await?;
+    Ok(disabled)
+}
+
+const DISABLE: &str = "INSERT INTO websub_endpoints AS w (endpoint, disabled_at, disabled_reason) \
+     VALUES (?1, ?2, ?3) ON CONFLICT (endpoint) DO UPDATE \
+     SET disabled_at = excluded.disabled_at, disabled_reason = excluded.disabled_reason \
+     WHERE w.disabled_at IS NULL";
+
+const ENABLE: &str = "DELETE FROM websub_endpoints WHERE endpoint = ?1";
+
+pub(super) async fn set_endpoint_disabled(
+    writer: &mut SqliteConnection,
+    endpoint: &str,
+    reason: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<bool, EventLogError> {
+    let changed = match reason {
+        Some(reason) => {
+            sqlx::query(DISABLE)
+                .bind(endpoint)
+                .bind(now.timestamp_micros())
+                .bind(reason)
+                .execute(&mut *writer)
+                .await?
+        }
+        None => {
+            sqlx::query(ENABLE)
+                .bind(endpoint)
+                .execute(&mut *writer)
+                .await?
+        }
+    };
+    Ok(changed.rows_affected() > 0)
+}
