@@ -29,6 +29,7 @@ use websub_hub::events::sqlite::SqliteEventLog;
 use websub_hub::events::{
     Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliveryState,
     EventLog, EventLogError, Exhaustion, FailedFilter, LoggedEvent, NewEvent, Outcome,
+    WebhookAttempt,
 };
 
 /// Long enough that no claim in a check goes stale unless the check says so.
@@ -2015,6 +2016,7 @@ async fn endpoints_are_disabled_after_failures_in_a_row(log: &dyn EventLog) {
     };
     let disabled = log
         .tally_endpoints(
+            "websub",
             &[failing(&dead), failing(&dead), failing(&flaky)],
             &[],
             3,
@@ -2037,22 +2039,22 @@ async fn endpoints_are_disabled_after_failures_in_a_row(log: &dyn EventLog) {
             .collect()
     };
     assert_eq!(
-        ours(log.endpoints(1000).await.expect("endpoints")),
+        ours(log.endpoints("websub", 1000).await.expect("endpoints")),
         vec![(dead.clone(), 2, false), (flaky.clone(), 1, false)]
     );
     // A delivery clears the failures; the third exhaustion in a row
     // disables, once.
     let disabled = log
-        .tally_endpoints(&[failing(&dead)], &[&flaky], 3, t0 + secs(1))
+        .tally_endpoints("websub", &[failing(&dead)], &[&flaky], 3, t0 + secs(1))
         .await
         .expect("tally");
     assert_eq!(disabled, vec![dead.clone()]);
     let disabled = log
-        .tally_endpoints(&[failing(&dead)], &[&dead], 3, t0 + secs(2))
+        .tally_endpoints("websub", &[failing(&dead)], &[&dead], 3, t0 + secs(2))
         .await
         .expect("tally");
     assert!(disabled.is_empty(), "already disabled");
-    let listed = log.endpoints(1000).await.expect("endpoints");
+    let listed = log.endpoints("websub", 1000).await.expect("endpoints");
     let record = listed
         .iter()
         .find(|record| record.endpoint == dead)
@@ -2072,36 +2074,127 @@ async fn endpoints_are_disabled_after_failures_in_a_row(log: &dyn EventLog) {
     assert_eq!(ours(listed), vec![(dead.clone(), 4, true)]);
 
     assert!(
-        log.set_endpoint_disabled(&dead, None, t0)
+        log.set_endpoint_disabled("websub", &dead, None, t0)
             .await
             .expect("enable")
     );
     assert!(
-        !log.set_endpoint_disabled(&dead, None, t0)
+        !log.set_endpoint_disabled("websub", &dead, None, t0)
             .await
             .expect("enable")
     );
     assert!(
-        log.set_endpoint_disabled(&flaky, Some("maintenance"), t0)
+        log.set_endpoint_disabled("websub", &flaky, Some("maintenance"), t0)
             .await
             .expect("disable")
     );
     assert!(
-        !log.set_endpoint_disabled(&flaky, Some("again"), t0)
+        !log.set_endpoint_disabled("websub", &flaky, Some("again"), t0)
             .await
             .expect("disable"),
         "already disabled"
     );
     assert_eq!(
-        ours(log.endpoints(1000).await.expect("endpoints")),
-        vec![(flaky, 0, true)]
+        ours(log.endpoints("websub", 1000).await.expect("endpoints")),
+        vec![(flaky.clone(), 0, true)]
     );
     // Never disabled with a threshold of 0.
     let never = format!("https://never.example/{run}");
     let disabled = log
-        .tally_endpoints(&[failing(&never); 10], &[], 0, t0)
+        .tally_endpoints("websub", &[failing(&never); 10], &[], 0, t0)
         .await
         .expect("tally");
     assert!(disabled.is_empty());
+    // Channels are apart: a webhook of the same name is another endpoint.
+    assert!(
+        log.set_endpoint_disabled("webhook", &flaky, Some("webhook down"), t0)
+            .await
+            .expect("disable")
+    );
+    let webhooks = log.endpoints("webhook", 1000).await.expect("endpoints");
+    assert!(
+        webhooks
+            .iter()
+            .any(|record| record.endpoint == flaky && record.channel == "webhook")
+    );
+    assert!(
+        log.set_endpoint_disabled("websub", &flaky, None, t0)
+            .await
+            .expect("enable")
+    );
+    assert!(
+        log.endpoints("webhook", 1000)
+            .await
+            .expect("endpoints")
+            .iter()
+            .any(|record| record.endpoint == flaky),
+        "enabling the callback leaves the webhook disabled"
+    );
 }
 both!(endpoints_are_disabled_after_failures_in_a_row);
+
+async fn webhook_attempts_are_kept_and_go_by_age(log: &dyn EventLog) {
+    let t0 = base_time();
+    let (old_event, new_event) = (Uuid::new_v4(), Uuid::new_v4());
+    let failed = Attempt {
+        at: t0,
+        duration_micros: 1500,
+        status: Some(503),
+        error: Some("HTTP 503".to_owned()),
+        response: Bytes::from_static(b"busy"),
+    };
+    let delivered = Attempt {
+        at: t0 + secs(10),
+        duration_micros: 900,
+        status: Some(204),
+        error: None,
+        response: Bytes::new(),
+    };
+    log.keep_webhook_attempts(&[
+        WebhookAttempt {
+            event_id: old_event,
+            subscriber: "billing",
+            attempt: &failed,
+        },
+        WebhookAttempt {
+            event_id: new_event,
+            subscriber: "billing",
+            attempt: &delivered,
+        },
+        WebhookAttempt {
+            event_id: old_event,
+            subscriber: "billing",
+            attempt: &delivered,
+        },
+    ])
+    .await
+    .expect("keep");
+    log.keep_webhook_attempts(&[]).await.expect("keep none");
+    assert_eq!(
+        log.webhook_attempts(old_event, "billing")
+            .await
+            .expect("attempts"),
+        vec![failed, delivered.clone()]
+    );
+    assert!(
+        log.webhook_attempts(old_event, "audit")
+            .await
+            .expect("attempts")
+            .is_empty()
+    );
+    log.purge_before(t0 + secs(5)).await.expect("purge");
+    assert_eq!(
+        log.webhook_attempts(old_event, "billing")
+            .await
+            .expect("attempts"),
+        vec![delivered.clone()],
+        "the older attempt went by age"
+    );
+    assert_eq!(
+        log.webhook_attempts(new_event, "billing")
+            .await
+            .expect("attempts"),
+        vec![delivered]
+    );
+}
+both!(webhook_attempts_are_kept_and_go_by_age);

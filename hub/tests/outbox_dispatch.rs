@@ -20,6 +20,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use websub_hub::delivery::RetryPolicy;
+use websub_hub::events::EventLog;
+use websub_hub::events::sqlite::SqliteEventLog;
 use websub_hub::net::NetPolicy;
 use websub_hub::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, MESSAGING_EVENT_ID_HEADER,
@@ -1053,6 +1055,108 @@ async fn an_event_from_a_long_transaction_with_a_bare_notify_is_found_by_the_pol
         receiver.received_at("/hook").len(),
         4,
         "each event delivered once"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_failing_in_a_row_is_disabled_its_rows_skipped_and_its_attempts_kept() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("webhook-health-{}.db", Uuid::new_v4().simple()));
+    let log: Arc<dyn EventLog> = Arc::new(
+        SqliteEventLog::connect(&format!("sqlite:{}", path.display()))
+            .await
+            .expect("the hub's log"),
+    );
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer("/flaky", Answer::status(500));
+    // 3 retries, the last after 400 ms; disabled after two exhaustions.
+    let dispatcher = Dispatcher::new(db.pool.clone(), config(&db.tables))
+        .expect("dispatcher")
+        .with_operations(log.clone(), 2);
+    dispatcher
+        .register_webhooks(EVENT, webhook("flaky", None, receiver.url("/flaky")))
+        .expect("register");
+    let endpoints = dispatcher.endpoints().cloned().expect("operated");
+    let running = Running::start(dispatcher);
+    let first = db.produce(EVENT, None, true).await;
+    let second = db.produce(EVENT, None, true).await;
+    let disabled = eventually_async(WAIT, || async {
+        log.endpoints("webhook", 10)
+            .await
+            .expect("endpoints")
+            .iter()
+            .any(|record| record.endpoint == "flaky" && record.disabled_at.is_some())
+    })
+    .await;
+    assert!(
+        disabled,
+        "two exhausted deliveries in a row disable the webhook"
+    );
+    let attempts = log
+        .webhook_attempts(first, "flaky")
+        .await
+        .expect("attempts");
+    assert_eq!(attempts.len(), 4, "{attempts:?}");
+    assert!(attempts.iter().all(|attempt| attempt.status == Some(500)));
+    assert_eq!(
+        attempts[3].error.as_deref(),
+        Some("HTTP 500 Internal Server Error")
+    );
+    assert_eq!(
+        log.webhook_attempts(second, "flaky")
+            .await
+            .expect("attempts")
+            .len(),
+        4
+    );
+
+    // Disabled: a new event's row is closed as skipped, with no attempt.
+    let sent = receiver.received_at("/flaky").len();
+    let third = db.produce(EVENT, None, true).await;
+    let skipped = eventually_async(WAIT, || async {
+        db.delivery(third, "flaky")
+            .await
+            .is_some_and(|row| row.last_error.as_deref() == Some("endpoint disabled"))
+    })
+    .await;
+    assert!(skipped, "the row of a disabled webhook is skipped");
+    let row = db.delivery(third, "flaky").await.expect("row");
+    assert_eq!(
+        (row.retry_count, row.next_attempt_at, row.processed_at),
+        (0, None, None)
+    );
+    assert_eq!(receiver.received_at("/flaky").len(), sent, "nothing sent");
+    assert!(
+        log.webhook_attempts(third, "flaky")
+            .await
+            .expect("attempts")
+            .is_empty()
+    );
+
+    // Enabled and fixed: the next event is delivered, and clears nothing
+    // it need not.
+    receiver.answer("/flaky", Answer::status(204));
+    assert!(endpoints.enable("flaky", Utc::now()).await.expect("enable"));
+    let fourth = db.produce(EVENT, None, true).await;
+    let delivered = eventually_async(WAIT, || async {
+        db.delivery(fourth, "flaky")
+            .await
+            .is_some_and(|row| row.processed_at.is_some())
+    })
+    .await;
+    assert!(delivered, "an enabled webhook is delivered to again");
+    let kept = log
+        .webhook_attempts(fourth, "flaky")
+        .await
+        .expect("attempts");
+    assert_eq!(kept.len(), 1);
+    assert_eq!(
+        (kept[0].status, kept[0].error.as_deref()),
+        (Some(204), None)
     );
     running.stop().await;
 }

@@ -119,6 +119,7 @@ async fn a_failing_endpoint_is_disabled_skipped_enabled_and_replayed(backend: Ba
         .find(|row| row["endpoint"] == bad)
         .unwrap_or_default();
     assert_eq!(row["failures"], 2, "{row}");
+    assert_eq!(row["channel"], "websub", "{row}");
     assert!(
         row["disabled_reason"]
             .as_str()

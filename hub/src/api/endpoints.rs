@@ -1,7 +1,8 @@
-//! Endpoint health for operators, behind the internal key: the endpoints
-//! that have been failing or are disabled at `GET
-//! /api/v1/operator/endpoints`, and `POST …/endpoints/disable` and
-//! `…/endpoints/enable` to steer one. The decisions themselves are the
+//! Endpoint health for operators, behind the internal key: the WebSub
+//! callbacks and outbox webhooks that have been failing or are disabled at
+//! `GET /api/v1/operator/endpoints`, `POST …/endpoints/disable` and
+//! `…/endpoints/enable` to steer one, and `GET …/webhooks/attempts`, the
+//! attempts of one webhook delivery. The decisions themselves are the
 //! delivery core's ([`crate::delivery::health`]).
 
 use axum::Json;
@@ -11,10 +12,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::backlog::parse_limit;
+use super::history::{AttemptView, parse_event_id};
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::operator::events_failed;
 use super::redeliver::json_body;
 use super::{ApiError, ApiState, authorize_internal};
+use crate::delivery::{Channel, Endpoints};
 use crate::events::EndpointRecord;
 
 pub(super) fn routes() -> ApiRoutes {
@@ -22,13 +25,40 @@ pub(super) fn routes() -> ApiRoutes {
         .route(utoipa_axum::routes!(endpoints))
         .route(utoipa_axum::routes!(disable))
         .route(utoipa_axum::routes!(enable))
+        .route(utoipa_axum::routes!(webhook_attempts))
+}
+
+/// The health of `channel`'s endpoints: the WebSub scheduler's own, or a
+/// view of the webhooks' in the log (each feed's dispatcher reads changes
+/// within [`crate::delivery::health::HEALTH_REFRESH`]).
+fn endpoints_of(state: &ApiState, channel: Channel) -> Endpoints {
+    match channel {
+        Channel::WebSub => state.dispatcher.endpoints().clone(),
+        other => Endpoints::new(state.events.clone(), other, 0),
+    }
+}
+
+/// The `channel` parameter: `websub` or `webhook`.
+fn parse_channel(text: Option<&str>) -> Result<Option<Channel>, ApiError> {
+    match text {
+        None => Ok(None),
+        Some("websub") => Ok(Some(Channel::WebSub)),
+        Some("webhook") => Ok(Some(Channel::Webhook)),
+        Some(other) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("channel must be websub or webhook, got {other:?}"),
+        )),
+    }
 }
 
 /// How many to list.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 struct EndpointsQuery {
-    /// At most this many (1 to 1000; 100 when absent).
+    /// `websub` (callbacks) or `webhook` (outbox webhooks); both when
+    /// absent.
+    channel: Option<String>,
+    /// At most this many of each channel (1 to 1000; 100 when absent).
     limit: Option<String>,
 }
 
@@ -56,12 +86,19 @@ async fn endpoints(
 ) -> Result<Json<Vec<EndpointRecord>>, ApiError> {
     authorize_internal(&state, &headers)?;
     let limit = parse_limit(query.limit.as_deref())?;
-    let listed = state
-        .dispatcher
-        .endpoints()
-        .list(limit)
-        .await
-        .map_err(events_failed)?;
+    let channels = match parse_channel(query.channel.as_deref())? {
+        Some(channel) => vec![channel],
+        None => vec![Channel::WebSub, Channel::Webhook],
+    };
+    let mut listed = Vec::new();
+    for channel in channels {
+        listed.extend(
+            endpoints_of(&state, channel)
+                .list(limit)
+                .await
+                .map_err(events_failed)?,
+        );
+    }
     Ok(Json(listed))
 }
 
@@ -69,8 +106,10 @@ async fn endpoints(
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct EndpointRequest {
-    /// The callback URL.
+    /// The callback URL, or the webhook's name.
     endpoint: String,
+    /// `websub` (the default) or `webhook`.
+    channel: Option<String>,
     /// Why it is disabled (for `disable`; shown wherever it is listed).
     reason: Option<String>,
 }
@@ -88,15 +127,16 @@ struct EndpointAnswer {
 
 const ENDPOINT_BODY: &str = "a JSON object with endpoint and optionally reason";
 
-fn endpoint_of(request: &EndpointRequest) -> Result<&str, ApiError> {
+fn endpoint_of(request: &EndpointRequest) -> Result<(Channel, &str), ApiError> {
+    let channel = parse_channel(request.channel.as_deref())?.unwrap_or(Channel::WebSub);
     let endpoint = request.endpoint.trim();
     if endpoint.is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            "endpoint must name a callback URL",
+            "endpoint must name a callback URL or a webhook",
         ));
     }
-    Ok(endpoint)
+    Ok((channel, endpoint))
 }
 
 /// Disables an endpoint: its new deliveries are recorded as skipped, and
@@ -123,16 +163,14 @@ async fn disable(
 ) -> Result<Json<EndpointAnswer>, ApiError> {
     authorize_internal(&state, &headers)?;
     let request: EndpointRequest = json_body(&body, ENDPOINT_BODY)?;
-    let endpoint = endpoint_of(&request)?;
+    let (channel, endpoint) = endpoint_of(&request)?;
     let reason = request
         .reason
         .as_deref()
         .map(str::trim)
         .filter(|reason| !reason.is_empty())
         .unwrap_or("disabled by an operator");
-    let changed = state
-        .dispatcher
-        .endpoints()
+    let changed = endpoints_of(&state, channel)
         .disable(endpoint, reason, state.clock.now())
         .await
         .map_err(events_failed)?;
@@ -167,10 +205,8 @@ async fn enable(
 ) -> Result<Json<EndpointAnswer>, ApiError> {
     authorize_internal(&state, &headers)?;
     let request: EndpointRequest = json_body(&body, ENDPOINT_BODY)?;
-    let endpoint = endpoint_of(&request)?;
-    let changed = state
-        .dispatcher
-        .endpoints()
+    let (channel, endpoint) = endpoint_of(&request)?;
+    let changed = endpoints_of(&state, channel)
         .enable(endpoint, state.clock.now())
         .await
         .map_err(events_failed)?;
@@ -180,4 +216,58 @@ async fn enable(
         disabled: false,
         changed,
     }))
+}
+
+/// Which webhook delivery.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct WebhookDeliveryQuery {
+    /// The outbox event's id.
+    event_id: Option<String>,
+    /// The webhook's name.
+    subscriber: Option<String>,
+}
+
+/// The attempts of one outbox webhook delivery, oldest first (its row is in
+/// the producer's database).
+#[utoipa::path(
+    get,
+    path = "/webhooks/attempts",
+    operation_id = "list_webhook_attempts",
+    tag = "operator",
+    params(WebhookDeliveryQuery),
+    security(("internal_api_key" = [])),
+    responses(
+        (status = 200, description = "Its attempts, oldest first (none when it had none).",
+            body = [AttemptView]),
+        (status = 400, response = BadRequest),
+        (status = 401, response = WrongKey),
+        (status = 403, response = NoInternalKey),
+        (status = 503, response = Unavailable),
+    ),
+)]
+async fn webhook_attempts(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Query(query): Query<WebhookDeliveryQuery>,
+) -> Result<Json<Vec<AttemptView>>, ApiError> {
+    authorize_internal(&state, &headers)?;
+    let required =
+        |name: &str| ApiError::new(StatusCode::BAD_REQUEST, format!("{name} is required"));
+    let event_id = parse_event_id(
+        query
+            .event_id
+            .as_deref()
+            .ok_or_else(|| required("event_id"))?,
+    )?;
+    let subscriber = query
+        .subscriber
+        .as_deref()
+        .ok_or_else(|| required("subscriber"))?;
+    let attempts = state
+        .events
+        .webhook_attempts(event_id, subscriber)
+        .await
+        .map_err(events_failed)?;
+    Ok(Json(attempts.into_iter().map(AttemptView::from).collect()))
 }

@@ -44,6 +44,18 @@ pub(super) struct AttemptView {
     response: String,
 }
 
+impl From<Attempt> for AttemptView {
+    fn from(attempt: Attempt) -> Self {
+        Self {
+            at: attempt.at,
+            duration_ms: attempt.duration_micros as f64 / 1000.0,
+            status: attempt.status,
+            error: attempt.error,
+            response: String::from_utf8_lossy(&attempt.response).into_owned(),
+        }
+    }
+}
+
 /// One delivery with its attempts, oldest first.
 #[derive(Debug, Serialize, ToSchema)]
 pub(super) struct DeliveryView {
@@ -125,16 +137,7 @@ fn view(record: DeliveryRecord, attempts: Vec<Attempt>) -> DeliveryView {
         last_error: record.last_error,
         processed_at: record.processed_at,
         next_attempt_at: record.next_attempt_at,
-        attempts: attempts
-            .into_iter()
-            .map(|attempt| AttemptView {
-                at: attempt.at,
-                duration_ms: attempt.duration_micros as f64 / 1000.0,
-                status: attempt.status,
-                error: attempt.error,
-                response: String::from_utf8_lossy(&attempt.response).into_owned(),
-            })
-            .collect(),
+        attempts: attempts.into_iter().map(AttemptView::from).collect(),
     }
 }
 

@@ -40,6 +40,34 @@ const TROUBLED_LIMIT: usize = 100_000;
 /// The reason recorded on a skipped delivery.
 pub const SKIPPED_REASON: &str = "endpoint disabled";
 
+/// A recorded outcome, as the tally counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tallied<'a> {
+    /// Delivered to this endpoint.
+    Delivered(&'a str),
+    /// Exhausted its retries.
+    Exhausted {
+        /// The endpoint.
+        endpoint: &'a str,
+        /// Why the last attempt failed.
+        error: &'a str,
+    },
+}
+
+impl<'a> Tallied<'a> {
+    /// How the tally counts a WebSub completion, if it counts at all.
+    pub fn of(completion: &'a Completion) -> Option<Self> {
+        match &completion.outcome {
+            Outcome::Delivered => Some(Self::Delivered(&completion.subscriber)),
+            Outcome::Exhausted { error } => Some(Self::Exhausted {
+                endpoint: &completion.subscriber,
+                error,
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// One channel's endpoint health. Cheap to clone; clones share state.
 #[derive(Debug, Clone)]
 pub struct Endpoints {
@@ -82,7 +110,11 @@ impl Endpoints {
 
     /// Reloads the troubled endpoints from the log.
     pub async fn refresh(&self) -> Result<(), EventLogError> {
-        let records = self.inner.events.endpoints(TROUBLED_LIMIT).await?;
+        let records = self
+            .inner
+            .events
+            .endpoints(self.inner.channel.label(), TROUBLED_LIMIT)
+            .await?;
         let mut loaded = Troubled::default();
         for record in records {
             if record.disabled_at.is_some() {
@@ -113,24 +145,25 @@ impl Endpoints {
     /// Counts a batch of recorded outcomes: exhaustions against their
     /// endpoints, deliveries clearing them. Disables (and says so) the
     /// endpoints that reach the threshold.
-    pub async fn tally(&self, batch: &[Completion], now: DateTime<Utc>) {
-        let exhausted: Vec<Exhaustion<'_>> = batch
-            .iter()
-            .filter_map(|completion| match &completion.outcome {
-                Outcome::Exhausted { error } => Some(Exhaustion {
-                    endpoint: &completion.subscriber,
-                    error,
-                }),
-                _ => None,
-            })
-            .collect();
-        let delivered: Vec<&str> = self.read(|troubled| {
-            batch
-                .iter()
-                .filter(|completion| completion.outcome == Outcome::Delivered)
-                .map(|completion| completion.subscriber.as_str())
-                .filter(|endpoint| troubled.failing.contains(*endpoint))
-                .collect()
+    pub async fn tally<'a>(
+        &self,
+        outcomes: impl IntoIterator<Item = Tallied<'a>>,
+        now: DateTime<Utc>,
+    ) {
+        let mut exhausted = Vec::new();
+        let mut delivered = Vec::new();
+        self.read(|troubled| {
+            for outcome in outcomes {
+                match outcome {
+                    Tallied::Exhausted { endpoint, error } => {
+                        exhausted.push(Exhaustion { endpoint, error });
+                    }
+                    Tallied::Delivered(endpoint) if troubled.failing.contains(endpoint) => {
+                        delivered.push(endpoint);
+                    }
+                    Tallied::Delivered(_) => {}
+                }
+            }
         });
         if exhausted.is_empty() && delivered.is_empty() {
             return;
@@ -138,7 +171,13 @@ impl Endpoints {
         let tallied = self
             .inner
             .events
-            .tally_endpoints(&exhausted, &delivered, self.inner.disable_after, now)
+            .tally_endpoints(
+                self.inner.channel.label(),
+                &exhausted,
+                &delivered,
+                self.inner.disable_after,
+                now,
+            )
             .await;
         let disabled = match tallied {
             Ok(disabled) => disabled,
@@ -185,7 +224,7 @@ impl Endpoints {
         let changed = self
             .inner
             .events
-            .set_endpoint_disabled(endpoint, Some(reason), now)
+            .set_endpoint_disabled(self.inner.channel.label(), endpoint, Some(reason), now)
             .await?;
         if changed {
             info!(
@@ -212,7 +251,7 @@ impl Endpoints {
         let changed = self
             .inner
             .events
-            .set_endpoint_disabled(endpoint, None, now)
+            .set_endpoint_disabled(self.inner.channel.label(), endpoint, None, now)
             .await?;
         if changed {
             info!(
@@ -232,7 +271,10 @@ impl Endpoints {
 
     /// The troubled endpoints as the log has them, disabled first.
     pub async fn list(&self, limit: usize) -> Result<Vec<EndpointRecord>, EventLogError> {
-        self.inner.events.endpoints(limit).await
+        self.inner
+            .events
+            .endpoints(self.inner.channel.label(), limit)
+            .await
     }
 
     fn gauge(&self, disabled: usize) {

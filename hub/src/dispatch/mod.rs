@@ -33,7 +33,7 @@ use websub_store::{Subscription, SubscriptionStore};
 use crate::clock::Clock;
 use crate::config::DeliveryPolicy;
 use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
-use crate::delivery::health::SKIPPED_REASON;
+use crate::delivery::health::{SKIPPED_REASON, Tallied};
 use crate::delivery::recorder::{self, Batching, OutcomeStore};
 use crate::delivery::{Channel, Endpoints, Judge, Verdict};
 use crate::events::{Attempt, Claimed, Completion, EventLog, EventLogError, Outcome};
@@ -472,7 +472,10 @@ impl OutcomeStore for LogOutcomes {
             .complete(batch, now)
             .await
             .map_err(|error| error.to_string())?;
-        inner.endpoints.tally(batch, now).await;
+        inner
+            .endpoints
+            .tally(batch.iter().filter_map(Tallied::of), now)
+            .await;
         Ok(())
     }
 

@@ -14,6 +14,7 @@ pub mod sqlite;
 
 pub use operate::{
     DeliveryFilter, DeliveryState, DeliverySummary, EndpointRecord, Exhaustion, Replayed,
+    WebhookAttempt,
 };
 
 use async_trait::async_trait;
@@ -473,9 +474,14 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         now: DateTime<Utc>,
     ) -> Result<Replayed, EventLogError>;
 
-    /// The endpoints that failed since their last delivery or are disabled,
+    /// The endpoints of `channel` (a [`Channel`](crate::delivery::Channel)
+    /// label) that failed since their last delivery or are disabled,
     /// disabled first, at most `limit`.
-    async fn endpoints(&self, limit: usize) -> Result<Vec<EndpointRecord>, EventLogError>;
+    async fn endpoints(
+        &self,
+        channel: &str,
+        limit: usize,
+    ) -> Result<Vec<EndpointRecord>, EventLogError>;
 
     /// Counts outcomes against their endpoints: each exhaustion is one more
     /// failure in a row, and an endpoint that reaches `disable_after` (when
@@ -483,6 +489,7 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// its failures. Returns the endpoints this call disabled.
     async fn tally_endpoints(
         &self,
+        channel: &str,
         exhausted: &[Exhaustion<'_>],
         delivered: &[&str],
         disable_after: u32,
@@ -493,10 +500,26 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// it again with its failures cleared. Returns whether it changed.
     async fn set_endpoint_disabled(
         &self,
+        channel: &str,
         endpoint: &str,
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<bool, EventLogError>;
+
+    /// Keeps the attempts of outbox webhooks, whose delivery rows live in
+    /// the producer's database. [`EventLog::purge_before`] deletes them by
+    /// age.
+    async fn keep_webhook_attempts(
+        &self,
+        attempts: &[WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError>;
+
+    /// The attempts of one outbox webhook delivery, oldest first.
+    async fn webhook_attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError>;
 }
 
 /// The oldest claim still alive at `now`, or `None` when the visibility

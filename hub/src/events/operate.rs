@@ -139,6 +139,8 @@ pub struct Replayed {
 /// An endpoint that failed since its last delivery, or that is disabled.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct EndpointRecord {
+    /// The channel: `websub` or `webhook`.
+    pub channel: String,
     /// The callback URL (or the webhook's name).
     pub endpoint: String,
     /// Deliveries to it that exhausted their retries in a row.
@@ -165,4 +167,15 @@ pub struct Exhaustion<'a> {
 /// Why the tally disabled an endpoint.
 pub(super) fn disabled_after(failures: impl std::fmt::Display) -> String {
     format!("{failures} deliveries in a row exhausted their retries")
+}
+
+/// One attempt of an outbox webhook delivery, to keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WebhookAttempt<'a> {
+    /// The outbox event.
+    pub event_id: Uuid,
+    /// The webhook's name.
+    pub subscriber: &'a str,
+    /// The attempt, its error filled in.
+    pub attempt: &'a super::Attempt,
 }

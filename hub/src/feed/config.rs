@@ -85,6 +85,10 @@ pub struct FeedConfig {
     pub delivery_per_subscriber: Option<usize>,
     /// Delivery rows claimed per round trip at most (100).
     pub delivery_batch_size: Option<usize>,
+    /// Deliveries to one webhook that exhaust their retries in a row before
+    /// it is disabled (5; 0 never disables), as the hub's
+    /// `disable_endpoint_after`.
+    pub disable_endpoint_after: Option<u32>,
     /// A delivery claimed by a process that died is claimed again after this
     /// (`60s`; must exceed `delivery_timeout`).
     pub visibility_timeout: Option<String>,
@@ -133,6 +137,7 @@ impl FeedConfig {
             delivery_concurrency: None,
             delivery_per_subscriber: None,
             delivery_batch_size: None,
+            disable_endpoint_after: None,
             visibility_timeout: None,
             allow_private_network: None,
         }

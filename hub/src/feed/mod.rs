@@ -58,7 +58,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use url::Url;
 
+use crate::config::DeliveryPolicy;
 use crate::events::EventLog;
+
 use crate::outbox::{Dispatcher, DispatcherError, RegistrationError, ReloadError};
 use crate::setting::{ConfigError, invalid};
 
@@ -242,7 +244,12 @@ impl Feed {
             .await
             .map_err(database)?;
         }
-        let dispatcher = Dispatcher::new(pool, dispatcher_config)?;
+        let dispatcher = Dispatcher::new(pool, dispatcher_config)?.with_operations(
+            events.clone(),
+            config
+                .disable_endpoint_after
+                .unwrap_or(DeliveryPolicy::default().disable_endpoint_after),
+        );
         let bridge = WebSubBridge::new(events, wake, public_url.clone(), template.clone())
             .recording_on(hub_runtime.clone());
         let wanted = match &config.events {

@@ -5,6 +5,7 @@
 //! clock `created_at` is written with, so that processes with skewed clocks
 //! agree on what is due.
 
+use crate::delivery::health::SKIPPED_REASON;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -192,6 +193,10 @@ pub(crate) enum RowOutcome {
     /// Not attempted (its subscriber went away, or is saturated): the claim
     /// is handed back without counting an attempt.
     Released,
+    /// Not attempted: the subscriber's endpoint is disabled. Closed like an
+    /// exhausted row (never claimed again) without counting an attempt, the
+    /// reason kept in `last_error`.
+    Skipped,
 }
 
 /// One row's outcome.
@@ -201,6 +206,9 @@ pub(crate) struct RowCompletion {
     pub(crate) subscriber: String,
     pub(crate) claimed_at: NaiveDateTime,
     pub(crate) outcome: RowOutcome,
+    /// The attempt it came from, for the history; none when nothing was
+    /// sent.
+    pub(crate) attempt: Option<crate::events::Attempt>,
 }
 
 impl Queries {
@@ -412,6 +420,7 @@ impl Queries {
                      WHEN 'retry' THEN {NOW} + make_interval(secs => c.wait) \
                      WHEN 'postponed' THEN {NOW} + make_interval(secs => c.wait) \
                      WHEN 'exhausted' THEN NULL \
+                     WHEN 'skipped' THEN NULL \
                      ELSE d.next_attempt_at END \
              FROM unnest($1::uuid[], $2::text[], $3::timestamp[], $4::text[], $5::text[], \
                          $6::float8[]) AS c (event_id, subscriber, claimed_at, kind, error, wait) \
@@ -569,6 +578,7 @@ impl Queries {
                     ("postponed", Some(error.as_str()), Some(wait.as_secs_f64()))
                 }
                 RowOutcome::Released => ("released", None, None),
+                RowOutcome::Skipped => ("skipped", Some(SKIPPED_REASON), None),
             };
             kinds.push(kind);
             errors.push(error);

@@ -35,15 +35,39 @@ ALTER TABLE websub_events ADD COLUMN original_id UUID NULL;
 -- So the table holds only the troubled few, and a fan-out to healthy
 -- endpoints never touches it.
 CREATE TABLE websub_endpoints (
-    endpoint        TEXT COLLATE "C" PRIMARY KEY,
+    -- The delivery channel: 'websub' (a callback URL) or 'webhook' (an
+    -- outbox webhook's name).
+    channel         TEXT        NOT NULL,
+    endpoint        TEXT COLLATE "C" NOT NULL,
     -- Exhausted deliveries in a row.
     failures        INT         NOT NULL DEFAULT 0 CHECK (failures >= 0),
     last_failure_at TIMESTAMPTZ NULL,
     last_error      TEXT        NULL,
     -- Set while disabled: new deliveries to it are recorded as skipped.
     disabled_at     TIMESTAMPTZ NULL,
-    disabled_reason TEXT        NULL
+    disabled_reason TEXT        NULL,
+    PRIMARY KEY (channel, endpoint)
 );
+
+-- The attempts of outbox webhooks. Their delivery rows live in the
+-- producer's database, in the outbox's own schema; their history lives
+-- here, beside the hub's, and goes by age with the hub's retention.
+CREATE TABLE websub_webhook_attempts (
+    event_id     UUID        NOT NULL,
+    -- The webhook's name.
+    subscriber   TEXT COLLATE "C" NOT NULL,
+    attempted_at TIMESTAMPTZ NOT NULL,
+    duration_us  BIGINT      NOT NULL CHECK (duration_us >= 0),
+    status       SMALLINT    NULL,
+    error        TEXT        NULL,
+    response     BYTEA       NOT NULL
+);
+
+CREATE INDEX websub_webhook_attempts_delivery
+    ON websub_webhook_attempts (event_id, subscriber, attempted_at);
+
+CREATE INDEX websub_webhook_attempts_age
+    ON websub_webhook_attempts (attempted_at);
 
 -- 0003's completion, writing the outcome, and closing skipped records.
 CREATE OR REPLACE FUNCTION websub_complete_deliveries(

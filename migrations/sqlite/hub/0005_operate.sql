@@ -21,10 +21,31 @@ WHERE d.processed_at IS NOT NULL OR d.retry_count > 0 OR d.next_attempt_at IS NU
 ALTER TABLE websub_events ADD COLUMN original_id BLOB NULL;
 
 CREATE TABLE websub_endpoints (
-    endpoint        TEXT    NOT NULL PRIMARY KEY,
+    -- 'websub' (a callback URL) or 'webhook' (an outbox webhook's name).
+    channel         TEXT    NOT NULL,
+    endpoint        TEXT    NOT NULL,
     failures        INTEGER NOT NULL DEFAULT 0 CHECK (failures >= 0),
     last_failure_at INTEGER NULL,
     last_error      TEXT    NULL,
     disabled_at     INTEGER NULL,
-    disabled_reason TEXT    NULL
+    disabled_reason TEXT    NULL,
+    PRIMARY KEY (channel, endpoint)
 );
+
+-- The attempts of outbox webhooks, whose delivery rows live in the
+-- producer's database; they go by age with the hub's retention.
+CREATE TABLE websub_webhook_attempts (
+    event_id     BLOB    NOT NULL,
+    subscriber   TEXT    NOT NULL,
+    attempted_at INTEGER NOT NULL,
+    duration_us  INTEGER NOT NULL CHECK (duration_us >= 0),
+    status       INTEGER NULL,
+    error        TEXT    NULL,
+    response     BLOB    NOT NULL
+);
+
+CREATE INDEX websub_webhook_attempts_delivery
+    ON websub_webhook_attempts (event_id, subscriber, attempted_at);
+
+CREATE INDEX websub_webhook_attempts_age
+    ON websub_webhook_attempts (attempted_at);

@@ -40,7 +40,7 @@ mod rows;
 use super::{
     Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
     EndpointRecord, EventLog, EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent,
-    NewEvent, Recorded, Replayed, Undelivered,
+    NewEvent, Recorded, Replayed, Undelivered, WebhookAttempt,
 };
 use async_trait::async_trait;
 use rows::{
@@ -135,6 +135,13 @@ const COMPLETE: &str = "SELECT websub_complete_attempts($1, $2, $3, $4, $5, $6, 
 
 const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
      FROM websub_attempts WHERE event_id = $1 AND subscriber = $2 ORDER BY attempted_at";
+
+const WEBHOOK_ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
+     FROM websub_webhook_attempts WHERE event_id = $1 AND subscriber = $2 \
+     ORDER BY attempted_at";
+
+// Webhook attempts have no event here to go with: they go by age.
+const PURGE_WEBHOOK_ATTEMPTS: &str = "DELETE FROM websub_webhook_attempts WHERE attempted_at < $1";
 
 const DELIVERY: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
      processing_since, next_attempt_at, outcome FROM websub_deliveries \
@@ -690,6 +697,10 @@ impl EventLog for PostgresEventLog {
             tx.commit().await?;
             deleted += chunk;
             if chunk == 0 {
+                sqlx::query(PURGE_WEBHOOK_ATTEMPTS)
+                    .bind(cutoff)
+                    .execute(&self.pool)
+                    .await?;
                 return Ok(deleted);
             }
         }
@@ -740,26 +751,62 @@ impl EventLog for PostgresEventLog {
         operate::replay(&self.pool, topic, subscriber, since, limit, now).await
     }
 
-    async fn endpoints(&self, limit: usize) -> Result<Vec<EndpointRecord>, EventLogError> {
-        operate::endpoints(&self.pool, limit).await
+    async fn endpoints(
+        &self,
+        channel: &str,
+        limit: usize,
+    ) -> Result<Vec<EndpointRecord>, EventLogError> {
+        operate::endpoints(&self.pool, channel, limit).await
     }
 
     async fn tally_endpoints(
         &self,
+        channel: &str,
         exhausted: &[Exhaustion<'_>],
         delivered: &[&str],
         disable_after: u32,
         now: DateTime<Utc>,
     ) -> Result<Vec<String>, EventLogError> {
-        operate::tally_endpoints(&self.pool, exhausted, delivered, disable_after, now).await
+        operate::tally_endpoints(
+            &self.pool,
+            channel,
+            exhausted,
+            delivered,
+            disable_after,
+            now,
+        )
+        .await
     }
 
     async fn set_endpoint_disabled(
         &self,
+        channel: &str,
         endpoint: &str,
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<bool, EventLogError> {
-        operate::set_endpoint_disabled(&self.pool, endpoint, reason, now).await
+        operate::set_endpoint_disabled(&self.pool, channel, endpoint, reason, now).await
+    }
+
+    async fn keep_webhook_attempts(
+        &self,
+        attempts: &[WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError> {
+        operate::keep_webhook_attempts(&self.pool, attempts).await
+    }
+
+    async fn webhook_attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        sqlx::query(WEBHOOK_ATTEMPTS)
+            .bind(event_id)
+            .bind(subscriber)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(attempt_from_row)
+            .collect()
     }
 }

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use super::super::operate::STATE_SQL;
 use super::super::{
     DeliveryFilter, DeliveryState, DeliverySummary, EndpointRecord, EventLogError, Exhaustion,
-    Replayed, invalid,
+    Replayed, WebhookAttempt, invalid,
 };
 use super::READ_COMMITTED;
 use super::rows::retry_count;
@@ -172,21 +172,24 @@ pub(super) async fn replay(
     })
 }
 
-const ENDPOINTS: &str = "SELECT endpoint::TEXT AS endpoint, failures, last_failure_at, \
-     last_error, disabled_at, disabled_reason FROM websub_endpoints \
-     ORDER BY disabled_at IS NULL, failures DESC, endpoint LIMIT $1";
+const ENDPOINTS: &str = "SELECT channel, endpoint::TEXT AS endpoint, failures, last_failure_at, \
+     last_error, disabled_at, disabled_reason FROM websub_endpoints WHERE channel = $1 \
+     ORDER BY disabled_at IS NULL, failures DESC, endpoint LIMIT $2";
 
 pub(super) async fn endpoints(
     pool: &PgPool,
+    channel: &str,
     limit: usize,
 ) -> Result<Vec<EndpointRecord>, EventLogError> {
     sqlx::query(ENDPOINTS)
+        .bind(channel)
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_all(pool)
         .await?
         .iter()
         .map(|row| {
             Ok(EndpointRecord {
+                channel: row.try_get("channel").map_err(invalid)?,
                 endpoint: row.try_get("endpoint").map_err(invalid)?,
                 failures: retry_count(row.try_get("failures").map_err(invalid)?)?,
                 last_failure_at: row.try_get("last_failure_at").map_err(invalid)?,
@@ -204,22 +207,23 @@ pub(super) async fn endpoints(
 const TALLY_EXHAUSTED: &str = "WITH counted AS ( \
          SELECT endpoint, count(*)::INT AS failures, (array_agg(error))[count(*)] AS error \
          FROM unnest($1::TEXT[], $2::TEXT[]) AS x (endpoint, error) GROUP BY endpoint) \
-     INSERT INTO websub_endpoints AS w (endpoint, failures, last_failure_at, last_error) \
-     SELECT endpoint, failures, $3, error FROM counted \
-     ON CONFLICT (endpoint) DO UPDATE \
+     INSERT INTO websub_endpoints AS w (channel, endpoint, failures, last_failure_at, last_error) \
+     SELECT $4, endpoint, failures, $3, error FROM counted \
+     ON CONFLICT (channel, endpoint) DO UPDATE \
      SET failures = w.failures + excluded.failures, last_failure_at = excluded.last_failure_at, \
          last_error = excluded.last_error \
      RETURNING endpoint::TEXT, failures, disabled_at IS NOT NULL AS disabled";
 
 const DISABLE_TALLIED: &str = "UPDATE websub_endpoints \
      SET disabled_at = $2, disabled_reason = $3 \
-     WHERE endpoint = $1 AND disabled_at IS NULL";
+     WHERE channel = $4 AND endpoint = $1 AND disabled_at IS NULL";
 
 const CLEAR_DELIVERED: &str = "DELETE FROM websub_endpoints \
-     WHERE endpoint = ANY ($1::TEXT[]) AND disabled_at IS NULL";
+     WHERE channel = $2 AND endpoint = ANY ($1::TEXT[]) AND disabled_at IS NULL";
 
 pub(super) async fn tally_endpoints(
     pool: &PgPool,
+    channel: &str,
     exhausted: &[Exhaustion<'_>],
     delivered: &[&str],
     disable_after: u32,
@@ -229,6 +233,7 @@ pub(super) async fn tally_endpoints(
     if !delivered.is_empty() {
         sqlx::query(CLEAR_DELIVERED)
             .bind(delivered)
+            .bind(channel)
             .execute(&mut *tx)
             .await?;
     }
@@ -240,6 +245,7 @@ pub(super) async fn tally_endpoints(
             .bind(&endpoints)
             .bind(&errors)
             .bind(now)
+            .bind(channel)
             .fetch_all(&mut *tx)
             .await?;
         for (endpoint, failures, already) in tallied {
@@ -252,6 +258,7 @@ pub(super) async fn tally_endpoints(
                 .bind(&endpoint)
                 .bind(now)
                 .bind(&reason)
+                .bind(channel)
                 .execute(&mut *tx)
                 .await?;
             disabled.push(endpoint);
@@ -261,15 +268,17 @@ pub(super) async fn tally_endpoints(
     Ok(disabled)
 }
 
-const DISABLE: &str = "INSERT INTO websub_endpoints AS w (endpoint, disabled_at, disabled_reason) \
-     VALUES ($1, $2, $3) ON CONFLICT (endpoint) DO UPDATE \
+const DISABLE: &str = "INSERT INTO websub_endpoints AS w \
+     (channel, endpoint, disabled_at, disabled_reason) \
+     VALUES ($4, $1, $2, $3) ON CONFLICT (channel, endpoint) DO UPDATE \
      SET disabled_at = excluded.disabled_at, disabled_reason = excluded.disabled_reason \
      WHERE w.disabled_at IS NULL";
 
-const ENABLE: &str = "DELETE FROM websub_endpoints WHERE endpoint = $1";
+const ENABLE: &str = "DELETE FROM websub_endpoints WHERE channel = $2 AND endpoint = $1";
 
 pub(super) async fn set_endpoint_disabled(
     pool: &PgPool,
+    channel: &str,
     endpoint: &str,
     reason: Option<&str>,
     now: DateTime<Utc>,
@@ -280,10 +289,65 @@ pub(super) async fn set_endpoint_disabled(
                 .bind(endpoint)
                 .bind(now)
                 .bind(reason)
+                .bind(channel)
                 .execute(pool)
                 .await?
         }
-        None => sqlx::query(ENABLE).bind(endpoint).execute(pool).await?,
+        None => {
+            sqlx::query(ENABLE)
+                .bind(endpoint)
+                .bind(channel)
+                .execute(pool)
+                .await?
+        }
     };
     Ok(changed.rows_affected() > 0)
+}
+
+const KEEP_WEBHOOK_ATTEMPTS: &str = "INSERT INTO websub_webhook_attempts \
+     (event_id, subscriber, attempted_at, duration_us, status, error, response) \
+     SELECT * FROM unnest($1::UUID[], $2::TEXT[], $3::TIMESTAMPTZ[], $4::BIGINT[], \
+                          $5::SMALLINT[], $6::TEXT[], $7::BYTEA[])";
+
+pub(super) async fn keep_webhook_attempts(
+    pool: &PgPool,
+    attempts: &[WebhookAttempt<'_>],
+) -> Result<(), EventLogError> {
+    if attempts.is_empty() {
+        return Ok(());
+    }
+    let event_ids: Vec<Uuid> = attempts.iter().map(|kept| kept.event_id).collect();
+    let subscribers: Vec<&str> = attempts.iter().map(|kept| kept.subscriber).collect();
+    let ats: Vec<DateTime<Utc>> = attempts.iter().map(|kept| kept.attempt.at).collect();
+    let durations: Vec<i64> = attempts
+        .iter()
+        .map(|kept| kept.attempt.duration_micros)
+        .collect();
+    let statuses: Vec<Option<i16>> = attempts
+        .iter()
+        .map(|kept| {
+            kept.attempt
+                .status
+                .and_then(|status| i16::try_from(status).ok())
+        })
+        .collect();
+    let errors: Vec<Option<&str>> = attempts
+        .iter()
+        .map(|kept| kept.attempt.error.as_deref())
+        .collect();
+    let responses: Vec<&[u8]> = attempts
+        .iter()
+        .map(|kept| kept.attempt.response.as_ref())
+        .collect();
+    sqlx::query(KEEP_WEBHOOK_ATTEMPTS)
+        .bind(event_ids)
+        .bind(subscribers)
+        .bind(ats)
+        .bind(durations)
+        .bind(statuses)
+        .bind(errors)
+        .bind(responses)
+        .execute(pool)
+        .await?;
+    Ok(())
 }

@@ -52,7 +52,7 @@ mod rows;
 use super::{
     Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
     EndpointRecord, EventLog, EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent,
-    NewEvent, Outcome, Recorded, Replayed, Undelivered,
+    NewEvent, Outcome, Recorded, Replayed, Undelivered, WebhookAttempt,
 };
 use rows::{
     attempt_from_row, attempts_json, claimed_from_row, completions_json, delivery_from_row,
@@ -165,6 +165,13 @@ const RECORD_ATTEMPTS: &str = "INSERT INTO websub_attempts \
 
 const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
      FROM websub_attempts WHERE event_id = ?1 AND subscriber = ?2 ORDER BY attempted_at";
+
+const WEBHOOK_ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
+     FROM websub_webhook_attempts WHERE event_id = ?1 AND subscriber = ?2 \
+     ORDER BY attempted_at";
+
+// Webhook attempts have no event here to go with: they go by age.
+const PURGE_WEBHOOK_ATTEMPTS: &str = "DELETE FROM websub_webhook_attempts WHERE attempted_at < ?1";
 
 const DELIVERY: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
      processing_since, next_attempt_at, outcome FROM websub_deliveries \
@@ -714,6 +721,10 @@ impl EventLog for SqliteEventLog {
                 .rows_affected();
             deleted += chunk;
             if chunk < PURGE_CHUNK.unsigned_abs() {
+                sqlx::query(PURGE_WEBHOOK_ATTEMPTS)
+                    .bind(cutoff.timestamp_micros())
+                    .execute(&mut *writer)
+                    .await?;
                 return Ok(deleted);
             }
         }
@@ -767,28 +778,68 @@ impl EventLog for SqliteEventLog {
         operate::replay(&mut writer, topic, subscriber, since, limit, now).await
     }
 
-    async fn endpoints(&self, limit: usize) -> Result<Vec<EndpointRecord>, EventLogError> {
-        operate::endpoints(&self.pool, limit).await
+    async fn endpoints(
+        &self,
+        channel: &str,
+        limit: usize,
+    ) -> Result<Vec<EndpointRecord>, EventLogError> {
+        operate::endpoints(&self.pool, channel, limit).await
     }
 
     async fn tally_endpoints(
         &self,
+        channel: &str,
         exhausted: &[Exhaustion<'_>],
         delivered: &[&str],
         disable_after: u32,
         now: DateTime<Utc>,
     ) -> Result<Vec<String>, EventLogError> {
         let mut writer = self.writer().await?;
-        operate::tally_endpoints(&mut writer, exhausted, delivered, disable_after, now).await
+        operate::tally_endpoints(
+            &mut writer,
+            channel,
+            exhausted,
+            delivered,
+            disable_after,
+            now,
+        )
+        .await
     }
 
     async fn set_endpoint_disabled(
         &self,
+        channel: &str,
         endpoint: &str,
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<bool, EventLogError> {
         let mut writer = self.writer().await?;
-        operate::set_endpoint_disabled(&mut writer, endpoint, reason, now).await
+        operate::set_endpoint_disabled(&mut writer, channel, endpoint, reason, now).await
+    }
+
+    async fn keep_webhook_attempts(
+        &self,
+        attempts: &[WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError> {
+        if attempts.is_empty() {
+            return Ok(());
+        }
+        let mut writer = self.writer().await?;
+        operate::keep_webhook_attempts(&mut writer, attempts).await
+    }
+
+    async fn webhook_attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        sqlx::query(WEBHOOK_ATTEMPTS)
+            .bind(event_id)
+            .bind(subscriber)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(attempt_from_row)
+            .collect()
     }
 }

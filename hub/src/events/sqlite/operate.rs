@@ -12,9 +12,9 @@ use uuid::Uuid;
 use super::super::operate::{STATE_SQL, disabled_after};
 use super::super::{
     DeliveryFilter, DeliveryState, DeliverySummary, EndpointRecord, EventLogError, Exhaustion,
-    Replayed, invalid,
+    Replayed, WebhookAttempt, invalid,
 };
-use super::rows::{from_micros, optional_time, retry_count};
+use super::rows::{from_micros, hex, optional_time, retry_count};
 
 /// Newest first; each filter is a parameter that is NULL when unset.
 fn list_sql() -> String {
@@ -166,15 +166,17 @@ pub(super) async fn replay(
     })
 }
 
-const ENDPOINTS: &str = "SELECT endpoint, failures, last_failure_at, last_error, disabled_at, \
-     disabled_reason FROM websub_endpoints \
-     ORDER BY disabled_at IS NULL, failures DESC, endpoint LIMIT ?1";
+const ENDPOINTS: &str = "SELECT channel, endpoint, failures, last_failure_at, last_error, \
+     disabled_at, disabled_reason FROM websub_endpoints WHERE channel = ?1 \
+     ORDER BY disabled_at IS NULL, failures DESC, endpoint LIMIT ?2";
 
 pub(super) async fn endpoints(
     pool: &SqlitePool,
+    channel: &str,
     limit: usize,
 ) -> Result<Vec<EndpointRecord>, EventLogError> {
     sqlx::query(ENDPOINTS)
+        .bind(channel)
         .bind(i64::try_from(limit).unwrap_or(i64::MAX))
         .fetch_all(pool)
         .await?
@@ -182,6 +184,7 @@ pub(super) async fn endpoints(
         .map(|row| {
             let failures: i64 = row.try_get("failures").map_err(invalid)?;
             Ok(EndpointRecord {
+                channel: row.try_get("channel").map_err(invalid)?,
                 endpoint: row.try_get("endpoint").map_err(invalid)?,
                 failures: u32::try_from(failures)
                     .map_err(|_| EventLogError::Invalid(format!("failures {failures}")))?,
@@ -195,21 +198,23 @@ pub(super) async fn endpoints(
 }
 
 const TALLY_EXHAUSTED: &str = "INSERT INTO websub_endpoints AS w \
-     (endpoint, failures, last_failure_at, last_error) VALUES (?1, ?2, ?3, ?4) \
-     ON CONFLICT (endpoint) DO UPDATE \
+     (channel, endpoint, failures, last_failure_at, last_error) VALUES (?5, ?1, ?2, ?3, ?4) \
+     ON CONFLICT (channel, endpoint) DO UPDATE \
      SET failures = w.failures + excluded.failures, last_failure_at = excluded.last_failure_at, \
          last_error = excluded.last_error \
      RETURNING failures, disabled_at IS NOT NULL AS disabled";
 
 const DISABLE_TALLIED: &str = "UPDATE websub_endpoints \
      SET disabled_at = ?2, disabled_reason = ?3 \
-     WHERE endpoint = ?1 AND disabled_at IS NULL";
+     WHERE channel = ?4 AND endpoint = ?1 AND disabled_at IS NULL";
 
 const CLEAR_DELIVERED: &str = "DELETE FROM websub_endpoints \
-     WHERE endpoint IN (SELECT value FROM json_each(?1)) AND disabled_at IS NULL";
+     WHERE channel = ?2 AND endpoint IN (SELECT value FROM json_each(?1)) \
+       AND disabled_at IS NULL";
 
 pub(super) async fn tally_endpoints(
     writer: &mut SqliteConnection,
+    channel: &str,
     exhausted: &[Exhaustion<'_>],
     delivered: &[&str],
     disable_after: u32,
@@ -229,6 +234,7 @@ pub(super) async fn tally_endpoints(
             .map_err(|error| EventLogError::Invalid(error.to_string()))?;
         sqlx::query(CLEAR_DELIVERED)
             .bind(delivered)
+            .bind(channel)
             .execute(&mut *tx)
             .await?;
     }
@@ -239,6 +245,7 @@ pub(super) async fn tally_endpoints(
             .bind(failures)
             .bind(now)
             .bind(error)
+            .bind(channel)
             .fetch_one(&mut *tx)
             .await?;
         if disable_after == 0 || already || total < i64::from(disable_after) {
@@ -248,6 +255,7 @@ pub(super) async fn tally_endpoints(
             .bind(endpoint)
             .bind(now)
             .bind(disabled_after(total))
+            .bind(channel)
             .execute(&mut *tx)
             .await?;
         disabled.push(endpoint.to_owned());
@@ -256,15 +264,17 @@ pub(super) async fn tally_endpoints(
     Ok(disabled)
 }
 
-const DISABLE: &str = "INSERT INTO websub_endpoints AS w (endpoint, disabled_at, disabled_reason) \
-     VALUES (?1, ?2, ?3) ON CONFLICT (endpoint) DO UPDATE \
+const DISABLE: &str = "INSERT INTO websub_endpoints AS w \
+     (channel, endpoint, disabled_at, disabled_reason) \
+     VALUES (?4, ?1, ?2, ?3) ON CONFLICT (channel, endpoint) DO UPDATE \
      SET disabled_at = excluded.disabled_at, disabled_reason = excluded.disabled_reason \
      WHERE w.disabled_at IS NULL";
 
-const ENABLE: &str = "DELETE FROM websub_endpoints WHERE endpoint = ?1";
+const ENABLE: &str = "DELETE FROM websub_endpoints WHERE channel = ?2 AND endpoint = ?1";
 
 pub(super) async fn set_endpoint_disabled(
     writer: &mut SqliteConnection,
+    channel: &str,
     endpoint: &str,
     reason: Option<&str>,
     now: DateTime<Utc>,
@@ -275,15 +285,52 @@ pub(super) async fn set_endpoint_disabled(
                 .bind(endpoint)
                 .bind(now.timestamp_micros())
                 .bind(reason)
+                .bind(channel)
                 .execute(&mut *writer)
                 .await?
         }
         None => {
             sqlx::query(ENABLE)
                 .bind(endpoint)
+                .bind(channel)
                 .execute(&mut *writer)
                 .await?
         }
     };
     Ok(changed.rows_affected() > 0)
+}
+
+// One row of `?1` per attempt: [event id as hex, webhook, attempted at in
+// µs, duration in µs, status, error, response as hex].
+const KEEP_WEBHOOK_ATTEMPTS: &str = "INSERT INTO websub_webhook_attempts \
+     (event_id, subscriber, attempted_at, duration_us, status, error, response) \
+     SELECT unhex(value ->> 0), value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
+            value ->> 5, unhex(value ->> 6) \
+     FROM json_each(?1)";
+
+pub(super) async fn keep_webhook_attempts(
+    writer: &mut SqliteConnection,
+    attempts: &[WebhookAttempt<'_>],
+) -> Result<(), EventLogError> {
+    let rows: Vec<_> = attempts
+        .iter()
+        .map(|kept| {
+            (
+                kept.event_id.simple().to_string(),
+                kept.subscriber,
+                kept.attempt.at.timestamp_micros(),
+                kept.attempt.duration_micros,
+                kept.attempt.status,
+                kept.attempt.error.as_deref(),
+                hex(&kept.attempt.response),
+            )
+        })
+        .collect();
+    let rows =
+        serde_json::to_string(&rows).map_err(|error| EventLogError::Invalid(error.to_string()))?;
+    sqlx::query(KEEP_WEBHOOK_ATTEMPTS)
+        .bind(rows)
+        .execute(&mut *writer)
+        .await?;
+    Ok(())
 }

@@ -17,9 +17,10 @@ use super::Dispatcher;
 use super::config::DispatcherConfig;
 use super::registry::{Handler, WebhookSubscriber};
 use super::signals::Scan;
-use crate::delivery::attempt::{self, Answer, Request};
+use crate::delivery::attempt::{self, Attempted, Request};
 use crate::delivery::recorder::{Batching, OutcomeStore};
 use crate::delivery::{Verdict, error_chain};
+use crate::events::Attempt;
 
 impl Dispatcher {
     /// One attempt: the handler or webhook registered now for the row's
@@ -30,7 +31,7 @@ impl Dispatcher {
         row: &ClaimedRow,
         prepared: &Prepared,
         deadline: Instant,
-    ) -> RowOutcome {
+    ) -> (RowOutcome, Option<Attempt>) {
         let inner = &self.inner;
         let registry = self.registry();
         let failures_before = u32::try_from(row.retry_count).unwrap_or(0);
@@ -41,7 +42,7 @@ impl Dispatcher {
                 .get(&row.event_name)
                 .or(registry.catch_all.as_ref());
             let Some(handler) = handler else {
-                return RowOutcome::Released;
+                return (RowOutcome::Released, None);
             };
             let attempted = inner.handlers.attempting();
             let answer = self
@@ -51,14 +52,18 @@ impl Dispatcher {
                 && handler.retries_without_limit()
             {
                 warn!(%error, event = %row.event_id, "handler failed; the event waits for it");
-                return RowOutcome::Postponed {
-                    error: error.clone(),
-                    wait: inner.config.retry.max_backoff,
-                };
+                return (
+                    RowOutcome::Postponed {
+                        error: error.clone(),
+                        wait: inner.config.retry.max_backoff,
+                    },
+                    None,
+                );
             }
-            inner
+            let verdict = inner
                 .handlers
-                .judge(attempted, recorded, answer.into(), failures_before)
+                .judge(attempted, recorded, answer.into(), failures_before);
+            (verdict, None)
         } else {
             let subscriber = registry
                 .webhooks
@@ -67,20 +72,45 @@ impl Dispatcher {
             // Unregistered since the claim: its rows wait, untouched, for it
             // to come back.
             let Some(subscriber) = subscriber else {
-                return RowOutcome::Released;
+                return (RowOutcome::Released, None);
             };
+            if let Some(operated) = inner.operated.get()
+                && operated.endpoints.is_disabled(&row.subscriber)
+            {
+                return (RowOutcome::Skipped, None);
+            }
+            let at = chrono::Utc::now();
             let attempted = inner.webhooks.attempting();
-            let answer = self.post(subscriber, prepared, deadline).await;
-            inner
-                .webhooks
-                .judge(attempted, recorded, answer, failures_before)
+            let answered = self.post(subscriber, prepared, deadline).await;
+            let history = Attempt {
+                at,
+                duration_micros: i64::try_from(attempted.elapsed().as_micros()).unwrap_or(i64::MAX),
+                status: answered.status,
+                error: None,
+                response: answered.response,
+            };
+            let verdict =
+                inner
+                    .webhooks
+                    .judge(attempted, recorded, answered.answer, failures_before);
+            (verdict, Some(history))
         };
-        match verdict {
+        let (verdict, mut history) = verdict;
+        let outcome = match verdict {
             // Only a WebSub channel judges a 410 gone.
             Verdict::Delivered | Verdict::Gone => RowOutcome::Delivered,
             Verdict::Retry { error, wait } => RowOutcome::Retry { error, wait },
             Verdict::Exhausted { error } => RowOutcome::Exhausted { error },
+        };
+        if let Some(history) = &mut history {
+            history.error = match &outcome {
+                RowOutcome::Retry { error, .. } | RowOutcome::Exhausted { error } => {
+                    Some(error.clone())
+                }
+                _ => None,
+            };
         }
+        (outcome, history)
     }
 
     pub(super) async fn call(
@@ -110,7 +140,7 @@ impl Dispatcher {
         subscriber: &WebhookSubscriber,
         prepared: &Prepared,
         deadline: Instant,
-    ) -> Answer {
+    ) -> Attempted {
         let client = self
             .inner
             .client
@@ -133,7 +163,6 @@ impl Dispatcher {
             Some(deadline),
         )
         .await
-        .answer
     }
 }
 
@@ -172,12 +201,16 @@ impl Prepared {
     }
 }
 
-pub(super) fn completion(row: &ClaimedRow, outcome: RowOutcome) -> RowCompletion {
+pub(super) fn completion(
+    row: &ClaimedRow,
+    (outcome, attempt): (RowOutcome, Option<Attempt>),
+) -> RowCompletion {
     RowCompletion {
         event_id: row.event_id,
         subscriber: row.subscriber.clone(),
         claimed_at: row.claimed_at,
         outcome,
+        attempt,
     }
 }
 
@@ -207,7 +240,11 @@ impl OutcomeStore for RowOutcomes {
             .queries
             .complete(&inner.pool, batch)
             .await
-            .map_err(|error| error.to_string())
+            .map_err(|error| error.to_string())?;
+        if let Some(operated) = inner.operated.get() {
+            operated.record(batch).await;
+        }
+        Ok(())
     }
 
     fn retry_in(&self, completion: &RowCompletion) -> Option<Duration> {

@@ -21,6 +21,7 @@
 mod config;
 mod deliver;
 mod lanes;
+mod operated;
 mod registry;
 mod schedule;
 mod signals;
@@ -108,6 +109,9 @@ struct DispatcherState {
     /// times [`waves`].
     hold_overall: usize,
     listening: AtomicBool,
+    /// Where webhook attempts are kept and endpoint health is tallied, once
+    /// [`Dispatcher::with_operations`] says.
+    operated: std::sync::OnceLock<operated::Operated>,
 }
 
 impl Dispatcher {
@@ -158,6 +162,7 @@ impl Dispatcher {
                 hold,
                 hold_overall,
                 listening: AtomicBool::new(false),
+                operated: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -173,6 +178,31 @@ impl Dispatcher {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
         self
+    }
+
+    /// Keeps every webhook attempt in `events` (the hub's log) and tallies
+    /// the webhooks' health there: a webhook whose deliveries exhaust their
+    /// retries `disable_after` times in a row is disabled (never, when 0),
+    /// and its rows are closed as skipped until an operator enables it.
+    /// Without it, a dispatcher keeps no history and disables nothing.
+    pub fn with_operations(
+        self,
+        events: Arc<dyn crate::events::EventLog>,
+        disable_after: u32,
+    ) -> Self {
+        let _ = self
+            .inner
+            .operated
+            .set(operated::Operated::new(events, disable_after));
+        self
+    }
+
+    /// The webhooks' health, when [`Dispatcher::with_operations`] set it up.
+    pub fn endpoints(&self) -> Option<&crate::delivery::Endpoints> {
+        self.inner
+            .operated
+            .get()
+            .map(|operated| &operated.endpoints)
     }
 
     /// The configuration it runs with.

@@ -33,6 +33,8 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, debug_span, warn};
 use uuid::Uuid;
 
+use crate::events::Attempt;
+
 use super::super::sql::{ClaimedRow, NewEvents, Rooms, RowCompletion, RowOutcome};
 use super::Dispatcher;
 use super::deliver::{Prepared, RowOutcomes, batching, completion};
@@ -183,6 +185,9 @@ impl Dispatcher {
         ));
         background.spawn(self.clone().advise_on_scan_index());
         background.spawn(self.clone().sample_gauges(shutdown.clone()));
+        if let Some(endpoints) = self.endpoints() {
+            background.spawn(endpoints.clone().keep_fresh(shutdown.clone()));
+        }
         if let Some(ttl) = config.retention {
             background.spawn(self.clone().sweep(ttl, shutdown.clone()));
         }
@@ -587,7 +592,7 @@ impl Dispatcher {
         turns: Arc<Semaphore>,
         deadline: Instant,
         shutdown: &CancellationToken,
-    ) -> RowOutcome {
+    ) -> (RowOutcome, Option<Attempt>) {
         let turn = async {
             let own = turns.acquire_owned().await.ok()?;
             let slot = self.inner.slots.clone().acquire_owned().await.ok()?;
@@ -600,7 +605,7 @@ impl Dispatcher {
         };
         match permits {
             Some(_permits) => self.attempt(row, prepared, deadline).await,
-            None => RowOutcome::Released,
+            None => (RowOutcome::Released, None),
         }
     }
 }
