@@ -302,6 +302,42 @@ async fn a_failing_endpoint_is_disabled_skipped_enabled_and_replayed(backend: Ba
             .any(|row| row["endpoint"] == good && row["disabled_reason"] == "maintenance"),
         "{listed}"
     );
+    // Enabled only once the callback confirms its subscription.
+    subscriber.answer_verification("good", Answer::status(404));
+    let probe = json!({"endpoint": good, "probe": true});
+    let (status, refused) = operator(
+        &hub,
+        reqwest::Method::POST,
+        "endpoints/enable",
+        Some(probe.clone()),
+    )
+    .await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(
+        refused
+            .as_str()
+            .is_some_and(|reason| reason.contains("stays disabled")),
+        "{refused}"
+    );
+    subscriber.answer_verification("good", Answer::echo());
+    let verified_before = subscriber.verifications().len();
+    let (status, enabled) =
+        operator(&hub, reqwest::Method::POST, "endpoints/enable", Some(probe)).await;
+    assert_eq!(
+        (status, &enabled["changed"]),
+        (200, &json!(true)),
+        "{enabled}"
+    );
+    let probed = subscriber.verifications();
+    assert_eq!(probed.len(), verified_before + 1);
+    assert_eq!(
+        probed.last().and_then(|probe| probe.param("hub.mode")),
+        Some("subscribe")
+    );
+    assert_eq!(
+        probed.last().and_then(|probe| probe.param("hub.topic")),
+        Some(topic)
+    );
     hub.stop().await;
 }
 

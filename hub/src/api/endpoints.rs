@@ -18,7 +18,8 @@ use super::operator::events_failed;
 use super::redeliver::json_body;
 use super::{ApiError, ApiState, authorize_internal};
 use crate::delivery::{Channel, Endpoints};
-use crate::events::EndpointRecord;
+use crate::events::{DeliveryFilter, EndpointRecord};
+use crate::protocol::Mode;
 
 pub(super) fn routes() -> ApiRoutes {
     ApiRoutes::new()
@@ -112,6 +113,10 @@ struct EndpointRequest {
     channel: Option<String>,
     /// Why it is disabled (for `disable`; shown wherever it is listed).
     reason: Option<String>,
+    /// For `enable` of a WebSub callback: first ask the callback to confirm
+    /// one of its subscriptions (a verification GET with a fresh challenge)
+    /// and enable it only if it answers with the challenge.
+    probe: Option<bool>,
 }
 
 /// Whether the call changed anything.
@@ -195,6 +200,8 @@ async fn disable(
         (status = 400, response = BadRequest),
         (status = 401, response = WrongKey),
         (status = 403, response = NoInternalKey),
+        (status = 409, description = "The probe found nothing to ask about, or the callback \
+            did not confirm; it stays disabled.", content_type = "text/plain", body = String),
         (status = 503, response = Unavailable),
     ),
 )]
@@ -206,6 +213,9 @@ async fn enable(
     authorize_internal(&state, &headers)?;
     let request: EndpointRequest = json_body(&body, ENDPOINT_BODY)?;
     let (channel, endpoint) = endpoint_of(&request)?;
+    if request.probe == Some(true) {
+        probe(&state, channel, endpoint).await?;
+    }
     let changed = endpoints_of(&state, channel)
         .enable(endpoint, state.clock.now())
         .await
@@ -216,6 +226,49 @@ async fn enable(
         disabled: false,
         changed,
     }))
+}
+
+/// Asks a WebSub callback to confirm the subscription of its latest
+/// delivery: a verification of intent, as for a subscribe, with the lease it
+/// has left.
+async fn probe(state: &ApiState, channel: Channel, callback: &str) -> Result<(), ApiError> {
+    let refused = |reason: String| ApiError::new(StatusCode::CONFLICT, reason);
+    if channel != Channel::WebSub {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "only a WebSub callback can be probed",
+        ));
+    }
+    let filter = DeliveryFilter {
+        subscriber: Some(callback),
+        ..DeliveryFilter::default()
+    };
+    let latest = state.events.list(filter, 1).await.map_err(events_failed)?;
+    let Some(latest) = latest.into_iter().next() else {
+        return Err(refused(format!(
+            "{callback} has no delivery whose subscription a probe could ask about"
+        )));
+    };
+    let subscription = state
+        .store
+        .get(&latest.topic, callback)
+        .await
+        .map_err(|error| refused(format!("{callback} cannot be probed: {error}")))?;
+    let lease = subscription.expires_at.map(|expires_at| {
+        u32::try_from((expires_at - state.clock.now()).num_seconds().max(1)).unwrap_or(u32::MAX)
+    });
+    state
+        .subscriptions
+        .verifier()
+        .verify(Mode::Subscribe, &latest.topic, callback, lease)
+        .await
+        .map_err(|error| {
+            refused(format!(
+                "the probe of {callback} (its subscription to {}) failed: {error}; it stays \
+                 disabled",
+                latest.topic
+            ))
+        })
 }
 
 /// Which webhook delivery.
