@@ -16,12 +16,15 @@
 //!   are migrated, [`health`]), `/metrics`.
 
 mod backlog;
+mod feeds;
 mod health;
 mod history;
 mod openapi;
 mod operator;
 mod requests;
+mod retention;
 mod subscriber;
+mod subscription;
 
 use std::sync::Arc;
 
@@ -74,6 +77,8 @@ pub struct ApiState {
     pub max_content_bytes: usize,
     /// Renders `/metrics`, when the binary installed a recorder.
     pub metrics: Option<PrometheusHandle>,
+    /// The running outbox feeds.
+    pub feeds: crate::feed::Feeds,
 }
 
 /// The hub's routes (see the module docs).
