@@ -99,6 +99,17 @@ pub(super) async fn purge(
 mod tests {
     use super::*;
 
+    /// The bounds `#[schema(...)]` documents, written as literals because
+    /// the attribute takes no constants, are the ones enforced.
+    #[test]
+    fn the_documented_bounds_are_the_enforced_ones() {
+        let schema = serde_json::to_value(<PurgeRequest as utoipa::PartialSchema>::schema())
+            .expect("the schema serialises");
+        let seconds = &schema["properties"]["older_than_seconds"];
+        assert_eq!(seconds["minimum"], 1, "{schema}");
+        assert_eq!(seconds["maximum"], MAX_OLDER_THAN_SECONDS, "{schema}");
+    }
+
     #[test]
     fn only_a_sensible_age_is_accepted() {
         assert_eq!(
