@@ -23,7 +23,7 @@ use crate::config::HubConfig;
 use crate::delivery::client::{self, Purpose};
 use crate::dispatch::Distributor;
 use crate::events::{self, EventLog, EventLogError};
-use crate::feed::{Feed, FeedHandle, SubscribedTopics};
+use crate::feed::{Feed, FeedHandle, Feeds, SubscribedTopics};
 use crate::intake::Intake;
 use crate::lease::Reaper;
 use crate::net::NetPolicy;
@@ -51,6 +51,8 @@ pub struct Hub {
     feed_reload: Arc<Notify>,
     /// What the outbox feeds follow of the subscriptions.
     subscribed_topics: SubscribedTopics,
+    /// The outbox feeds started, for the operator API.
+    feeds: Feeds,
     metrics: Option<PrometheusHandle>,
 }
 
@@ -235,6 +237,7 @@ impl Hub {
             user_tokens,
             feed_reload: Arc::new(Notify::new()),
             subscribed_topics,
+            feeds: Feeds::new(),
             metrics: None,
         })
     }
@@ -293,6 +296,7 @@ impl Hub {
             max_content_bytes: self.config.max_content_bytes,
             metrics: self.metrics.clone(),
             retention: self.config.retention,
+            feeds: self.feeds.clone(),
         })
     }
 
@@ -357,7 +361,10 @@ impl Hub {
             )
             .await;
             match started {
-                Ok(handle) => feeds.push(handle),
+                Ok(handle) => {
+                    self.feeds.add(handle.dispatcher().clone());
+                    feeds.push(handle);
+                }
                 Err(error) => {
                     feeds_stop.cancel();
                     background.cancel();

@@ -17,6 +17,7 @@
 
 mod backlog;
 mod endpoints;
+mod feeds;
 mod health;
 mod history;
 mod openapi;
@@ -24,7 +25,9 @@ mod operator;
 mod own_deliveries;
 mod redeliver;
 mod requests;
+mod retention;
 mod subscriber;
+mod subscription;
 
 use std::sync::Arc;
 
@@ -80,6 +83,8 @@ pub struct ApiState {
     /// How long events are kept, when the hub purges them; a replay from
     /// before it is refused.
     pub retention: Option<std::time::Duration>,
+    /// The running outbox feeds.
+    pub feeds: crate::feed::Feeds,
 }
 
 /// The hub's routes (see the module docs).

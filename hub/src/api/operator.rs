@@ -32,6 +32,10 @@ pub(super) fn routes() -> ApiRoutes {
         .merge(endpoints::routes())
         .route(routes!(backlog::operator_intents))
         .route(routes!(backlog::fetches))
+        .route(routes!(super::subscription::show))
+        .route(routes!(super::subscription::delete))
+        .route(routes!(super::feeds::list))
+        .route(routes!(super::retention::purge))
 }
 
 /// A topic and how many subscriptions it has.

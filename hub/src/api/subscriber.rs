@@ -24,7 +24,7 @@ use crate::quota::ErrorBody;
 
 /// How many of a topic's most recent events a subscription's delivery
 /// health looks at.
-const HEALTH_WINDOW: usize = 1000;
+pub(super) const HEALTH_WINDOW: usize = 1000;
 
 /// The subscriber routes, nested under `/api/v1`.
 pub(super) fn routes() -> ApiRoutes {
@@ -39,7 +39,7 @@ pub(super) fn routes() -> ApiRoutes {
 /// How deliveries to one subscription are going, over the topic's most
 /// recent 1000 events.
 #[derive(Debug, Serialize, ToSchema)]
-struct HealthView {
+pub(super) struct HealthView {
     /// When a delivery last succeeded.
     last_success: Option<DateTime<Utc>>,
     /// Why the latest failed attempt failed.

@@ -10,7 +10,8 @@
 //! WebSub subscribers ([`SubscribedTopics`]; see `wanted.rs` for how it
 //! keeps up with them), unless the feed lists the event names it forwards.
 //! The same feed can also deliver to webhooks listed in a file
-//! ([`WebhooksFile`]), which it watches and reloads on change.
+//! ([`WebhooksFile`]), which it watches and reloads on change. The running
+//! feeds are listed in [`Feeds`], for the operator API.
 //!
 //! A feed is configured by a [`FeedConfig`], the `[[feed]]` section of the
 //! hub's configuration file:
@@ -35,6 +36,7 @@
 
 mod bridge;
 mod config;
+mod status;
 mod topic;
 mod wanted;
 mod webhooks_file;
@@ -42,6 +44,7 @@ mod webhooks_file;
 pub use bridge::WebSubBridge;
 use config::reason_of;
 pub use config::{DEFAULT_SUBSCRIBER, FeedConfig};
+pub use status::{FeedStatus, Feeds};
 pub use topic::{DEFAULT_TOPIC_TEMPLATE, TopicTemplate};
 use wanted::Wanted;
 pub use wanted::{BEFORE_FIRST_SUBSCRIPTION, SubscribedTopics, TOPICS_REFRESH};

@@ -112,6 +112,8 @@ struct DispatcherState {
     /// Where webhook attempts are kept and endpoint health is tallied, once
     /// [`Dispatcher::with_operations`] says.
     operated: std::sync::OnceLock<operated::Operated>,
+    /// The backlog as last read by [`Dispatcher::sample_gauges`].
+    sampled: Mutex<Option<BacklogSample>>,
 }
 
 impl Dispatcher {
@@ -163,6 +165,7 @@ impl Dispatcher {
                 hold_overall,
                 listening: AtomicBool::new(false),
                 operated: std::sync::OnceLock::new(),
+                sampled: Mutex::new(None),
             }),
         })
     }
@@ -224,6 +227,16 @@ impl Dispatcher {
     /// checks; delivery goes on by polling when it is not).
     pub fn is_listening(&self) -> bool {
         self.inner.listening.load(Ordering::Relaxed)
+    }
+
+    /// The backlog as last read (every few seconds while it runs); `None`
+    /// until the first read succeeds.
+    pub fn last_sample(&self) -> Option<BacklogSample> {
+        *self
+            .inner
+            .sampled
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Says once, at start-up, whether polling scans (and expansions of the
@@ -288,6 +301,19 @@ pub const OUTBOX_BACKLOG: &str = "websub_outbox_backlog";
 /// oldest event with such a row, 0 when there is none.
 pub const OUTBOX_OLDEST_UNDELIVERED_SECONDS: &str = "websub_outbox_oldest_undelivered_seconds";
 
+/// What the backlog gauges were last set to, and when.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BacklogSample {
+    /// Delivery rows of this dispatcher's subscribers due, retrying or in
+    /// flight.
+    pub backlog: u64,
+    /// The age of the oldest event with such a row, in seconds; 0 when
+    /// there is none.
+    pub oldest_undelivered_seconds: f64,
+    /// When it was read.
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
 /// How often the backlog gauges are read from the outbox tables.
 const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -313,6 +339,15 @@ impl Dispatcher {
                 Ok((rows, age)) => {
                     backlog.set(rows as f64);
                     oldest.set(age);
+                    *self
+                        .inner
+                        .sampled
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(BacklogSample {
+                        backlog: rows,
+                        oldest_undelivered_seconds: age,
+                        at: chrono::Utc::now(),
+                    });
                 }
                 Err(error) => debug!(%error, "sampling the outbox backlog failed"),
             }

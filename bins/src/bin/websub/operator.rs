@@ -1,0 +1,330 @@
+//! The commands that ask a running hub through its operator API
+//! (`/api/v1/operator/…`): what it holds (topics, subscriptions, outbox
+//! feeds), what became of a delivery, and retrying the failed ones. Each
+//! command is a clap variant of [`OperatorCommand`] and one function that
+//! sends its request through [`Hub`] and prints the answer as a table (or
+//! as the API's JSON with `--json`); [`run`] maps the outcome to the exit
+//! code.
+
+use std::fmt::Write as _;
+
+use clap::Subcommand;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::client::{Failure, Hub, HubArgs, cell, elements};
+use crate::table::{Table, fields};
+
+/// The commands talking to a running hub.
+#[derive(Debug, Subcommand)]
+pub(crate) enum OperatorCommand {
+    /// List every topic with its number of subscriptions.
+    Topics {
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+    /// List, show or delete subscriptions.
+    Subscriptions {
+        #[command(subcommand)]
+        command: SubscriptionsCommand,
+    },
+    /// Show a delivery with its attempts, or retry failed deliveries.
+    Deliveries {
+        #[command(subcommand)]
+        command: DeliveriesCommand,
+    },
+    /// List the outbox feeds: backlog, oldest undelivered event, listener.
+    Feeds {
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+}
+
+/// `websub subscriptions …`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum SubscriptionsCommand {
+    /// List subscriptions: every topic's, or one topic's, or one callback's.
+    List {
+        /// Only this topic's.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Only this callback's.
+        #[arg(long)]
+        callback: Option<String>,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+    /// Show one subscription and how its deliveries are going.
+    Show {
+        #[command(flatten)]
+        pair: Pair,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+    /// Remove one subscription at once, without verification of intent.
+    Delete {
+        #[command(flatten)]
+        pair: Pair,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+}
+
+/// One subscription, by its topic and callback.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Pair {
+    /// The topic URL.
+    #[arg(long)]
+    topic: String,
+    /// The callback URL.
+    #[arg(long)]
+    callback: String,
+}
+
+/// `websub deliveries …`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DeliveriesCommand {
+    /// Show one delivery of an event to a subscriber, with every attempt.
+    Show {
+        /// The event's id (a UUID).
+        #[arg(value_parser = parse_event_id)]
+        event_id: Uuid,
+        /// The subscriber: the subscription's callback URL.
+        #[arg(long)]
+        subscriber: String,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+    /// Re-open failed deliveries (all, or a topic's, or a subscriber's)
+    /// with a fresh retry budget.
+    Retry {
+        /// Only this topic's.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Only this subscriber's (its callback URL).
+        #[arg(long)]
+        subscriber: Option<String>,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+}
+
+/// An event id as the command line gives it.
+fn parse_event_id(value: &str) -> Result<Uuid, String> {
+    Uuid::try_parse(value.trim()).map_err(|_| format!("{value:?} is not an event id (a UUID)"))
+}
+
+/// Runs `command` against the hub its options name.
+pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
+    use DeliveriesCommand as Deliveries;
+    use SubscriptionsCommand as Subscriptions;
+    match command {
+        OperatorCommand::Topics { hub } => topics(&hub.connect()?).await,
+        OperatorCommand::Feeds { hub } => feeds(&hub.connect()?).await,
+        OperatorCommand::Subscriptions { command } => match command {
+            Subscriptions::List {
+                topic,
+                callback,
+                hub,
+            } => list_subscriptions(&hub.connect()?, topic, callback).await,
+            Subscriptions::Show { pair, hub } => show_subscription(&hub.connect()?, &pair).await,
+            Subscriptions::Delete { pair, hub } => {
+                delete_subscription(&hub.connect()?, &pair).await
+            }
+        },
+        OperatorCommand::Deliveries { command } => match command {
+            Deliveries::Show {
+                event_id,
+                subscriber,
+                hub,
+            } => show_delivery(&hub.connect()?, event_id, &subscriber).await,
+            Deliveries::Retry {
+                topic,
+                subscriber,
+                hub,
+            } => retry_deliveries(&hub.connect()?, topic, subscriber).await,
+        },
+    }
+}
+
+async fn topics(hub: &Hub) -> Result<(), Failure> {
+    let answer = hub.get("topics", &[]).await?;
+    hub.print(&answer, |answer| {
+        let mut table = Table::new(["TOPIC", "SUBSCRIBERS"]);
+        for topic in elements(answer) {
+            table.row([cell(&topic["topic"]), cell(&topic["subscribers"])]);
+        }
+        table.to_string()
+    });
+    Ok(())
+}
+
+/// The operator API lists one topic's subscriptions at a time: without
+/// `--topic`, every topic is asked in turn.
+async fn list_subscriptions(
+    hub: &Hub,
+    topic: Option<String>,
+    callback: Option<String>,
+) -> Result<(), Failure> {
+    let topics = match topic {
+        Some(topic) => vec![topic],
+        None => elements(&hub.get("topics", &[]).await?)
+            .iter()
+            .filter_map(|topic| topic["topic"].as_str().map(str::to_owned))
+            .collect(),
+    };
+    let mut listed = Vec::new();
+    for topic in &topics {
+        let answer = hub.get("subscriptions", &[("topic", topic)]).await?;
+        listed.extend(
+            elements(&answer)
+                .iter()
+                .filter(|subscription| {
+                    callback
+                        .as_deref()
+                        .is_none_or(|callback| subscription["callback"] == callback)
+                })
+                .cloned(),
+        );
+    }
+    hub.print(&Value::Array(listed), |answer| {
+        let mut table = Table::new(["TOPIC", "CALLBACK", "OWNER", "SIGNED", "EXPIRES"]);
+        for subscription in elements(answer) {
+            table.row([
+                cell(&subscription["topic"]),
+                cell(&subscription["callback"]),
+                cell(&subscription["owner"]),
+                cell(&subscription["has_secret"]),
+                cell(&subscription["expires_at"]),
+            ]);
+        }
+        table.to_string()
+    });
+    Ok(())
+}
+
+impl Pair {
+    fn query(&self) -> [(&str, &str); 2] {
+        [("topic", &self.topic), ("callback", &self.callback)]
+    }
+}
+
+async fn show_subscription(hub: &Hub, pair: &Pair) -> Result<(), Failure> {
+    let answer = hub.get("subscription", &pair.query()).await?;
+    hub.print(&answer, |answer| {
+        let delivery = &answer["delivery"];
+        fields([
+            ("topic", cell(&answer["topic"])),
+            ("callback", cell(&answer["callback"])),
+            ("owner", cell(&answer["owner"])),
+            ("signed", cell(&answer["has_secret"])),
+            ("lease seconds", cell(&answer["lease_seconds"])),
+            ("created", cell(&answer["created_at"])),
+            ("verified", cell(&answer["verified_at"])),
+            ("expires", cell(&answer["expires_at"])),
+            ("last success", cell(&delivery["last_success"])),
+            ("last error", cell(&delivery["last_error"])),
+            ("pending", cell(&delivery["pending"])),
+            ("failed", cell(&delivery["failed"])),
+        ])
+    });
+    Ok(())
+}
+
+async fn delete_subscription(hub: &Hub, pair: &Pair) -> Result<(), Failure> {
+    let Pair { topic, callback } = pair;
+    hub.delete("subscriptions", &pair.query()).await?;
+    let removed = json!({ "topic": topic, "callback": callback, "removed": true });
+    hub.print(&removed, |_| {
+        format!("removed the subscription of {callback} to {topic}\n")
+    });
+    Ok(())
+}
+
+async fn show_delivery(hub: &Hub, event_id: Uuid, subscriber: &str) -> Result<(), Failure> {
+    let event_id = event_id.to_string();
+    let answer = hub
+        .get(
+            "delivery",
+            &[("event_id", &event_id), ("subscriber", subscriber)],
+        )
+        .await?;
+    hub.print(&answer, |answer| {
+        let mut shown = fields([
+            ("event", cell(&answer["event_id"])),
+            ("subscriber", cell(&answer["subscriber"])),
+            ("state", cell(&answer["state"])),
+            ("retries", cell(&answer["retry_count"])),
+            ("last error", cell(&answer["last_error"])),
+            ("processed", cell(&answer["processed_at"])),
+            ("next attempt", cell(&answer["next_attempt_at"])),
+        ]);
+        let mut attempts = Table::new(["AT", "MS", "STATUS", "ERROR", "RESPONSE"]);
+        for attempt in elements(&answer["attempts"]) {
+            attempts.row([
+                cell(&attempt["at"]),
+                attempt["duration_ms"]
+                    .as_f64()
+                    .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.1}")),
+                cell(&attempt["status"]),
+                cell(&attempt["error"]),
+                cell(&attempt["response"]),
+            ]);
+        }
+        let _ = write!(shown, "\n{attempts}");
+        shown
+    });
+    Ok(())
+}
+
+async fn retry_deliveries(
+    hub: &Hub,
+    topic: Option<String>,
+    subscriber: Option<String>,
+) -> Result<(), Failure> {
+    let answer = hub
+        .post(
+            "deliveries/retry",
+            &json!({ "topic": topic, "subscriber": subscriber }),
+        )
+        .await?;
+    hub.print(&answer, |answer| {
+        format!("re-opened {} failed deliveries\n", cell(&answer["retried"]))
+    });
+    Ok(())
+}
+
+async fn feeds(hub: &Hub) -> Result<(), Failure> {
+    let answer = hub.get("feeds", &[]).await?;
+    hub.print(&answer, |answer| {
+        let mut table = Table::new([
+            "OUTBOX",
+            "BACKLOG",
+            "OLDEST UNDELIVERED",
+            "LISTENER",
+            "SAMPLED",
+        ]);
+        for feed in elements(answer) {
+            let oldest = feed["oldest_undelivered_seconds"]
+                .as_f64()
+                .map_or_else(|| "-".to_owned(), |seconds| format!("{seconds:.0}s"));
+            let listener = match feed["listener_connected"].as_bool() {
+                Some(true) => "connected",
+                _ => "disconnected",
+            };
+            table.row([
+                cell(&feed["outbox_table"]),
+                cell(&feed["backlog"]),
+                oldest,
+                listener.to_owned(),
+                cell(&feed["sampled_at"]),
+            ]);
+        }
+        if table.is_empty() {
+            "this hub runs no outbox feed\n".to_owned()
+        } else {
+            table.to_string()
+        }
+    });
+    Ok(())
+}
