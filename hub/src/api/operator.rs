@@ -218,6 +218,7 @@ async fn failed(
     let filter = FailedFilter {
         topic: query.topic.as_deref(),
         subscriber: query.subscriber.as_deref(),
+        event_id: None,
     };
     let failed = state
         .events
@@ -299,6 +300,7 @@ async fn retry(
     let filter = FailedFilter {
         topic: request.topic.as_deref(),
         subscriber: request.subscriber.as_deref(),
+        event_id: None,
     };
     let retried = state
         .events
