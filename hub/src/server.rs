@@ -279,7 +279,7 @@ impl Hub {
 
     /// The HTTP routes, for serving or for driving with `tower::ServiceExt`.
     pub fn router(&self) -> axum::Router {
-        api::router(ApiState {
+        let state = ApiState {
             subscriptions: self.subscriptions.clone(),
             intake: self.intake.clone(),
             store: self.store.clone(),
@@ -292,7 +292,8 @@ impl Hub {
             max_form_bytes: self.config.max_form_bytes,
             max_content_bytes: self.config.max_content_bytes,
             metrics: self.metrics.clone(),
-        })
+        };
+        api::router(state.clone()).merge(crate::admin::router(state))
     }
 
     /// Runs the hub on `listener` until `shutdown` resolves, then drains.

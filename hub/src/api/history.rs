@@ -28,7 +28,7 @@ pub(super) struct DeliveryQuery {
 /// Where a delivery stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
-pub(super) enum DeliveryState {
+pub(crate) enum DeliveryState {
     /// Due, retrying or in flight.
     Pending,
     /// The subscriber answered 2xx.
@@ -129,14 +129,32 @@ pub(super) async fn delivery(
     Ok(Json(view(record, attempts)))
 }
 
+impl DeliveryState {
+    /// Where `record` stands, with its `attempts` telling a delivery from a
+    /// drop (both are processed).
+    pub(crate) fn of(record: &DeliveryRecord, attempts: &[Attempt]) -> Self {
+        let delivered_last = attempts.last().is_some_and(|last| last.error.is_none());
+        match (record.processed_at, record.next_attempt_at) {
+            (Some(_), _) if delivered_last => Self::Delivered,
+            (Some(_), _) => Self::Dropped,
+            (None, None) => Self::Failed,
+            (None, Some(_)) => Self::Pending,
+        }
+    }
+
+    /// Its name, as the JSON spells it.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Delivered => "delivered",
+            Self::Dropped => "dropped",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 fn view(record: DeliveryRecord, attempts: Vec<Attempt>) -> DeliveryView {
-    let delivered_last = attempts.last().is_some_and(|last| last.error.is_none());
-    let state = match (record.processed_at, record.next_attempt_at) {
-        (Some(_), _) if delivered_last => DeliveryState::Delivered,
-        (Some(_), _) => DeliveryState::Dropped,
-        (None, None) => DeliveryState::Failed,
-        (None, Some(_)) => DeliveryState::Pending,
-    };
+    let state = DeliveryState::of(&record, &attempts);
     DeliveryView {
         event_id: record.event_id,
         subscriber: record.subscriber,

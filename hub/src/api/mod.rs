@@ -17,9 +17,9 @@
 
 mod backlog;
 mod health;
-mod history;
+pub(crate) mod history;
 mod openapi;
-mod operator;
+pub(crate) mod operator;
 mod requests;
 mod subscriber;
 

@@ -313,14 +313,14 @@ async fn retry(
     Ok(Json(RetryAnswer { retried }))
 }
 
-pub(super) fn store_failed(error: websub_store::StoreError) -> ApiError {
+pub(crate) fn store_failed(error: websub_store::StoreError) -> ApiError {
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         format!("the subscription store failed: {error}"),
     )
 }
 
-pub(super) fn events_failed(error: crate::events::EventLogError) -> ApiError {
+pub(crate) fn events_failed(error: crate::events::EventLogError) -> ApiError {
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         format!("the event log failed: {error}"),
