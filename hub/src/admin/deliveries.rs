@@ -6,14 +6,16 @@
 use axum::Form;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::Redirect;
 use maud::{Markup, html};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::session::{self, Session};
+use super::layout::Field;
+use super::session::{self, Refused, Session};
 use super::{ROWS_SHOWN, events_failed, layout, link, when};
-use crate::api::history::DeliveryState;
+use crate::api::history::{self, DeliveryState};
+use crate::api::operator;
 use crate::api::{ApiError, ApiState};
 use crate::events::{Attempt, DeliveryRecord, FailedDelivery, FailedFilter};
 
@@ -41,37 +43,20 @@ pub(super) async fn delivery(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Query(query): Query<DeliveryQuery>,
-) -> Response {
-    let session = match session::require(&state, &headers) {
-        Ok(session) => session,
-        Err(refusal) => return refusal.into_response(),
-    };
-    let event_id = match event_id(query.event_id.as_deref()) {
-        Ok(id) => id,
-        Err(refusal) => return refusal.into_response(),
-    };
-    let Some(subscriber) = query.subscriber.as_deref() else {
-        return bad_request("subscriber is required").into_response();
-    };
-    let record = match state.events.delivery(event_id, subscriber).await {
-        Ok(Some(record)) => record,
-        Ok(None) => {
-            return ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!("event {event_id} has no delivery to {subscriber}"),
-            )
-            .into_response();
-        }
-        Err(error) => return events_failed(error).into_response(),
-    };
-    let attempts = match state.events.attempts(event_id, subscriber).await {
-        Ok(attempts) => attempts,
-        Err(error) => return events_failed(error).into_response(),
-    };
-    let topic = match state.events.event(event_id).await {
-        Ok(event) => event.map(|event| event.topic),
-        Err(error) => return events_failed(error).into_response(),
-    };
+) -> Result<Markup, Refused> {
+    let session = session::require(&state, &headers)?;
+    let (record, attempts) = history::find(
+        &state,
+        query.event_id.as_deref(),
+        query.subscriber.as_deref(),
+    )
+    .await?;
+    let topic = state
+        .events
+        .event(record.event_id)
+        .await
+        .map_err(events_failed)?
+        .map(|event| event.topic);
     let body = delivery_page(
         &session,
         &record,
@@ -79,7 +64,7 @@ pub(super) async fn delivery(
         &attempts,
         query.retried,
     );
-    layout::page("Delivery", &session, body).into_response()
+    Ok(layout::page("Delivery", &session, body))
 }
 
 fn delivery_page(
@@ -147,11 +132,8 @@ pub(super) async fn failed(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Query(query): Query<FailedQuery>,
-) -> Response {
-    let session = match session::require(&state, &headers) {
-        Ok(session) => session,
-        Err(refusal) => return refusal.into_response(),
-    };
+) -> Result<Markup, Refused> {
+    let session = session::require(&state, &headers)?;
     let topic = query.topic.as_deref().filter(|topic| !topic.is_empty());
     let subscriber = query.subscriber.as_deref().filter(|text| !text.is_empty());
     let filter = FailedFilter {
@@ -159,25 +141,26 @@ pub(super) async fn failed(
         subscriber,
         event_id: None,
     };
-    let mut failed = match state.events.failed(filter, ROWS_SHOWN + 1).await {
-        Ok(failed) => failed,
-        Err(error) => return events_failed(error).into_response(),
-    };
+    let mut failed = state
+        .events
+        .failed(filter, ROWS_SHOWN + 1)
+        .await
+        .map_err(events_failed)?;
     let more = failed.len() > ROWS_SHOWN;
     failed.truncate(ROWS_SHOWN);
     let body = html! {
         @if let Some(retried) = query.retried {
             p.notice role="status" { "Retry requested: " (retried) " failed deliveries re-opened." }
         }
-        form method="get" action="/admin/failed" {
-            label for="topic" { "Topic" } " "
-            input #topic type="url" name="topic" size="40" value=[topic];
-            " "
-            label for="subscriber" { "Subscriber (callback URL)" } " "
-            input #subscriber type="url" name="subscriber" size="40" value=[subscriber];
-            " "
-            button type="submit" { "Filter" }
-        }
+        (layout::filter_form("/admin/failed", &[
+            Field { name: "topic", label: "Topic", kind: "url", value: topic },
+            Field {
+                name: "subscriber",
+                label: "Subscriber (callback URL)",
+                kind: "url",
+                value: subscriber,
+            },
+        ]))
         @if failed.is_empty() {
             p { "No failed delivery." }
         } @else {
@@ -187,7 +170,7 @@ pub(super) async fn failed(
             (subscribers_table(&session, &failed))
         }
     };
-    layout::page("Failed deliveries", &session, body).into_response()
+    Ok(layout::page("Failed deliveries", &session, body))
 }
 
 fn failed_table(session: &Session, failed: &[FailedDelivery]) -> Markup {
@@ -279,18 +262,15 @@ pub(super) async fn retry(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Form(form): Form<RetryForm>,
-) -> Response {
-    if let Err(refusal) = session::require_form(&state, &headers, form.csrf.as_deref()) {
-        return refusal.into_response();
-    }
-    let Some(subscriber) = form.subscriber.as_deref().filter(|text| !text.is_empty()) else {
-        return bad_request("subscriber is required").into_response();
-    };
+) -> Result<Redirect, Refused> {
+    session::require_form(&state, &headers, form.csrf.as_deref())?;
+    let subscriber = form
+        .subscriber
+        .as_deref()
+        .filter(|text| !text.is_empty())
+        .ok_or_else(|| bad_request("subscriber is required"))?;
     let event_id = match form.event_id.as_deref() {
-        Some(text) => match event_id(Some(text)) {
-            Ok(id) => Some(id),
-            Err(refusal) => return refusal.into_response(),
-        },
+        Some(text) => Some(event_id(Some(text))?),
         None => None,
     };
     let filter = FailedFilter {
@@ -298,13 +278,7 @@ pub(super) async fn retry(
         subscriber: Some(subscriber),
         event_id,
     };
-    let retried = match state.events.retry_failed(filter, state.clock.now()).await {
-        Ok(retried) => retried,
-        Err(error) => return events_failed(error).into_response(),
-    };
-    if retried > 0 {
-        state.dispatcher.wake();
-    }
+    let retried = operator::retry_failed(&state, filter).await?;
     tracing::info!(
         subscriber,
         ?event_id,
@@ -326,5 +300,5 @@ pub(super) async fn retry(
             &[("subscriber", subscriber), ("retried", &retried)],
         ),
     };
-    Redirect::to(&next).into_response()
+    Ok(Redirect::to(&next))
 }

@@ -78,3 +78,27 @@ pub(super) fn cut_short(more: bool, limit: usize) -> Markup {
         }
     }
 }
+
+/// One field of a filter form: its name (and id), label, input type and
+/// the value it was sent with.
+pub(super) struct Field<'a> {
+    pub(super) name: &'a str,
+    pub(super) label: &'a str,
+    pub(super) kind: &'a str,
+    pub(super) value: Option<&'a str>,
+}
+
+/// A form that filters a list: a GET of `action` with the fields.
+pub(super) fn filter_form(action: &str, fields: &[Field<'_>]) -> Markup {
+    html! {
+        form method="get" action=(action) {
+            @for field in fields {
+                label for=(field.name) { (field.label) } " "
+                input id=(field.name) type=(field.kind) name=(field.name) size="40"
+                    value=[field.value];
+                " "
+            }
+            button type="submit" { "Filter" }
+        }
+    }
+}

@@ -4,10 +4,10 @@
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 
-use super::{events_failed, layout, session, store_failed, when};
+use super::session::{self, Refused};
+use super::{events_failed, layout, store_failed, when};
 use crate::api::{ApiError, ApiState};
 use crate::events::FailedFilter;
 
@@ -36,15 +36,12 @@ impl Bounded {
     }
 }
 
-pub(super) async fn page(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    let session = match session::require(&state, &headers) {
-        Ok(session) => session,
-        Err(refusal) => return refusal.into_response(),
-    };
-    match figures(&state).await {
-        Ok(body) => layout::page("Overview", &session, body).into_response(),
-        Err(error) => error.into_response(),
-    }
+pub(super) async fn page(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+) -> Result<Markup, Refused> {
+    let session = session::require(&state, &headers)?;
+    Ok(layout::page("Overview", &session, figures(&state).await?))
 }
 
 async fn figures(state: &ApiState) -> Result<Markup, ApiError> {

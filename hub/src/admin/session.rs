@@ -116,6 +116,12 @@ pub(super) enum Refused {
     Reason(ApiError),
 }
 
+impl From<ApiError> for Refused {
+    fn from(error: ApiError) -> Self {
+        Self::Reason(error)
+    }
+}
+
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
         match self {
@@ -167,11 +173,9 @@ pub(super) fn require_form(
 }
 
 /// The login form.
-pub(super) async fn login_form(State(state): State<ApiState>) -> Response {
-    match key(&state) {
-        Ok(_) => login_page(None).into_response(),
-        Err(refusal) => refusal.into_response(),
-    }
+pub(super) async fn login_form(State(state): State<ApiState>) -> Result<Markup, Refused> {
+    key(&state)?;
+    Ok(login_page(None))
 }
 
 /// What the login form sends.
@@ -182,18 +186,18 @@ pub(super) struct Login {
 
 /// Checks the key typed in: a session and the overview when it is the
 /// internal key, the form again with a 401 when not.
-pub(super) async fn login(State(state): State<ApiState>, Form(login): Form<Login>) -> Response {
-    let key = match key(&state) {
-        Ok(key) => key,
-        Err(refusal) => return refusal.into_response(),
-    };
+pub(super) async fn login(
+    State(state): State<ApiState>,
+    Form(login): Form<Login>,
+) -> Result<Response, Refused> {
+    let key = key(&state)?;
     if !key.matches(login.key.trim().as_bytes()) {
         tracing::info!("admin login refused: wrong key");
-        return (
+        return Ok((
             StatusCode::UNAUTHORIZED,
             login_page(Some("That is not this hub's internal API key.")),
         )
-            .into_response();
+            .into_response());
     }
     let value = issue(key, state.clock.now() + LIFETIME);
     let mut response = Redirect::to("/admin").into_response();
@@ -201,7 +205,7 @@ pub(super) async fn login(State(state): State<ApiState>, Form(login): Form<Login
         header::SET_COOKIE,
         set_cookie(&value, LIFETIME.num_seconds()),
     );
-    response
+    Ok(response)
 }
 
 /// What the logout form sends.
@@ -215,15 +219,13 @@ pub(super) async fn logout(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Form(form): Form<Logout>,
-) -> Response {
-    if let Err(refusal) = require_form(&state, &headers, form.csrf.as_deref()) {
-        return refusal.into_response();
-    }
+) -> Result<Response, Refused> {
+    require_form(&state, &headers, form.csrf.as_deref())?;
     let mut response = Redirect::to("/admin/login").into_response();
     response
         .headers_mut()
         .insert(header::SET_COOKIE, set_cookie("", 0));
-    response
+    Ok(response)
 }
 
 fn login_page(refused: Option<&str>) -> Markup {

@@ -4,12 +4,13 @@
 
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 use serde::Deserialize;
 use websub_store::Subscription;
 
-use super::{ROWS_SHOWN, events_failed, layout, link, session, store_failed, when};
+use super::layout::Field;
+use super::session::{self, Refused};
+use super::{ROWS_SHOWN, events_failed, layout, link, store_failed, when};
 use crate::api::{ApiError, ApiState};
 use crate::events::DeliveryHealth;
 
@@ -42,15 +43,10 @@ pub(super) async fn page(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Query(filter): Query<Filter>,
-) -> Response {
-    let session = match session::require(&state, &headers) {
-        Ok(session) => session,
-        Err(refusal) => return refusal.into_response(),
-    };
-    match subscriptions(&state, filter).await {
-        Ok(body) => layout::page("Subscriptions", &session, body).into_response(),
-        Err(error) => error.into_response(),
-    }
+) -> Result<Markup, Refused> {
+    let session = session::require(&state, &headers)?;
+    let body = subscriptions(&state, filter).await?;
+    Ok(layout::page("Subscriptions", &session, body))
 }
 
 async fn subscriptions(state: &ApiState, filter: Filter) -> Result<Markup, ApiError> {
@@ -77,15 +73,10 @@ async fn subscriptions(state: &ApiState, filter: Filter) -> Result<Markup, ApiEr
         });
     }
     Ok(html! {
-        form method="get" action="/admin/subscriptions" {
-            label for="topic" { "Topic" } " "
-            input #topic type="url" name="topic" size="40" value=[topic];
-            " "
-            label for="callback" { "Callback contains" } " "
-            input #callback type="search" name="callback" size="30" value=[callback];
-            " "
-            button type="submit" { "Filter" }
-        }
+        (layout::filter_form("/admin/subscriptions", &[
+            Field { name: "topic", label: "Topic", kind: "url", value: topic },
+            Field { name: "callback", label: "Callback contains", kind: "search", value: callback },
+        ]))
         @if !searched_all {
             p.note {
                 "The search stopped after " (TOPICS_SEARCHED) " topics or "

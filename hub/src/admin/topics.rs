@@ -3,10 +3,10 @@
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
 use maud::{Markup, html};
 
-use super::{layout, link, session, store_failed};
+use super::session::{self, Refused};
+use super::{layout, link, store_failed};
 use crate::api::{ApiError, ApiState};
 
 /// The most topics listed.
@@ -15,15 +15,12 @@ const TOPICS_SHOWN: usize = 500;
 /// Subscriptions counted per topic; past it the count reads "N+".
 const COUNTED: usize = 1000;
 
-pub(super) async fn page(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    let session = match session::require(&state, &headers) {
-        Ok(session) => session,
-        Err(refusal) => return refusal.into_response(),
-    };
-    match topics(&state).await {
-        Ok(body) => layout::page("Topics", &session, body).into_response(),
-        Err(error) => error.into_response(),
-    }
+pub(super) async fn page(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+) -> Result<Markup, Refused> {
+    let session = session::require(&state, &headers)?;
+    Ok(layout::page("Topics", &session, topics(&state).await?))
 }
 
 async fn topics(state: &ApiState) -> Result<Markup, ApiError> {

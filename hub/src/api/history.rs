@@ -99,17 +99,28 @@ pub(super) async fn delivery(
     Query(query): Query<DeliveryQuery>,
 ) -> Result<Json<DeliveryView>, ApiError> {
     authorize_internal(&state, &headers)?;
+    let (record, attempts) = find(
+        &state,
+        query.event_id.as_deref(),
+        query.subscriber.as_deref(),
+    )
+    .await?;
+    Ok(Json(view(record, attempts)))
+}
+
+/// The delivery of event `event_id` (as given, parsed here) to
+/// `subscriber`, with its attempts: 400 when either is missing or the id is
+/// not a UUID, 404 when the event has no such delivery.
+pub(crate) async fn find(
+    state: &ApiState,
+    event_id: Option<&str>,
+    subscriber: Option<&str>,
+) -> Result<(DeliveryRecord, Vec<Attempt>), ApiError> {
     let bad = |reason: &str| ApiError::new(StatusCode::BAD_REQUEST, reason.to_owned());
-    let event_id = query
-        .event_id
-        .as_deref()
-        .ok_or_else(|| bad("event_id is required"))?;
+    let event_id = event_id.ok_or_else(|| bad("event_id is required"))?;
     let event_id = Uuid::try_parse(event_id)
         .map_err(|_| bad(&format!("event_id {event_id:?} is not a UUID")))?;
-    let subscriber = query
-        .subscriber
-        .as_deref()
-        .ok_or_else(|| bad("subscriber is required"))?;
+    let subscriber = subscriber.ok_or_else(|| bad("subscriber is required"))?;
     let record = state
         .events
         .delivery(event_id, subscriber)
@@ -126,7 +137,7 @@ pub(super) async fn delivery(
         .attempts(event_id, subscriber)
         .await
         .map_err(events_failed)?;
-    Ok(Json(view(record, attempts)))
+    Ok((record, attempts))
 }
 
 impl DeliveryState {

@@ -302,6 +302,16 @@ async fn retry(
         subscriber: request.subscriber.as_deref(),
         event_id: None,
     };
+    let retried = retry_failed(&state, filter).await?;
+    Ok(Json(RetryAnswer { retried }))
+}
+
+/// Re-opens the failed deliveries `filter` matches and wakes the dispatcher
+/// for them; how many were re-opened.
+pub(crate) async fn retry_failed(
+    state: &ApiState,
+    filter: FailedFilter<'_>,
+) -> Result<u64, ApiError> {
     let retried = state
         .events
         .retry_failed(filter, state.clock.now())
@@ -310,7 +320,7 @@ async fn retry(
     if retried > 0 {
         state.dispatcher.wake();
     }
-    Ok(Json(RetryAnswer { retried }))
+    Ok(retried)
 }
 
 pub(crate) fn store_failed(error: websub_store::StoreError) -> ApiError {
