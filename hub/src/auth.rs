@@ -395,12 +395,30 @@ impl InternalKey {
     /// [`AuthError::WrongKey`] otherwise.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), AuthError> {
         let given = headers.get(&self.header).ok_or(AuthError::MissingKey)?;
-        // Time depends on the lengths only, never on where they differ.
-        if bool::from(given.as_bytes().ct_eq(self.key.as_bytes())) {
+        if self.matches(given.as_bytes()) {
             Ok(())
         } else {
             Err(AuthError::WrongKey)
         }
+    }
+
+    /// Whether `given` is the key (typed into a form rather than sent in
+    /// the header).
+    pub fn matches(&self, given: &[u8]) -> bool {
+        // Time depends on the lengths only, never on where they differ.
+        bool::from(given.ct_eq(self.key.as_bytes()))
+    }
+
+    /// HMAC-SHA256 of `message` under the key: values the hub hands out
+    /// (the admin page's session cookie) and takes back later, on any
+    /// replica and after a restart, without storing them. The key never
+    /// leaves this type.
+    pub fn sign(&self, message: &[u8]) -> [u8; 32] {
+        use hmac::{Hmac, KeyInit, Mac};
+        let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(self.key.as_bytes())
+            .expect("HMAC takes a key of any length");
+        mac.update(message);
+        mac.finalize().into_bytes().into()
     }
 }
 

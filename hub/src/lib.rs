@@ -68,6 +68,7 @@
 //! assert_eq!(policy.after_failure(10), NextStep::GiveUp);
 //! ```
 
+pub mod admin;
 pub mod api;
 pub mod auth;
 pub mod backlog;

@@ -282,7 +282,7 @@ impl Hub {
 
     /// The HTTP routes, for serving or for driving with `tower::ServiceExt`.
     pub fn router(&self) -> axum::Router {
-        api::router(ApiState {
+        let state = ApiState {
             subscriptions: self.subscriptions.clone(),
             intake: self.intake.clone(),
             store: self.store.clone(),
@@ -297,7 +297,8 @@ impl Hub {
             metrics: self.metrics.clone(),
             retention: self.config.retention,
             feeds: self.feeds.clone(),
-        })
+        };
+        api::router(state.clone()).merge(crate::admin::router(state))
     }
 
     /// Runs the hub on `listener` until `shutdown` resolves, then drains.

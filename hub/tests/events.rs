@@ -938,6 +938,13 @@ async fn attempts_are_kept_per_delivery_and_go_with_their_event(log: &dyn EventL
     log.complete(&[delivered, expired], t0 + secs(2))
         .await
         .expect("complete again");
+    // One of the three attempts was answered 2xx; an event recorded before
+    // the window is outside it, however late its delivery.
+    assert_eq!(log.delivered_since(t0).await.expect("delivered"), 1);
+    assert_eq!(
+        log.delivered_since(t0 + secs(1)).await.expect("delivered"),
+        0
+    );
 
     let first = log
         .attempts(event.id, &subscribers[0])
@@ -1338,6 +1345,7 @@ async fn health_failed_and_retry_failed(log: &dyn EventLog) {
     let of_topic = FailedFilter {
         topic: Some(&watched),
         subscriber: None,
+        event_id: None,
     };
     let failed = log.failed(of_topic, 10).await.expect("failed");
     let listed: Vec<_> = failed
@@ -1358,6 +1366,7 @@ async fn health_failed_and_retry_failed(log: &dyn EventLog) {
     let everywhere_for_a = FailedFilter {
         topic: None,
         subscriber: Some(a),
+        event_id: None,
     };
     assert_eq!(
         log.failed(everywhere_for_a, 10)
@@ -1367,10 +1376,23 @@ async fn health_failed_and_retry_failed(log: &dyn EventLog) {
         2
     );
 
+    // One event's record, whatever its topic and subscriber.
+    let one_event = FailedFilter {
+        event_id: Some(events[0].id),
+        ..FailedFilter::default()
+    };
+    let only = log.failed(one_event, 10).await.expect("failed");
+    let listed: Vec<_> = only
+        .iter()
+        .map(|f| (f.event_id, f.subscriber.as_str()))
+        .collect();
+    assert_eq!(listed, vec![(events[0].id, b)]);
+
     let again = done + secs(10);
     let one = FailedFilter {
         topic: Some(&watched),
         subscriber: Some(a),
+        event_id: None,
     };
     assert_eq!(log.retry_failed(one, again).await.expect("retry"), 1);
     let records = log.deliveries(events[2].id).await.expect("deliveries");
@@ -1392,6 +1414,27 @@ async fn health_failed_and_retry_failed(log: &dyn EventLog) {
             .expect("failed")
             .len(),
         1
+    );
+    let elsewhere = log.failed(everywhere_for_a, 10).await.expect("failed");
+    let in_flight = FailedFilter {
+        event_id: Some(events[2].id),
+        ..FailedFilter::default()
+    };
+    assert_eq!(
+        log.retry_failed(in_flight, again).await.expect("retry"),
+        0,
+        "an event with no exhausted record"
+    );
+    let that_one = FailedFilter {
+        event_id: Some(elsewhere[0].event_id),
+        ..FailedFilter::default()
+    };
+    assert_eq!(log.retry_failed(that_one, again).await.expect("retry"), 1);
+    assert!(
+        log.failed(everywhere_for_a, 10)
+            .await
+            .expect("failed")
+            .is_empty()
     );
 }
 both!(health_failed_and_retry_failed);

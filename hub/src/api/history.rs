@@ -99,16 +99,26 @@ pub(super) async fn delivery(
     Query(query): Query<DeliveryQuery>,
 ) -> Result<Json<DeliveryView>, ApiError> {
     authorize_internal(&state, &headers)?;
+    let (record, attempts) = find(
+        &state,
+        query.event_id.as_deref(),
+        query.subscriber.as_deref(),
+    )
+    .await?;
+    Ok(Json(view(record, attempts)))
+}
+
+/// The delivery of event `event_id` (as given, parsed here) to
+/// `subscriber`, with its attempts: 400 when either is missing or the id is
+/// not a UUID, 404 when the event has no such delivery.
+pub(crate) async fn find(
+    state: &ApiState,
+    event_id: Option<&str>,
+    subscriber: Option<&str>,
+) -> Result<(DeliveryRecord, Vec<Attempt>), ApiError> {
     let bad = |reason: &str| ApiError::new(StatusCode::BAD_REQUEST, reason.to_owned());
-    let event_id = query
-        .event_id
-        .as_deref()
-        .ok_or_else(|| bad("event_id is required"))?;
-    let event_id = parse_event_id(event_id)?;
-    let subscriber = query
-        .subscriber
-        .as_deref()
-        .ok_or_else(|| bad("subscriber is required"))?;
+    let event_id = parse_event_id(event_id.ok_or_else(|| bad("event_id is required"))?)?;
+    let subscriber = subscriber.ok_or_else(|| bad("subscriber is required"))?;
     let record = state
         .events
         .delivery(event_id, subscriber)
@@ -125,7 +135,7 @@ pub(super) async fn delivery(
         .attempts(event_id, subscriber)
         .await
         .map_err(events_failed)?;
-    Ok(Json(view(record, attempts)))
+    Ok((record, attempts))
 }
 
 fn view(record: DeliveryRecord, attempts: Vec<Attempt>) -> DeliveryView {

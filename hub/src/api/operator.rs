@@ -225,6 +225,7 @@ async fn failed(
     let filter = FailedFilter {
         topic: query.topic.as_deref(),
         subscriber: query.subscriber.as_deref(),
+        event_id: None,
     };
     let failed = state
         .events
@@ -306,7 +307,18 @@ async fn retry(
     let filter = FailedFilter {
         topic: request.topic.as_deref(),
         subscriber: request.subscriber.as_deref(),
+        event_id: None,
     };
+    let retried = retry_failed(&state, filter).await?;
+    Ok(Json(RetryAnswer { retried }))
+}
+
+/// Re-opens the failed deliveries `filter` matches and wakes the dispatcher
+/// for them; how many were re-opened.
+pub(crate) async fn retry_failed(
+    state: &ApiState,
+    filter: FailedFilter<'_>,
+) -> Result<u64, ApiError> {
     let retried = state
         .events
         .retry_failed(filter, state.clock.now())
@@ -315,17 +327,17 @@ async fn retry(
     if retried > 0 {
         state.dispatcher.wake();
     }
-    Ok(Json(RetryAnswer { retried }))
+    Ok(retried)
 }
 
-pub(super) fn store_failed(error: websub_store::StoreError) -> ApiError {
+pub(crate) fn store_failed(error: websub_store::StoreError) -> ApiError {
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         format!("the subscription store failed: {error}"),
     )
 }
 
-pub(super) fn events_failed(error: crate::events::EventLogError) -> ApiError {
+pub(crate) fn events_failed(error: crate::events::EventLogError) -> ApiError {
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         format!("the event log failed: {error}"),

@@ -232,6 +232,8 @@ pub struct FailedFilter<'a> {
     pub topic: Option<&'a str>,
     /// Only records of this subscriber.
     pub subscriber: Option<&'a str>,
+    /// Only the records of this event.
+    pub event_id: Option<Uuid>,
 }
 
 /// Events one [`EventLog::replay`] sends again at most.
@@ -520,6 +522,12 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         event_id: Uuid,
         subscriber: &str,
     ) -> Result<Vec<Attempt>, EventLogError>;
+
+    /// How many attempts at or after `since` were answered 2xx, counting
+    /// only events recorded at or after `since`: the recent delivery rate,
+    /// read through the events' time index in work bounded by the window
+    /// (an older event's late delivery is not counted).
+    async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError>;
 }
 
 /// The oldest claim still alive at `now`, or `None` when the visibility

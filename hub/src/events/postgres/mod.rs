@@ -182,6 +182,7 @@ const FAILED: &str = "SELECT d.event_id, e.topic, d.subscriber::TEXT AS subscrib
      WHERE d.processed_at IS NULL AND d.next_attempt_at IS NULL \
        AND ($1::TEXT IS NULL OR e.topic = $1) \
        AND ($2::TEXT IS NULL OR d.subscriber = $2) \
+       AND ($4::UUID IS NULL OR d.event_id = $4) \
      ORDER BY e.created_at DESC LIMIT $3";
 
 const RETRY_FAILED: &str = "UPDATE websub_deliveries AS d \
@@ -190,12 +191,19 @@ const RETRY_FAILED: &str = "UPDATE websub_deliveries AS d \
      WHERE e.id = d.event_id \
        AND d.processed_at IS NULL AND d.next_attempt_at IS NULL \
        AND ($1::TEXT IS NULL OR e.topic = $1) \
-       AND ($2::TEXT IS NULL OR d.subscriber = $2)";
+       AND ($2::TEXT IS NULL OR d.subscriber = $2) \
+       AND ($4::UUID IS NULL OR d.event_id = $4)";
 
 // SKIP LOCKED lets two replicas purge at once, each taking its own chunk.
 const PURGE: &str = "DELETE FROM websub_events WHERE id IN ( \
      SELECT id FROM websub_events WHERE created_at < $1 \
      ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+// Successful attempts carry no error; the events' time index bounds the
+// work to the window.
+const DELIVERED_SINCE: &str = "SELECT count(*) AS delivered \
+     FROM websub_events AS e JOIN websub_attempts AS a ON a.event_id = e.id \
+     WHERE e.created_at >= $1 AND a.attempted_at >= $1 AND a.error IS NULL";
 
 /// The event log in a PostgreSQL database.
 ///
@@ -651,6 +659,7 @@ impl EventLog for PostgresEventLog {
             .bind(filter.topic)
             .bind(filter.subscriber)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(filter.event_id)
             .fetch_all(&self.pool)
             .await?
             .iter()
@@ -676,6 +685,7 @@ impl EventLog for PostgresEventLog {
             .bind(filter.topic)
             .bind(filter.subscriber)
             .bind(now)
+            .bind(filter.event_id)
             .execute(&self.pool)
             .await?
             .rows_affected())
@@ -808,5 +818,13 @@ impl EventLog for PostgresEventLog {
             .iter()
             .map(attempt_from_row)
             .collect()
+    }
+
+    async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
+        let row = sqlx::query(DELIVERED_SINCE)
+            .bind(since)
+            .fetch_one(&self.pool)
+            .await?;
+        super::count(row.try_get("delivered").map_err(super::invalid)?)
     }
 }

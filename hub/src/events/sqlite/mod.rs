@@ -214,17 +214,25 @@ const FAILED: &str = "SELECT d.event_id, e.topic, d.subscriber, e.created_at, \
      WHERE d.processed_at IS NULL AND d.next_attempt_at IS NULL \
        AND (?1 IS NULL OR e.topic = ?1) \
        AND (?2 IS NULL OR d.subscriber = ?2) \
+       AND (?4 IS NULL OR d.event_id = ?4) \
      ORDER BY e.created_at DESC LIMIT ?3";
 
 const RETRY_FAILED: &str = "UPDATE websub_deliveries \
      SET next_attempt_at = ?3, retry_count = 0, processing_since = NULL \
      WHERE processed_at IS NULL AND next_attempt_at IS NULL \
        AND (?2 IS NULL OR subscriber = ?2) \
-       AND (?1 IS NULL OR event_id IN (SELECT id FROM websub_events WHERE topic = ?1))";
+       AND (?1 IS NULL OR event_id IN (SELECT id FROM websub_events WHERE topic = ?1)) \
+       AND (?4 IS NULL OR event_id = ?4)";
 
 const PURGE: &str = "DELETE FROM websub_events WHERE rowid IN ( \
      SELECT rowid FROM websub_events WHERE created_at < ?1 \
      ORDER BY created_at LIMIT ?2)";
+
+// Successful attempts carry no error; the events' time index bounds the
+// work to the window.
+const DELIVERED_SINCE: &str = "SELECT count(*) AS delivered \
+     FROM websub_events AS e JOIN websub_attempts AS a ON a.event_id = e.id \
+     WHERE e.created_at >= ?1 AND a.attempted_at >= ?1 AND a.error IS NULL";
 
 /// The event log in a SQLite database file.
 ///
@@ -678,6 +686,7 @@ impl EventLog for SqliteEventLog {
             .bind(filter.topic)
             .bind(filter.subscriber)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(filter.event_id)
             .fetch_all(&self.pool)
             .await?
             .iter()
@@ -704,6 +713,7 @@ impl EventLog for SqliteEventLog {
             .bind(filter.topic)
             .bind(filter.subscriber)
             .bind(now.timestamp_micros())
+            .bind(filter.event_id)
             .execute(&mut *writer)
             .await?
             .rows_affected())
@@ -841,5 +851,13 @@ impl EventLog for SqliteEventLog {
             .iter()
             .map(attempt_from_row)
             .collect()
+    }
+
+    async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
+        let row = sqlx::query(DELIVERED_SINCE)
+            .bind(since.timestamp_micros())
+            .fetch_one(&self.pool)
+            .await?;
+        super::count(row.try_get("delivered").map_err(super::invalid)?)
     }
 }
