@@ -430,3 +430,143 @@ async fn feeds_show_their_backlog_and_listener() {
     assert_eq!(cells.get(1), Some(&"1"), "the backlog: {table}");
     assert!(cells.contains(&"connected"), "the listener: {table}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cli_disables_redelivers_and_replays() {
+    let dir = scratch_dir("operator-cli-steer");
+    let args: Vec<&str> = HUB_ARGS
+        .iter()
+        .copied()
+        .chain(["--disable-endpoint-after", "1"])
+        .collect();
+    let websubd = Websubd::spawn(&dir, free_port(), &args).ready().await;
+    let hub = websubd.url.as_str();
+    let subscriber = TestSubscriber::start().await;
+    let topic = "http://127.0.0.1:9/topics/invoices";
+    let bad = subscriber.callback("bad");
+    subscriber.answer_delivery("bad", Answer::status(500));
+    subscribe(hub, topic, &bad).await;
+    wait_for(hub, &["topics"], |topics| topics[0]["subscribers"] == 1).await;
+    let started = chrono::Utc::now() - chrono::Duration::seconds(1);
+
+    // One exhausted delivery disables the callback; the next is skipped.
+    let first = fat_ping(hub, topic, r#"{"invoice":1}"#).await;
+    let listed = wait_for(hub, &["endpoints", "list"], |listed| {
+        listed[0]["disabled_at"].is_string()
+    })
+    .await;
+    assert_eq!(listed[0]["endpoint"], bad.as_str(), "{listed}");
+    let table = succeeded(&websub(hub, &["endpoints", "list", "--channel", "websub"]).await);
+    assert!(
+        table.starts_with("CHANNEL") && table.contains(&bad) && table.contains("in a row"),
+        "{table}"
+    );
+    let second = fat_ping(hub, topic, r#"{"invoice":2}"#).await;
+    let of_bad = ["deliveries", "list", "--subscriber", bad.as_str()];
+    let skipped: Vec<&str> = of_bad
+        .iter()
+        .copied()
+        .chain(["--state", "skipped"])
+        .collect();
+    let listed = wait_for(hub, &skipped, |listed| {
+        listed.as_array().is_some_and(|rows| rows.len() == 1)
+    })
+    .await;
+    assert_eq!(listed[0]["event_id"], second.as_str(), "{listed}");
+    let table = succeeded(&websub(hub, &skipped).await);
+    assert!(
+        table.contains("skipped") && table.contains("endpoint disabled"),
+        "{table}"
+    );
+    let refused = websub(hub, &["redeliver", &second, "--subscriber", &bad]).await;
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(stderr(&refused).contains("409"), "{}", stderr(&refused));
+
+    // Fixed and enabled, then replayed: both events arrive again.
+    subscriber.answer_delivery("bad", Answer::status(204));
+    let enabled = succeeded(&websub(hub, &["endpoints", "enable", &bad]).await);
+    assert_eq!(enabled.trim(), format!("enabled {bad}"));
+    let since = started.to_rfc3339();
+    let replayed = succeeded(
+        &websub(
+            hub,
+            &[
+                "replay",
+                "--topic",
+                topic,
+                "--subscriber",
+                &bad,
+                "--since",
+                &since,
+            ],
+        )
+        .await,
+    );
+    assert!(replayed.starts_with("replaying 2 events"), "{replayed}");
+    let delivered: Vec<&str> = of_bad
+        .iter()
+        .copied()
+        .chain(["--state", "delivered"])
+        .collect();
+    let listed = wait_for(hub, &delivered, |listed| {
+        listed.as_array().is_some_and(|rows| rows.len() == 2)
+    })
+    .await;
+    let mut originals: Vec<&str> = listed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|row| row["original_id"].as_str())
+        .collect();
+    originals.sort_unstable();
+    let mut expected = vec![first.as_str(), second.as_str()];
+    expected.sort_unstable();
+    assert_eq!(originals, expected, "{listed}");
+    let again = succeeded(&websub(hub, &["redeliver", &first]).await);
+    assert!(again.contains(&format!("sent again to {bad}")), "{again}");
+    assert!(subscriber.wait_for_deliveries("bad", 3, WAIT).await.len() >= 3);
+
+    // Disabled by hand, with a reason.
+    let disabled = succeeded(
+        &websub(
+            hub,
+            &["endpoints", "disable", &bad, "--reason", "maintenance"],
+        )
+        .await,
+    );
+    assert_eq!(disabled.trim(), format!("disabled {bad}"));
+    let listed = json(hub, &["endpoints", "list"]).await;
+    assert_eq!(listed[0]["disabled_reason"], "maintenance", "{listed}");
+
+    // Bad values are named, with exit code 2.
+    for (args, named) in [
+        (
+            vec![
+                "replay",
+                "--topic",
+                topic,
+                "--subscriber",
+                &bad,
+                "--since",
+                "yesterday",
+            ],
+            "yesterday",
+        ),
+        (vec!["endpoints", "list", "--channel", "mail"], "mail"),
+        (vec!["deliveries", "list", "--state", "lost"], "lost"),
+        (vec!["redeliver", "not-an-id"], "not-an-id"),
+    ] {
+        let output = websub(hub, &args).await;
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(named),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
+}

@@ -198,8 +198,8 @@ impl Endpoints {
                 channel = self.inner.channel.label(),
                 endpoint = %endpoint,
                 after = self.inner.disable_after,
-                "endpoint disabled: its deliveries exhausted their retries {} times in a row; \
-                 new deliveries to it are skipped until an operator enables it",
+                "endpoint disabled after {} deliveries in a row exhausted their retries; new \
+                 deliveries to it are skipped until an operator enables it",
                 self.inner.disable_after,
             );
             metrics::counter!(ENDPOINTS_DISABLED_TOTAL,

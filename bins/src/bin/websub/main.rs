@@ -25,6 +25,7 @@ mod operator;
 mod outbox;
 mod purge;
 mod routes;
+mod steer;
 mod table;
 
 use std::net::SocketAddr;

@@ -1,6 +1,7 @@
 //! The commands that ask a running hub through its operator API
 //! (`/api/v1/operator/…`): what it holds (topics, subscriptions, outbox
-//! feeds), what became of a delivery, and retrying the failed ones. Each
+//! feeds), what became of its deliveries, and retrying the failed ones;
+//! those that change what it delivers are in [`crate::steer`]. Each
 //! command is a clap variant of [`OperatorCommand`] and one function that
 //! sends its request through [`Hub`] and prints the answer as a table (or
 //! as the API's JSON with `--json`); [`run`] maps the outcome to the exit
@@ -8,6 +9,7 @@
 
 use std::fmt::Write as _;
 
+use chrono::{DateTime, Utc};
 use clap::Subcommand;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -37,6 +39,43 @@ pub(crate) enum OperatorCommand {
     Feeds {
         #[command(flatten)]
         hub: HubArgs,
+    },
+    /// Send an event again: to one subscription, or to every subscription
+    /// of its topic. A new delivery record each; subscribers receive the
+    /// event's own id.
+    Redeliver {
+        /// The event's id (a UUID).
+        #[arg(value_parser = parse_event_id)]
+        event_id: Uuid,
+        /// Only this subscription of the event's topic (its callback URL).
+        #[arg(long)]
+        subscriber: Option<String>,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+    /// Send a topic's events since a time again to one subscription (at
+    /// most 10 000 per run; it says where to go on).
+    Replay {
+        /// The topic URL.
+        #[arg(long)]
+        topic: String,
+        /// The subscription's callback URL.
+        #[arg(long)]
+        subscriber: String,
+        /// Events recorded at or after this time (RFC 3339, e.g.
+        /// 2026-12-01T10:00:00Z).
+        #[arg(long, value_parser = crate::steer::parse_time)]
+        since: DateTime<Utc>,
+        /// At most this many events (1 to 10 000).
+        #[arg(long)]
+        limit: Option<usize>,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+    /// List troubled endpoints, or disable or enable one.
+    Endpoints {
+        #[command(subcommand)]
+        command: crate::steer::EndpointsCommand,
     },
 }
 
@@ -84,6 +123,32 @@ pub(crate) struct Pair {
 /// `websub deliveries …`.
 #[derive(Debug, Subcommand)]
 pub(crate) enum DeliveriesCommand {
+    /// List delivery records, newest event first.
+    List {
+        /// Records of this event and of its redeliveries.
+        #[arg(long, value_parser = parse_event_id)]
+        event_id: Option<Uuid>,
+        /// Only this topic's.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Only this subscriber's (a callback URL).
+        #[arg(long)]
+        subscriber: Option<String>,
+        /// Only those in this state.
+        #[arg(long, value_parser = ["pending", "delivered", "dropped", "failed", "skipped"])]
+        state: Option<String>,
+        /// Events recorded at or after this time (RFC 3339).
+        #[arg(long, value_parser = crate::steer::parse_time)]
+        since: Option<DateTime<Utc>>,
+        /// Events recorded before this time (RFC 3339).
+        #[arg(long, value_parser = crate::steer::parse_time)]
+        until: Option<DateTime<Utc>>,
+        /// At most this many (1 to 1000).
+        #[arg(long)]
+        limit: Option<usize>,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
     /// Show one delivery of an event to a subscriber, with every attempt.
     Show {
         /// The event's id (a UUID).
@@ -121,6 +186,19 @@ pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
     match command {
         OperatorCommand::Topics { hub } => topics(&hub.connect()?).await,
         OperatorCommand::Feeds { hub } => feeds(&hub.connect()?).await,
+        OperatorCommand::Redeliver {
+            event_id,
+            subscriber,
+            hub,
+        } => crate::steer::redeliver(&hub.connect()?, event_id, subscriber).await,
+        OperatorCommand::Replay {
+            topic,
+            subscriber,
+            since,
+            limit,
+            hub,
+        } => crate::steer::replay(&hub.connect()?, &topic, &subscriber, since, limit).await,
+        OperatorCommand::Endpoints { command } => crate::steer::endpoints(command).await,
         OperatorCommand::Subscriptions { command } => match command {
             Subscriptions::List {
                 topic,
@@ -133,6 +211,34 @@ pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
             }
         },
         OperatorCommand::Deliveries { command } => match command {
+            Deliveries::List {
+                event_id,
+                topic,
+                subscriber,
+                state,
+                since,
+                until,
+                limit,
+                hub,
+            } => {
+                let event_id = event_id.map(|id| id.to_string());
+                let since = since.map(|time| time.to_rfc3339());
+                let until = until.map(|time| time.to_rfc3339());
+                let limit = limit.map(|limit| limit.to_string());
+                let query: Vec<(&str, &str)> = [
+                    ("event_id", event_id.as_deref()),
+                    ("topic", topic.as_deref()),
+                    ("subscriber", subscriber.as_deref()),
+                    ("state", state.as_deref()),
+                    ("since", since.as_deref()),
+                    ("until", until.as_deref()),
+                    ("limit", limit.as_deref()),
+                ]
+                .into_iter()
+                .filter_map(|(name, value)| Some((name, value?)))
+                .collect();
+                list_deliveries(&hub.connect()?, &query).await
+            }
             Deliveries::Show {
                 event_id,
                 subscriber,
@@ -273,6 +379,38 @@ async fn show_delivery(hub: &Hub, event_id: Uuid, subscriber: &str) -> Result<()
         }
         let _ = write!(shown, "\n{attempts}");
         shown
+    });
+    Ok(())
+}
+
+async fn list_deliveries(hub: &Hub, query: &[(&str, &str)]) -> Result<(), Failure> {
+    let answer = hub.get("deliveries", query).await?;
+    hub.print(&answer, |answer| {
+        let mut table = Table::new([
+            "EVENT",
+            "SUBSCRIBER",
+            "STATE",
+            "RETRIES",
+            "RECORDED",
+            "LAST ERROR",
+            "REDELIVERS",
+        ]);
+        for delivery in elements(answer) {
+            table.row([
+                cell(&delivery["event_id"]),
+                cell(&delivery["subscriber"]),
+                cell(&delivery["state"]),
+                cell(&delivery["retry_count"]),
+                cell(&delivery["created_at"]),
+                cell(&delivery["last_error"]),
+                cell(&delivery["original_id"]),
+            ]);
+        }
+        if table.is_empty() {
+            "no delivery matches\n".to_owned()
+        } else {
+            table.to_string()
+        }
     });
     Ok(())
 }
