@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::backlog::parse_limit;
-use super::history::{AttemptView, parse_event_id};
+use super::history::{AttemptView, DeliveryQuery};
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::operator::events_failed;
 use super::redeliver::json_body;
@@ -271,16 +271,6 @@ async fn probe(state: &ApiState, channel: Channel, callback: &str) -> Result<(),
         })
 }
 
-/// Which webhook delivery.
-#[derive(Debug, Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-struct WebhookDeliveryQuery {
-    /// The outbox event's id.
-    event_id: Option<String>,
-    /// The webhook's name.
-    subscriber: Option<String>,
-}
-
 /// The attempts of one outbox webhook delivery, oldest first (its row is in
 /// the producer's database).
 #[utoipa::path(
@@ -288,7 +278,7 @@ struct WebhookDeliveryQuery {
     path = "/webhooks/attempts",
     operation_id = "list_webhook_attempts",
     tag = "operator",
-    params(WebhookDeliveryQuery),
+    params(DeliveryQuery),
     security(("internal_api_key" = [])),
     responses(
         (status = 200, description = "Its attempts, oldest first (none when it had none).",
@@ -302,21 +292,10 @@ struct WebhookDeliveryQuery {
 async fn webhook_attempts(
     State(state): State<ApiState>,
     headers: HeaderMap,
-    Query(query): Query<WebhookDeliveryQuery>,
+    Query(query): Query<DeliveryQuery>,
 ) -> Result<Json<Vec<AttemptView>>, ApiError> {
     authorize_internal(&state, &headers)?;
-    let required =
-        |name: &str| ApiError::new(StatusCode::BAD_REQUEST, format!("{name} is required"));
-    let event_id = parse_event_id(
-        query
-            .event_id
-            .as_deref()
-            .ok_or_else(|| required("event_id"))?,
-    )?;
-    let subscriber = query
-        .subscriber
-        .as_deref()
-        .ok_or_else(|| required("subscriber"))?;
+    let (event_id, subscriber) = query.required()?;
     let attempts = state
         .events
         .webhook_attempts(event_id, subscriber)

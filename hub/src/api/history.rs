@@ -24,8 +24,27 @@ use crate::events::{Attempt, DeliveryFilter, DeliveryRecord, DeliveryState, Deli
 pub(super) struct DeliveryQuery {
     /// The event's id.
     event_id: Option<String>,
-    /// The subscriber: the subscription's callback URL.
+    /// The subscriber: the subscription's callback URL (or an outbox
+    /// webhook's name).
     subscriber: Option<String>,
+}
+
+impl DeliveryQuery {
+    /// Both, as required: 400 when either is missing or the id is not a
+    /// UUID.
+    pub(super) fn required(&self) -> Result<(Uuid, &str), ApiError> {
+        required(self.event_id.as_deref(), self.subscriber.as_deref())
+    }
+}
+
+fn required<'a>(
+    event_id: Option<&str>,
+    subscriber: Option<&'a str>,
+) -> Result<(Uuid, &'a str), ApiError> {
+    let bad = |reason: &str| ApiError::new(StatusCode::BAD_REQUEST, reason.to_owned());
+    let event_id = parse_event_id(event_id.ok_or_else(|| bad("event_id is required"))?)?;
+    let subscriber = subscriber.ok_or_else(|| bad("subscriber is required"))?;
+    Ok((event_id, subscriber))
 }
 
 /// One attempt, as kept.
@@ -116,9 +135,7 @@ pub(crate) async fn find(
     event_id: Option<&str>,
     subscriber: Option<&str>,
 ) -> Result<(DeliveryRecord, Vec<Attempt>), ApiError> {
-    let bad = |reason: &str| ApiError::new(StatusCode::BAD_REQUEST, reason.to_owned());
-    let event_id = parse_event_id(event_id.ok_or_else(|| bad("event_id is required"))?)?;
-    let subscriber = subscriber.ok_or_else(|| bad("subscriber is required"))?;
+    let (event_id, subscriber) = required(event_id, subscriber)?;
     let record = state
         .events
         .delivery(event_id, subscriber)

@@ -341,6 +341,23 @@ const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id, subscriber
      WHERE topic = $1 AND created_at >= $3 AND original_id IS NULL \
      ON CONFLICT DO NOTHING";
 
+/// The attempts `sql` selects for one delivery, oldest first.
+async fn attempts_in(
+    pool: &PgPool,
+    sql: &'static str,
+    event_id: Uuid,
+    subscriber: &str,
+) -> Result<Vec<Attempt>, EventLogError> {
+    sqlx::query(sql)
+        .bind(event_id)
+        .bind(subscriber)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(attempt_from_row)
+        .collect()
+}
+
 #[async_trait]
 impl EventLog for PostgresEventLog {
     async fn record(
@@ -583,14 +600,7 @@ impl EventLog for PostgresEventLog {
         event_id: Uuid,
         subscriber: &str,
     ) -> Result<Vec<Attempt>, EventLogError> {
-        sqlx::query(ATTEMPTS)
-            .bind(event_id)
-            .bind(subscriber)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(attempt_from_row)
-            .collect()
+        attempts_in(&self.pool, ATTEMPTS, event_id, subscriber).await
     }
 
     async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {
@@ -810,14 +820,7 @@ impl EventLog for PostgresEventLog {
         event_id: Uuid,
         subscriber: &str,
     ) -> Result<Vec<Attempt>, EventLogError> {
-        sqlx::query(WEBHOOK_ATTEMPTS)
-            .bind(event_id)
-            .bind(subscriber)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(attempt_from_row)
-            .collect()
+        attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
     }
 
     async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
