@@ -1,14 +1,17 @@
 //! The admin page of the real `websubd` binary: in a real browser (headless
 //! Chromium through chromedriver), an operator logs in with the internal
 //! key, finds a subscription, sees a delivery that failed, retries it once
-//! the subscriber is fixed, and sees it delivered with its attempts; and,
-//! over plain HTTP, the page's locks: the session cookie's attributes, the
-//! way to the login without one, a wrong key, a form without its CSRF
-//! token, and a hub without a key.
+//! the subscriber is fixed, and sees it delivered with its attempts; sees a
+//! failing callback disabled and its new delivery skipped, enables it,
+//! replays what it missed and sees it delivered, and disables and enables a
+//! callback by hand; and, over plain HTTP, the page's locks: the session
+//! cookie's attributes, the way to the login without one, a wrong key, a
+//! form without its CSRF token, and a hub without a key.
 //!
-//! `WEBSUB_ADMIN_SCREENSHOT=docs/admin-overview.png` makes the browser test
-//! write the overview it sees there (relative to the workspace root), which
-//! is how the README's screenshot is made.
+//! `WEBSUB_ADMIN_SCREENSHOT=docs/admin-overview.png` makes the endpoint
+//! test write the overview it sees, with a callback disabled, there
+//! (relative to the workspace root), which is how the README's screenshot
+//! is made.
 
 mod common;
 
@@ -159,13 +162,6 @@ async fn an_operator_retries_a_failed_delivery_in_the_browser() {
     assert_eq!(browser.path().await, "/admin");
     assert_eq!(browser.text("#failed").await, "3");
     assert_eq!(browser.text("#subscriptions").await, "2");
-    if let Some(path) = std::env::var_os("WEBSUB_ADMIN_SCREENSHOT") {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join(path);
-        std::fs::write(&path, browser.screenshot().await)
-            .unwrap_or_else(|error| panic!("write {}: {error}", path.display()));
-    }
 
     // The subscription, found by its callback, shows its failures.
     browser.click("nav a[href='/admin/subscriptions']").await;
@@ -233,6 +229,212 @@ async fn an_operator_retries_a_failed_delivery_in_the_browser() {
     browser.close().await;
 }
 
+/// The troubled endpoints' names, disabled ones only, by the operator API.
+async fn disabled_endpoints(hub: &Websubd) -> Vec<String> {
+    let listed: Vec<serde_json::Value> = http_client()
+        .get(format!("{}api/v1/operator/endpoints", hub.url))
+        .header("X-Internal-API-Key", INTERNAL_KEY)
+        .send()
+        .await
+        .expect("list endpoints")
+        .json()
+        .await
+        .expect("endpoints as JSON");
+    listed
+        .into_iter()
+        .filter(|record| !record["disabled_at"].is_null())
+        .filter_map(|record| record["endpoint"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Logs the browser in with the tests' key; it lands on the overview.
+async fn log_in_browser(browser: &Browser, hub: &Websubd) {
+    browser.goto(&format!("{}admin/login", hub.url)).await;
+    browser.type_into("#key", INTERNAL_KEY).await;
+    browser.click("form button[type=submit]").await;
+    browser.find("#deliveries").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_enables_a_disabled_callback_and_replays_it_in_the_browser() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let dir = scratch_dir("admin-endpoints");
+    let subscriber = TestSubscriber::start().await;
+    let flaky = subscriber.callback("flaky");
+    let steady = subscriber.callback("steady");
+    subscriber.answer_delivery("flaky", Answer::status(503));
+    subscribe(&dir, &[flaky.clone(), steady.clone()]).await;
+    let start = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
+    let hub = start_hub(
+        &dir,
+        &[
+            "--internal-api-key",
+            INTERNAL_KEY,
+            "--disable-endpoint-after",
+            "2",
+        ],
+    )
+    .await;
+    for number in 0..2 {
+        assert_eq!(
+            hub.fat_ping(TOPIC, &format!("{{\"number\":{number}}}"))
+                .await,
+            202
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !disabled_endpoints(&hub).await.contains(&flaky) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the failing callback was not disabled"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Disabled after two deliveries in a row ran out of retries: on the
+    // endpoints page and on the overview.
+    log_in_browser(&browser, &hub).await;
+    assert_eq!(browser.text("#endpoints-disabled").await, "1");
+    assert!(browser.text("#disabled-endpoints").await.contains(&flaky));
+    assert_eq!(browser.text("#feeds p").await, "No outbox feeds.");
+    if let Some(path) = std::env::var_os("WEBSUB_ADMIN_SCREENSHOT") {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(path);
+        std::fs::write(&path, browser.screenshot().await)
+            .unwrap_or_else(|error| panic!("write {}: {error}", path.display()));
+    }
+    browser.click("nav a[href='/admin/endpoints']").await;
+    let row = browser.text("#endpoints tr.disabled").await;
+    assert!(row.contains(&flaky), "{row}");
+    assert!(row.contains("2 deliveries in a row"), "{row}");
+    assert!(row.contains("503"), "the last error is shown: {row}");
+
+    // A new event is not sent to it: its delivery is skipped, and sending
+    // it again is refused while the endpoint is disabled.
+    assert_eq!(hub.fat_ping(TOPIC, "{\"number\":2}").await, 202);
+    subscriber
+        .wait_for_deliveries("steady", 3, Duration::from_secs(30))
+        .await;
+    browser
+        .click("nav a[href='/admin/deliveries?state=skipped']")
+        .await;
+    assert_eq!(browser.reload_until("#count", "1").await, "1");
+    assert!(browser.text("#records tr.record").await.contains(&flaky));
+    browser.click("#records tr.record td a").await;
+    assert_eq!(browser.text("#state").await, "skipped");
+    browser.click("form.redeliver button").await;
+    let refusal = browser.text(".error[role=alert]").await;
+    assert!(refusal.contains("is disabled"), "{refusal}");
+    assert_eq!(
+        subscriber.attempts("flaky"),
+        4,
+        "two events, two attempts each"
+    );
+
+    // Enabled, fixed, and everything since the start replayed.
+    browser.click("nav a[href='/admin/endpoints']").await;
+    browser
+        .click("#endpoints tr.disabled form.enable button")
+        .await;
+    assert!(
+        browser
+            .text(".notice")
+            .await
+            .contains(&format!("Enabled {flaky}"))
+    );
+    assert!(
+        browser
+            .source()
+            .await
+            .contains("No endpoint is failing or disabled.")
+    );
+    subscriber.answer_delivery("flaky", Answer::status(204));
+    browser
+        .goto(&format!(
+            "{}admin/subscriptions?callback=/cb/flaky",
+            hub.url
+        ))
+        .await;
+    browser
+        .type_into(
+            "tr.subscription form.replay input[name=since]",
+            &start.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        )
+        .await;
+    browser.click("tr.subscription form.replay button").await;
+    assert!(
+        browser
+            .text(".notice")
+            .await
+            .contains("3 events sent again"),
+        "the two failed and the skipped one"
+    );
+    assert_eq!(browser.path().await, "/admin/deliveries");
+    let delivered = subscriber
+        .wait_for_deliveries("flaky", 3, Duration::from_secs(30))
+        .await;
+    assert_eq!(delivered.len(), 3);
+    browser
+        .goto(&format!(
+            "{}admin/deliveries?{}",
+            hub.url,
+            serde_urlencoded::to_string([("subscriber", flaky.as_str()), ("state", "delivered")])
+                .expect("a query")
+        ))
+        .await;
+    assert_eq!(browser.reload_until("#count", "3").await, "3");
+
+    // Disabled by hand from the subscriptions page, and enabled again.
+    browser
+        .goto(&format!(
+            "{}admin/subscriptions?callback=/cb/flaky",
+            hub.url
+        ))
+        .await;
+    browser.click("tr.subscription form.disable button").await;
+    assert_eq!(browser.path().await, "/admin/endpoints");
+    assert!(
+        browser
+            .text(".notice")
+            .await
+            .contains(&format!("Disabled {flaky}"))
+    );
+    let row = browser.text("#endpoints tr.disabled").await;
+    assert!(
+        row.contains(&flaky) && row.contains("disabled by an operator"),
+        "{row}"
+    );
+    assert_eq!(disabled_endpoints(&hub).await, vec![flaky.clone()]);
+    browser
+        .goto(&format!(
+            "{}admin/subscriptions?callback=/cb/flaky",
+            hub.url
+        ))
+        .await;
+    assert_eq!(
+        browser.text("tr.subscription td.endpoint a.disabled").await,
+        "disabled"
+    );
+    browser
+        .click("tr.subscription td.endpoint a.disabled")
+        .await;
+    browser
+        .click("#endpoints tr.disabled form.enable button")
+        .await;
+    assert!(disabled_endpoints(&hub).await.is_empty());
+    browser
+        .goto(&format!(
+            "{}admin/subscriptions?callback=/cb/flaky",
+            hub.url
+        ))
+        .await;
+    browser.find("tr.subscription form.disable button").await;
+    browser.close().await;
+}
+
 #[tokio::test]
 async fn the_session_cookie_and_the_forms_are_locked_down() {
     let dir = scratch_dir("admin-locks");
@@ -244,6 +446,8 @@ async fn the_session_cookie_and_the_forms_are_locked_down() {
         "admin/topics",
         "admin/subscriptions",
         "admin/failed",
+        "admin/deliveries",
+        "admin/endpoints",
     ] {
         let answer = client
             .get(format!("{}{page}", hub.url))
@@ -350,6 +554,57 @@ async fn the_session_cookie_and_the_forms_are_locked_down() {
             .expect("a reason")
             .contains("not-a-uuid")
     );
+
+    let action = |path: &'static str, form: Vec<(&'static str, &'static str)>| {
+        let url = format!("{}admin/{path}", hub.url);
+        let token = token.clone();
+        async move {
+            let mut form: Vec<(&str, &str)> = form;
+            form.push(("csrf", &token));
+            post_form(url, Some(cookie), &form).await
+        }
+    };
+    let without = post_form(
+        format!("{}admin/endpoints/disable", hub.url),
+        Some(cookie),
+        &[("endpoint", "http://127.0.0.1:1/cb")],
+    )
+    .await;
+    assert_eq!(without.status(), 403, "disabling needs the token");
+    for (path, form, reason) in [
+        (
+            "endpoints/disable",
+            vec![("channel", "websub")],
+            "endpoint is required",
+        ),
+        (
+            "endpoints/enable",
+            vec![("endpoint", "x"), ("channel", "smtp")],
+            "channel must be websub or webhook",
+        ),
+        (
+            "replay",
+            vec![
+                ("topic", TOPIC),
+                ("subscriber", "http://127.0.0.1:1/cb"),
+                ("since", "yesterday"),
+            ],
+            "since must be an RFC 3339 time",
+        ),
+        (
+            "redeliver",
+            vec![
+                ("event_id", "not-a-uuid"),
+                ("subscriber", "http://127.0.0.1:1/cb"),
+            ],
+            "not-a-uuid",
+        ),
+    ] {
+        let answer = action(path, form).await;
+        assert_eq!(answer.status(), 400, "{path}");
+        let text = answer.text().await.expect("a reason");
+        assert!(text.contains(reason), "{path}: {text}");
+    }
 
     let logout = post_form(format!("{}admin/logout", hub.url), Some(cookie), &[]).await;
     assert_eq!(logout.status(), 403, "logging out needs the token too");

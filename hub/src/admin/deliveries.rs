@@ -1,7 +1,8 @@
 //! Deliveries on the admin page: one delivery with its attempts
-//! (`/admin/delivery`), the deliveries that ran out of retries
-//! (`/admin/failed`), and retrying them (`POST /admin/retry`), one or all of
-//! a subscriber's, as the operator API's retry does.
+//! (`/admin/delivery`) and a button to send it again ([`super::resend`]),
+//! the deliveries that ran out of retries (`/admin/failed`), and retrying
+//! them (`POST /admin/retry`), one or all of a subscriber's, as the operator
+//! API's retry does.
 
 use axum::Form;
 use axum::extract::{Query, State};
@@ -23,12 +24,14 @@ use crate::events::{Attempt, DeliveryRecord, FailedDelivery, FailedFilter};
 /// The most attempts listed for one delivery (the oldest first).
 const ATTEMPTS_SHOWN: usize = 500;
 
-/// Which delivery, and what a retry that led here did.
+/// Which delivery, and what a retry or a sending again that led here did.
 #[derive(Debug, Deserialize)]
 pub(super) struct DeliveryQuery {
     event_id: Option<String>,
     subscriber: Option<String>,
     retried: Option<u64>,
+    /// The delivery this one sends again.
+    sent_again: Option<Uuid>,
 }
 
 fn bad_request(reason: impl Into<String>) -> ApiError {
@@ -52,35 +55,62 @@ pub(super) async fn delivery(
         query.subscriber.as_deref(),
     )
     .await?;
+    let banner = html! {
+        @if let Some(retried) = query.retried {
+            p.notice role="status" { "Retry requested: " (retried) " failed delivery re-opened." }
+        }
+        @if let Some(earlier) = query.sent_again {
+            p.notice role="status" {
+                "Sent again: this is a new delivery of the event; "
+                a href=(link("/admin/delivery", &[
+                    ("event_id", &earlier.to_string()),
+                    ("subscriber", &record.subscriber),
+                ])) { "the earlier one" }
+                " keeps its history."
+            }
+        }
+    };
+    Ok(delivery_page(&state, &session, &record, &attempts, banner).await?)
+}
+
+/// The page of one delivery, `banner` on top.
+pub(super) async fn delivery_page(
+    state: &ApiState,
+    session: &Session,
+    record: &DeliveryRecord,
+    attempts: &[Attempt],
+    banner: Markup,
+) -> Result<Markup, ApiError> {
     let topic = state
         .events
         .event(record.event_id)
         .await
         .map_err(events_failed)?
         .map(|event| event.topic);
-    let body = delivery_page(
-        &session,
-        &record,
+    let disabled = state.dispatcher.endpoints().is_disabled(&record.subscriber);
+    let body = delivery_body(
+        session,
+        record,
         topic.as_deref(),
-        &attempts,
-        query.retried,
+        disabled,
+        attempts,
+        banner,
     );
-    Ok(layout::page("Delivery", &session, body))
+    Ok(layout::page("Delivery", session, body))
 }
 
-fn delivery_page(
+fn delivery_body(
     session: &Session,
     record: &DeliveryRecord,
     topic: Option<&str>,
+    disabled: bool,
     attempts: &[Attempt],
-    retried: Option<u64>,
+    banner: Markup,
 ) -> Markup {
     let state = record.state;
     let event_id = record.event_id.to_string();
     html! {
-        @if let Some(retried) = retried {
-            p.notice role="status" { "Retry requested: " (retried) " failed delivery re-opened." }
-        }
+        (banner)
         dl.figures {
             dt { "Event" } dd #event { (event_id) }
             dt { "Topic" } dd { (topic.unwrap_or("")) }
@@ -93,6 +123,20 @@ fn delivery_page(
         }
         @if state == DeliveryState::Failed {
             (retry_form(session, Some(&event_id), &record.subscriber, "Retry this delivery"))
+        }
+        form.redeliver method="post" action="/admin/redeliver" {
+            (layout::csrf(session))
+            input type="hidden" name="event_id" value=(event_id);
+            input type="hidden" name="subscriber" value=(record.subscriber);
+            button type="submit" { "Send again" }
+            @if disabled {
+                " "
+                span.note {
+                    "Its endpoint is "
+                    a href="/admin/endpoints" { "disabled" }
+                    ": enable it before sending to it."
+                }
+            }
         }
         h2 { "Attempts" }
         table #attempts {

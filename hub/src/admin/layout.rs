@@ -36,7 +36,10 @@ pub(super) fn page(title: &str, session: &Session, body: Markup) -> Markup {
                 a href="/admin" { "Overview" }
                 a href="/admin/topics" { "Topics" }
                 a href="/admin/subscriptions" { "Subscriptions" }
+                a href="/admin/deliveries" { "Deliveries" }
+                a href="/admin/deliveries?state=skipped" { "Skipped" }
                 a href="/admin/failed" { "Failed deliveries" }
+                a href="/admin/endpoints" { "Endpoints" }
                 form method="post" action="/admin/logout" {
                     (csrf(session))
                     button type="submit" { "Log out" }

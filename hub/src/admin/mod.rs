@@ -2,15 +2,21 @@
 //! the internal API key, over the same state as the HTTP API. It shows what
 //! the hub is doing (recent deliveries, the backlog, failures), what it
 //! holds (topics, subscriptions and their delivery health), one delivery
-//! with its attempts, and retries failed deliveries.
+//! with its attempts, delivery records by state (the skipped ones among
+//! them), and the endpoints failing or disabled; it retries failed
+//! deliveries, sends events again, replays a subscription, and disables or
+//! enables an endpoint.
 //!
 //! No script runs in the page: every action is a POST form carrying a CSRF
 //! token tied to the session ([`session`]). Without an internal key
 //! configured, every page answers 403, as the operator API does.
 
 mod deliveries;
+mod endpoints;
 mod layout;
 mod overview;
+mod records;
+mod resend;
 mod session;
 mod subscriptions;
 mod topics;
@@ -25,8 +31,9 @@ use chrono::{DateTime, Utc};
 use crate::api::ApiState;
 use crate::api::operator::{events_failed, store_failed};
 
-/// The largest form an admin action sends (a CSRF token, an event id and a
-/// callback URL, or the login key), with room to spare.
+/// The largest form an admin action sends (a CSRF token, an event id, a
+/// topic and a callback URL, an endpoint's reason, or the login key), with
+/// room to spare.
 const FORM_LIMIT: usize = 16 * 1024;
 
 /// The most rows a list shows; the page says when there were more.
@@ -46,6 +53,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/admin/delivery", get(deliveries::delivery))
         .route("/admin/failed", get(deliveries::failed))
         .route("/admin/retry", post(deliveries::retry))
+        .route("/admin/deliveries", get(records::page))
+        .route("/admin/redeliver", post(resend::redeliver))
+        .route("/admin/replay", post(resend::replay))
+        .route("/admin/endpoints", get(endpoints::page))
+        .route("/admin/endpoints/enable", post(endpoints::enable))
+        .route("/admin/endpoints/disable", post(endpoints::disable))
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(axum::middleware::map_response(guard_pages))
         .with_state(state)
@@ -76,6 +89,14 @@ fn link(path: &str, query: &[(&str, &str)]) -> String {
     } else {
         format!("{path}?{query}")
     }
+}
+
+/// A form or query field as given, trimmed; `None` when absent or blank.
+fn given(field: &Option<String>) -> Option<&str> {
+    field
+        .as_deref()
+        .map(str::trim)
+        .filter(|text| !text.is_empty())
 }
 
 /// A time as the pages show it: to the second, in UTC.

@@ -1,15 +1,17 @@
 //! The overview at `/admin`: how many deliveries succeeded recently, what
-//! is waiting to be delivered, what failed, and how much the hub holds;
-//! with a section for endpoints and one for outbox feeds.
+//! is waiting to be delivered, what failed, and how much the hub holds; the
+//! endpoints failing or disabled, and the outbox feeds' lag and listeners.
 
 use axum::extract::State;
 use axum::http::HeaderMap;
 use maud::{Markup, html};
 
+use super::endpoints;
 use super::session::{self, Refused};
 use super::{events_failed, layout, store_failed, when};
 use crate::api::{ApiError, ApiState};
 use crate::events::FailedFilter;
+use crate::feed::FeedStatus;
 
 /// The most failed deliveries counted; past it the page says "at least".
 const FAILED_COUNTED: usize = 1000;
@@ -19,6 +21,11 @@ const FAILED_COUNTED: usize = 1000;
 /// however much the hub holds.
 const TOPICS_COUNTED: usize = 1000;
 const SUBSCRIPTIONS_COUNTED_PER_TOPIC: usize = 10_000;
+
+/// The most troubled endpoints counted per channel, and the most disabled
+/// ones listed.
+const ENDPOINTS_COUNTED: usize = 1000;
+const DISABLED_SHOWN: usize = 20;
 
 /// A count that may have stopped at its bound.
 struct Bounded {
@@ -97,8 +104,8 @@ async fn figures(state: &ApiState) -> Result<Markup, ApiError> {
                 dd #subscriptions { a href="/admin/subscriptions" { (subscriptions.text()) } }
             }
         }
-        (endpoints())
-        (feeds())
+        (endpoints(state).await?)
+        (feeds(&state.feeds.statuses()))
     })
 }
 
@@ -125,29 +132,81 @@ async fn holdings(state: &ApiState) -> Result<(Bounded, Bounded), ApiError> {
     Ok((topics, subscriptions))
 }
 
-/// Endpoints whose deliveries keep failing, and those disabled: the place
-/// for endpoint health on the overview. The hub does not track it per
-/// endpoint yet; per subscription it is on the subscriptions page.
-fn endpoints() -> Markup {
-    html! {
+/// Endpoints whose deliveries keep failing, and those disabled, of both
+/// channels: how many, and which are disabled.
+async fn endpoints(state: &ApiState) -> Result<Markup, ApiError> {
+    let (troubled, capped) = endpoints::troubled(state, ENDPOINTS_COUNTED).await?;
+    let (disabled, failing): (Vec<_>, Vec<_>) = troubled
+        .iter()
+        .partition(|record| record.disabled_at.is_some());
+    let count = |count: usize| Bounded { count, capped }.text();
+    Ok(html! {
         section #endpoints {
             h2 { "Failing and disabled endpoints" }
-            p.note {
-                "Endpoint health is not tracked yet. Delivery health per subscription is on the "
-                a href="/admin/subscriptions" { "subscriptions page" } "."
+            dl.figures {
+                dt { "Failing (deliveries exhausted their retries)" }
+                dd #endpoints-failing { (count(failing.len())) }
+                dt { "Disabled (deliveries skipped)" }
+                dd #endpoints-disabled { (count(disabled.len())) }
             }
+            @if !disabled.is_empty() {
+                table #disabled-endpoints {
+                    thead { tr { th { "Channel" } th { "Endpoint" } th { "Since" } th { "Why" } } }
+                    tbody {
+                        @for record in disabled.iter().take(DISABLED_SHOWN) {
+                            tr {
+                                td { (record.channel) }
+                                td.name { (record.endpoint) }
+                                td { (record.disabled_at.map(when).unwrap_or_default()) }
+                                td { (record.disabled_reason.as_deref().unwrap_or("")) }
+                            }
+                        }
+                    }
+                }
+                (layout::cut_short(disabled.len() > DISABLED_SHOWN, DISABLED_SHOWN))
+            }
+            p { a href="/admin/endpoints" { "Every failing and disabled endpoint" } }
         }
-    }
+    })
 }
 
 /// The outbox feeds: how far behind their producers they are, and whether
-/// their listeners are connected. The place for feed status on the
-/// overview; the hub does not report it yet.
-fn feeds() -> Markup {
+/// their listeners are connected, as each feed's dispatcher last saw it.
+fn feeds(statuses: &[FeedStatus]) -> Markup {
     html! {
         section #feeds {
             h2 { "Outbox feeds: lag and listener state" }
-            p.note { "Feed status is not reported yet." }
+            @if statuses.is_empty() {
+                p { "No outbox feeds." }
+            } @else {
+                table #feed-status {
+                    thead {
+                        tr {
+                            th { "Outbox table" } th { "Deliveries table" } th { "Backlog" }
+                            th { "Oldest undelivered" } th { "Listener connected" } th { "Sampled" }
+                        }
+                    }
+                    tbody {
+                        @for feed in statuses {
+                            tr.feed {
+                                td { (feed.outbox_table) }
+                                td { (feed.deliveries_table) }
+                                td.number {
+                                    (feed.backlog.map(|backlog| backlog.to_string())
+                                        .unwrap_or_else(|| "not sampled yet".to_owned()))
+                                }
+                                td.number {
+                                    (feed.oldest_undelivered_seconds
+                                        .map(|seconds| format!("{seconds:.1} s"))
+                                        .unwrap_or_default())
+                                }
+                                td { (if feed.listener_connected { "yes" } else { "no (polling)" }) }
+                                td { (feed.sampled_at.map(when).unwrap_or_default()) }
+                            }
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The subscriptions page at `/admin/subscriptions`: subscriptions by topic
 //! and by callback text, each with its delivery health, linking to its
-//! failed deliveries and its latest delivery.
+//! deliveries; with a button to disable its callback (or a link to the
+//! endpoints page, when disabled) and a form to replay its topic's events
+//! since a time ([`super::resend`]).
 
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
@@ -8,10 +10,12 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use websub_store::Subscription;
 
+use super::endpoints::action_form;
 use super::layout::Field;
-use super::session::{self, Refused};
+use super::session::{self, Refused, Session};
 use super::{ROWS_SHOWN, events_failed, layout, link, store_failed, when};
 use crate::api::{ApiError, ApiState};
+use crate::delivery::Channel;
 use crate::events::DeliveryHealth;
 
 /// The topic's most recent events a subscription's health is read over,
@@ -37,6 +41,7 @@ struct Row {
     subscription: Subscription,
     health: DeliveryHealth,
     latest_event: Option<uuid::Uuid>,
+    disabled: bool,
 }
 
 pub(super) async fn page(
@@ -45,11 +50,15 @@ pub(super) async fn page(
     Query(filter): Query<Filter>,
 ) -> Result<Markup, Refused> {
     let session = session::require(&state, &headers)?;
-    let body = subscriptions(&state, filter).await?;
+    let body = subscriptions(&state, &session, filter).await?;
     Ok(layout::page("Subscriptions", &session, body))
 }
 
-async fn subscriptions(state: &ApiState, filter: Filter) -> Result<Markup, ApiError> {
+async fn subscriptions(
+    state: &ApiState,
+    session: &Session,
+    filter: Filter,
+) -> Result<Markup, ApiError> {
     let topic = filter.topic.as_deref().filter(|topic| !topic.is_empty());
     let callback = filter.callback.as_deref().filter(|text| !text.is_empty());
     let (found, more, searched_all) = find(state, topic, callback).await?;
@@ -66,10 +75,15 @@ async fn subscriptions(state: &ApiState, filter: Filter) -> Result<Markup, ApiEr
             .await
             .map_err(events_failed)?
             .map(|event| event.id);
+        let disabled = state
+            .dispatcher
+            .endpoints()
+            .is_disabled(&subscription.callback);
         rows.push(Row {
             subscription,
             health,
             latest_event,
+            disabled,
         });
     }
     Ok(html! {
@@ -88,11 +102,11 @@ async fn subscriptions(state: &ApiState, filter: Filter) -> Result<Markup, ApiEr
                 tr {
                     th { "Topic" } th { "Callback" } th { "Owner" } th { "Expires" }
                     th { "Last success" } th { "Last error" } th { "Pending" } th { "Failed" }
-                    th { "Deliveries" }
+                    th { "Deliveries" } th { "Endpoint" } th { "Replay since (RFC 3339)" }
                 }
             }
             tbody {
-                @for row in &rows { (render(row)) }
+                @for row in &rows { (render(session, row)) }
             }
         }
         @if rows.is_empty() { p { "No subscription matches." } }
@@ -148,7 +162,7 @@ async fn find(
     Ok((found, false, searched_all))
 }
 
-fn render(row: &Row) -> Markup {
+fn render(session: &Session, row: &Row) -> Markup {
     let subscription = &row.subscription;
     let health = &row.health;
     let failed_link = link(
@@ -184,6 +198,30 @@ fn render(row: &Row) -> Markup {
                         ("event_id", &event_id.to_string()),
                         ("subscriber", &subscription.callback),
                     ])) { "latest" }
+                }
+                " · "
+                a href=(link("/admin/deliveries", &[
+                    ("topic", &subscription.topic),
+                    ("subscriber", &subscription.callback),
+                ])) { "all" }
+            }
+            td.endpoint {
+                @if row.disabled {
+                    a.disabled href="/admin/endpoints" { "disabled" }
+                } @else {
+                    (action_form(session, "disable", Channel::WebSub.label(),
+                        &subscription.callback, "Disable"))
+                }
+            }
+            td {
+                form.replay method="post" action="/admin/replay" {
+                    (layout::csrf(session))
+                    input type="hidden" name="topic" value=(subscription.topic);
+                    input type="hidden" name="subscriber" value=(subscription.callback);
+                    input type="text" name="since" size="22" required
+                        placeholder="2026-12-01T10:00:00Z" aria-label="Replay since";
+                    " "
+                    button type="submit" { "Replay" }
                 }
             }
         }

@@ -32,7 +32,7 @@ pub(super) fn routes() -> ApiRoutes {
 /// The health of `channel`'s endpoints: the WebSub scheduler's own, or a
 /// view of the webhooks' in the log (each feed's dispatcher reads changes
 /// within [`crate::delivery::health::HEALTH_REFRESH`]).
-fn endpoints_of(state: &ApiState, channel: Channel) -> Endpoints {
+pub(crate) fn endpoints_of(state: &ApiState, channel: Channel) -> Endpoints {
     match channel {
         Channel::WebSub => state.dispatcher.endpoints().clone(),
         other => Endpoints::new(state.events.clone(), other, 0),
@@ -40,7 +40,7 @@ fn endpoints_of(state: &ApiState, channel: Channel) -> Endpoints {
 }
 
 /// The `channel` parameter: `websub` or `webhook`.
-fn parse_channel(text: Option<&str>) -> Result<Option<Channel>, ApiError> {
+pub(crate) fn parse_channel(text: Option<&str>) -> Result<Option<Channel>, ApiError> {
     match text {
         None => Ok(None),
         Some("websub") => Ok(Some(Channel::WebSub)),

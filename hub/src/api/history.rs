@@ -239,7 +239,7 @@ pub(super) fn parse_event_id(text: &str) -> Result<Uuid, ApiError> {
 }
 
 /// The `state` parameter, as [`DeliveryState`] spells it.
-pub(super) fn parse_state(text: Option<&str>) -> Result<Option<DeliveryState>, ApiError> {
+pub(crate) fn parse_state(text: Option<&str>) -> Result<Option<DeliveryState>, ApiError> {
     text.map(|text| {
         DeliveryState::parse(text).ok_or_else(|| {
             let known: Vec<&str> = DeliveryState::ALL.iter().map(|s| s.as_str()).collect();
@@ -253,7 +253,7 @@ pub(super) fn parse_state(text: Option<&str>) -> Result<Option<DeliveryState>, A
 }
 
 /// A time parameter: RFC 3339, e.g. `2026-12-01T10:00:00Z`.
-pub(super) fn parse_time(
+pub(crate) fn parse_time(
     name: &str,
     text: Option<&str>,
 ) -> Result<Option<DateTime<Utc>>, ApiError> {

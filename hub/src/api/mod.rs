@@ -16,14 +16,14 @@
 //!   are migrated, [`health`]), `/metrics`.
 
 mod backlog;
-mod endpoints;
+pub(crate) mod endpoints;
 mod feeds;
 mod health;
 pub(crate) mod history;
 mod openapi;
 pub(crate) mod operator;
 mod own_deliveries;
-mod redeliver;
+pub(crate) mod redeliver;
 mod requests;
 mod retention;
 mod subscriber;
@@ -108,8 +108,8 @@ pub fn router(state: ApiState) -> Router {
 /// An answer that is not a success: a status and a plain-text reason.
 #[derive(Debug)]
 pub struct ApiError {
-    status: StatusCode,
-    reason: String,
+    pub(crate) status: StatusCode,
+    pub(crate) reason: String,
     retry_after: Option<u32>,
 }
 

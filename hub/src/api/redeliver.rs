@@ -19,7 +19,7 @@ use super::history::{parse_event_id, parse_time};
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::operator::{events_failed, store_failed};
 use super::{ApiError, ApiState, authorize_internal};
-use crate::events::REPLAY_LIMIT;
+use crate::events::{LoggedEvent, REPLAY_LIMIT, Replayed};
 
 /// A JSON request body, read after the key is checked.
 pub(super) fn json_body<T: DeserializeOwned>(body: &[u8], expected: &str) -> Result<T, ApiError> {
@@ -90,17 +90,7 @@ async fn redeliver(
         "a JSON object with event_id and optionally subscriber",
     )?;
     let event_id = parse_event_id(&request.event_id)?;
-    let event = state
-        .events
-        .event(event_id)
-        .await
-        .map_err(events_failed)?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!("no event {event_id} in the log (never recorded, or purged)"),
-            )
-        })?;
+    let event = event_in_log(&state, event_id).await?;
     let endpoints = state.dispatcher.endpoints();
     let (subscribers, disabled) = match request.subscriber {
         Some(subscriber) => {
@@ -130,9 +120,43 @@ async fn redeliver(
         ));
     }
     let targets: Vec<&str> = subscribers.iter().map(String::as_str).collect();
+    let redelivery = record_redelivery(&state, event_id, &targets).await?;
+    Ok(Json(RedeliverAnswer {
+        redelivery,
+        event_id: event.delivered_id(),
+        subscribers,
+        disabled,
+    }))
+}
+
+/// The event `event_id`: 404 when the log does not hold it.
+pub(crate) async fn event_in_log(
+    state: &ApiState,
+    event_id: Uuid,
+) -> Result<LoggedEvent, ApiError> {
+    state
+        .events
+        .event(event_id)
+        .await
+        .map_err(events_failed)?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no event {event_id} in the log (never recorded, or purged)"),
+            )
+        })
+}
+
+/// Records a redelivery of `event_id` to `subscribers` (checked already)
+/// and wakes the dispatcher for it; the redelivery's id.
+pub(crate) async fn record_redelivery(
+    state: &ApiState,
+    event_id: Uuid,
+    subscribers: &[&str],
+) -> Result<Uuid, ApiError> {
     let redelivery = state
         .events
-        .redeliver(event_id, &targets, state.clock.now())
+        .redeliver(event_id, subscribers, state.clock.now())
         .await
         .map_err(events_failed)?
         .ok_or_else(|| {
@@ -142,17 +166,16 @@ async fn redeliver(
             )
         })?;
     state.dispatcher.wake();
-    Ok(Json(RedeliverAnswer {
-        redelivery,
-        event_id: event.delivered_id(),
-        subscribers,
-        disabled,
-    }))
+    Ok(redelivery)
 }
 
 /// Checks that `callback` holds a subscription to `topic` whose endpoint is
 /// enabled.
-async fn subscription_of(state: &ApiState, topic: &str, callback: &str) -> Result<(), ApiError> {
+pub(crate) async fn subscription_of(
+    state: &ApiState,
+    topic: &str,
+    callback: &str,
+) -> Result<(), ApiError> {
     match state.store.get(topic, callback).await {
         Ok(_) => {}
         Err(StoreError::UnknownSubscription { .. }) => {
@@ -243,36 +266,51 @@ async fn replay(
             format!("limit must be from 1 to {REPLAY_LIMIT}, got {limit}"),
         ));
     }
-    let now = state.clock.now();
-    if let Some(retention) = state.retention
-        && let Ok(retention) = chrono::Duration::from_std(retention)
-        && since < now - retention
-    {
-        return Err(ApiError::new(
-            StatusCode::GONE,
-            format!(
-                "since {} is past the hub's retention of {}: events recorded before {} are \
-                 purged; replay from a later time",
-                request.since,
-                crate::setting::format_duration(state.retention.unwrap_or_default()),
-                (now - retention).to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-            ),
-        ));
-    }
-    subscription_of(&state, &request.topic, &request.subscriber).await?;
-    let replayed = state
-        .events
-        .replay(&request.topic, &request.subscriber, since, limit, now)
-        .await
-        .map_err(events_failed)?;
-    if !replayed.redeliveries.is_empty() {
-        state.dispatcher.wake();
-    }
+    let replayed = replay_since(&state, &request.topic, &request.subscriber, since, limit).await?;
     Ok(Json(ReplayAnswer {
         replayed: replayed.redeliveries.len(),
         redeliveries: replayed.redeliveries,
         resume_since: replayed.resume_since,
     }))
+}
+
+/// Sends `topic`'s events since `since` again to `subscriber`, at most
+/// `limit` of them, once the subscription is checked and `since` is within
+/// the hub's retention (410 when not); wakes the dispatcher for them.
+pub(crate) async fn replay_since(
+    state: &ApiState,
+    topic: &str,
+    subscriber: &str,
+    since: DateTime<Utc>,
+    limit: usize,
+) -> Result<Replayed, ApiError> {
+    let now = state.clock.now();
+    if let Some(retention) = state.retention
+        && let Ok(retention) = chrono::Duration::from_std(retention)
+        && since < now - retention
+    {
+        let format = |time: DateTime<Utc>| time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        return Err(ApiError::new(
+            StatusCode::GONE,
+            format!(
+                "since {} is past the hub's retention of {}: events recorded before {} are \
+                 purged; replay from a later time",
+                format(since),
+                crate::setting::format_duration(state.retention.unwrap_or_default()),
+                format(now - retention),
+            ),
+        ));
+    }
+    subscription_of(state, topic, subscriber).await?;
+    let replayed = state
+        .events
+        .replay(topic, subscriber, since, limit, now)
+        .await
+        .map_err(events_failed)?;
+    if !replayed.redeliveries.is_empty() {
+        state.dispatcher.wake();
+    }
+    Ok(replayed)
 }
 
 pub(super) fn routes() -> super::openapi::ApiRoutes {
