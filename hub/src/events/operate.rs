@@ -165,8 +165,12 @@ pub struct Exhaustion<'a> {
 }
 
 /// Why the tally disabled an endpoint.
-pub(super) fn disabled_after(failures: impl std::fmt::Display) -> String {
-    format!("{failures} deliveries in a row exhausted their retries")
+pub(super) fn disabled_after(failures: i64) -> String {
+    if failures == 1 {
+        "1 delivery exhausted its retries".to_owned()
+    } else {
+        format!("{failures} deliveries in a row exhausted their retries")
+    }
 }
 
 /// One attempt of an outbox webhook delivery, to keep.

@@ -253,7 +253,7 @@ pub(super) async fn tally_endpoints(
             {
                 continue;
             }
-            let reason = super::super::operate::disabled_after(failures);
+            let reason = super::super::operate::disabled_after(i64::from(failures));
             sqlx::query(DISABLE_TALLIED)
                 .bind(&endpoint)
                 .bind(now)
