@@ -429,6 +429,20 @@ async fn feeds_show_their_backlog_and_listener() {
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cells.get(1), Some(&"1"), "the backlog: {table}");
     assert!(cells.contains(&"connected"), "the listener: {table}");
+
+    // Its webhook's row sent again: re-opened unless an attempt holds it.
+    let since = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    let replayed = json(hub, &["webhook-replay", "billing", "--since", &since]).await;
+    assert!(
+        replayed["reopened"]
+            .as_u64()
+            .is_some_and(|reopened| reopened <= 1),
+        "{replayed}"
+    );
+    let table = succeeded(&websub(hub, &["webhook-replay", "billing", "--since", &since]).await);
+    assert!(table.contains("rows of webhook billing"), "{table}");
+    let neither = websub(hub, &["webhook-replay", "billing"]).await;
+    assert_eq!(neither.status.code(), Some(2), "{}", stderr(&neither));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

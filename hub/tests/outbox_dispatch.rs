@@ -1081,6 +1081,8 @@ async fn a_webhook_failing_in_a_row_is_disabled_its_rows_skipped_and_its_attempt
         .register_webhooks(EVENT, webhook("flaky", None, receiver.url("/flaky")))
         .expect("register");
     let endpoints = dispatcher.endpoints().cloned().expect("operated");
+    let steered = dispatcher.clone();
+    let started = Utc::now() - chrono::Duration::seconds(1);
     let running = Running::start(dispatcher);
     let first = db.produce(EVENT, None, true).await;
     let second = db.produce(EVENT, None, true).await;
@@ -1158,5 +1160,43 @@ async fn a_webhook_failing_in_a_row_is_disabled_its_rows_skipped_and_its_attempt
         (kept[0].status, kept[0].error.as_deref()),
         (Some(204), None)
     );
+
+    // Sent again: the rows of every event since the start are re-opened and
+    // delivered; the history keeps each round's attempts.
+    let reopened = steered
+        .resend("flaky", Some(started), None, 100)
+        .await
+        .expect("resend");
+    assert_eq!(reopened, 4);
+    let all_delivered = eventually_async(WAIT, || async {
+        let mut delivered = 0;
+        for id in [first, second, third, fourth] {
+            if db
+                .delivery(id, "flaky")
+                .await
+                .is_some_and(|row| row.processed_at.is_some())
+            {
+                delivered += 1;
+            }
+        }
+        delivered == 4
+    })
+    .await;
+    assert!(all_delivered, "every re-opened row is delivered");
+    let history = log
+        .webhook_attempts(first, "flaky")
+        .await
+        .expect("attempts");
+    assert_eq!(
+        history.len(),
+        5,
+        "four failures, then the delivery: {history:?}"
+    );
+    assert_eq!(history[4].status, Some(204));
+    let one = steered
+        .resend("flaky", None, Some(second), 100)
+        .await
+        .expect("resend one");
+    assert_eq!(one, 1);
     running.stop().await;
 }

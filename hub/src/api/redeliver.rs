@@ -259,13 +259,7 @@ async fn replay(
         "a JSON object with topic, subscriber, since and optionally limit",
     )?;
     let since = parse_time("since", Some(&request.since))?.unwrap_or_default();
-    let limit = request.limit.unwrap_or(REPLAY_LIMIT);
-    if !(1..=REPLAY_LIMIT).contains(&limit) {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("limit must be from 1 to {REPLAY_LIMIT}, got {limit}"),
-        ));
-    }
+    let limit = replay_limit(request.limit)?;
     let replayed = replay_since(&state, &request.topic, &request.subscriber, since, limit).await?;
     Ok(Json(ReplayAnswer {
         replayed: replayed.redeliveries.len(),
@@ -317,4 +311,93 @@ pub(super) fn routes() -> super::openapi::ApiRoutes {
     super::openapi::ApiRoutes::new()
         .route(utoipa_axum::routes!(redeliver))
         .route(utoipa_axum::routes!(replay))
+        .route(utoipa_axum::routes!(webhook_replay))
+}
+
+/// Which outbox webhook rows to send again.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct WebhookReplayRequest {
+    /// The webhook's name.
+    subscriber: String,
+    /// Its rows of events recorded at or after this time (RFC 3339).
+    since: Option<String>,
+    /// Or its row of this one event.
+    event_id: Option<String>,
+    /// At most this many rows per feed (1 to 10 000; 10 000 when absent).
+    limit: Option<usize>,
+}
+
+/// How many rows were re-opened.
+#[derive(Debug, Serialize, ToSchema)]
+struct WebhookReplayAnswer {
+    /// Rows re-opened, over every feed.
+    reopened: u64,
+}
+
+/// Sends an outbox webhook's events again: its rows of one event, or of the
+/// events since a time, re-opened due now with a fresh retry budget.
+///
+/// The rows are the producer's (one per event and webhook), so a webhook's
+/// rounds are told apart by its attempts, which the hub keeps
+/// (`GET /webhooks/attempts`). Rows in flight are left alone.
+#[utoipa::path(
+    post,
+    path = "/webhooks/replay",
+    operation_id = "replay_webhook",
+    tag = "operator",
+    request_body(content = WebhookReplayRequest, description = "The webhook, and since when \
+        or which event."),
+    security(("internal_api_key" = [])),
+    responses(
+        (status = 200, description = "Re-opened; the feeds' dispatchers are woken.",
+            body = WebhookReplayAnswer),
+        (status = 400, response = BadRequest),
+        (status = 401, response = WrongKey),
+        (status = 403, response = NoInternalKey),
+        (status = 503, response = Unavailable),
+    ),
+)]
+async fn webhook_replay(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Json<WebhookReplayAnswer>, ApiError> {
+    authorize_internal(&state, &headers)?;
+    let request: WebhookReplayRequest = json_body(
+        &body,
+        "a JSON object with subscriber, and since or event_id",
+    )?;
+    let since = parse_time("since", request.since.as_deref())?;
+    let event_id = request
+        .event_id
+        .as_deref()
+        .map(parse_event_id)
+        .transpose()?;
+    if since.is_none() == event_id.is_none() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "give one of since and event_id",
+        ));
+    }
+    let limit = replay_limit(request.limit)?;
+    let reopened = state
+        .feeds
+        .resend(request.subscriber.trim(), since, event_id, limit)
+        .await
+        .map_err(|error| ApiError::unavailable(format!("a producer's database failed: {error}")))?;
+    Ok(Json(WebhookReplayAnswer { reopened }))
+}
+
+/// A replay's `limit`: 1 to [`REPLAY_LIMIT`], that when absent.
+fn replay_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(REPLAY_LIMIT);
+    if (1..=REPLAY_LIMIT).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("limit must be from 1 to {REPLAY_LIMIT}, got {limit}"),
+        ))
+    }
 }

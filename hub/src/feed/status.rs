@@ -51,6 +51,31 @@ impl Feeds {
             .push(dispatcher);
     }
 
+    /// Sends webhook `subscriber`'s events recorded at or after `since` (or
+    /// the one event `event_id`) again, in every feed: at most `limit` rows
+    /// each (see [`Dispatcher::resend`]). Returns how many rows were
+    /// re-opened.
+    pub async fn resend(
+        &self,
+        subscriber: &str,
+        since: Option<DateTime<Utc>>,
+        event_id: Option<uuid::Uuid>,
+        limit: usize,
+    ) -> Result<u64, sqlx::Error> {
+        let dispatchers = self
+            .0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let mut reopened = 0;
+        for dispatcher in dispatchers {
+            reopened += dispatcher
+                .resend(subscriber, since, event_id, limit)
+                .await?;
+        }
+        Ok(reopened)
+    }
+
     /// Every feed's state, in the order they started.
     pub fn statuses(&self) -> Vec<FeedStatus> {
         self.0

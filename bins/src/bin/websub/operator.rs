@@ -72,6 +72,23 @@ pub(crate) enum OperatorCommand {
         #[command(flatten)]
         hub: HubArgs,
     },
+    /// Send an outbox webhook's events again: its rows of the events since a
+    /// time, or of one event, re-opened due now in every feed.
+    WebhookReplay {
+        /// The webhook's name.
+        webhook: String,
+        /// Its rows of events recorded at or after this time (RFC 3339).
+        #[arg(long, value_parser = crate::steer::parse_time, required_unless_present = "event_id", conflicts_with = "event_id")]
+        since: Option<DateTime<Utc>>,
+        /// Its row of this one event.
+        #[arg(long, value_parser = parse_event_id)]
+        event_id: Option<Uuid>,
+        /// At most this many rows per feed (1 to 10 000).
+        #[arg(long)]
+        limit: Option<usize>,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
     /// List troubled endpoints, or disable or enable one.
     Endpoints {
         #[command(subcommand)]
@@ -199,6 +216,13 @@ pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
             hub,
         } => crate::steer::replay(&hub.connect()?, &topic, &subscriber, since, limit).await,
         OperatorCommand::Endpoints { command } => crate::steer::endpoints(command).await,
+        OperatorCommand::WebhookReplay {
+            webhook,
+            since,
+            event_id,
+            limit,
+            hub,
+        } => crate::steer::webhook_replay(&hub.connect()?, &webhook, since, event_id, limit).await,
         OperatorCommand::Subscriptions { command } => match command {
             Subscriptions::List {
                 topic,

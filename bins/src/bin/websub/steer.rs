@@ -1,6 +1,7 @@
 //! The commands that change what a running hub delivers: `redeliver` (an
 //! event again, to one subscription or all of its topic's), `replay` (a
-//! topic's events since a time, to one subscription) and `endpoints`
+//! topic's events since a time, to one subscription), `webhook-replay`
+//! (an outbox webhook's rows re-opened) and `endpoints`
 //! (list the troubled callbacks and webhooks, disable or enable one). Each
 //! is one request to the operator API, printed as a table or (`--json`)
 //! as the API's answer.
@@ -211,6 +212,33 @@ pub(crate) async fn replay(
             ));
         }
         shown
+    });
+    Ok(())
+}
+
+pub(crate) async fn webhook_replay(
+    hub: &Hub,
+    webhook: &str,
+    since: Option<DateTime<Utc>>,
+    event_id: Option<Uuid>,
+    limit: Option<usize>,
+) -> Result<(), Failure> {
+    let answer = hub
+        .post(
+            "webhooks/replay",
+            &json!({
+                "subscriber": webhook,
+                "since": since.map(|since| since.to_rfc3339()),
+                "event_id": event_id.map(|id| id.to_string()),
+                "limit": limit,
+            }),
+        )
+        .await?;
+    hub.print(&answer, |answer| {
+        format!(
+            "re-opened {} rows of webhook {webhook}\n",
+            cell(&answer["reopened"])
+        )
     });
     Ok(())
 }

@@ -23,6 +23,7 @@ mod deliver;
 mod lanes;
 mod operated;
 mod registry;
+mod resend;
 mod schedule;
 mod signals;
 
