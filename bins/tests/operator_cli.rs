@@ -430,6 +430,20 @@ async fn feeds_show_their_backlog_and_listener() {
     assert_eq!(cells.get(1), Some(&"1"), "the backlog: {table}");
     assert!(cells.contains(&"connected"), "the listener: {table}");
 
+    // Its webhook's row, listed with its state.
+    let rows = json(hub, &["deliveries", "list", "--webhook", "billing"]).await;
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+    assert_eq!(
+        (&rows[0]["outbox"], &rows[0]["state"]),
+        (&Value::from("shop.outbox"), &Value::from("pending")),
+        "{rows}"
+    );
+    let table = succeeded(&websub(hub, &["deliveries", "list", "--webhook", "billing"]).await);
+    assert!(
+        table.contains("shop.order.created") && table.contains("pending"),
+        "{table}"
+    );
+
     // Its webhook's row sent again: re-opened unless an attempt holds it.
     let since = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
     let replayed = json(hub, &["webhook-replay", "billing", "--since", &since]).await;

@@ -20,12 +20,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use websub_hub::delivery::RetryPolicy;
-use websub_hub::events::EventLog;
 use websub_hub::events::sqlite::SqliteEventLog;
+use websub_hub::events::{DeliveryState, EventLog};
 use websub_hub::net::NetPolicy;
 use websub_hub::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, MESSAGING_EVENT_ID_HEADER,
-    MESSAGING_SIGNATURE_HEADER, Outbox, RegistrationError, scan_index_ddl, verify,
+    MESSAGING_SIGNATURE_HEADER, Outbox, RegistrationError, WebhookFilter, scan_index_ddl, verify,
 };
 use websub_tests::{Answer, RecordingReceiver};
 
@@ -1138,6 +1138,42 @@ async fn a_webhook_failing_in_a_row_is_disabled_its_rows_skipped_and_its_attempt
             .expect("attempts")
             .is_empty()
     );
+
+    // Listed with their states, newest first.
+    let listed = steered
+        .webhook_deliveries(
+            WebhookFilter {
+                subscriber: Some("flaky"),
+                ..WebhookFilter::default()
+            },
+            100,
+        )
+        .await
+        .expect("list");
+    let states: Vec<(Uuid, DeliveryState)> =
+        listed.iter().map(|row| (row.event_id, row.state)).collect();
+    assert_eq!(
+        states,
+        vec![
+            (third, DeliveryState::Skipped),
+            (second, DeliveryState::Failed),
+            (first, DeliveryState::Failed),
+        ]
+    );
+    assert_eq!(listed[0].event_name, EVENT);
+    let failed = steered
+        .webhook_deliveries(
+            WebhookFilter {
+                state: Some(DeliveryState::Failed),
+                since: Some(started),
+                ..WebhookFilter::default()
+            },
+            1,
+        )
+        .await
+        .expect("list");
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].event_id, second);
 
     // Enabled and fixed: the next event is delivered, and clears nothing
     // it need not.

@@ -28,6 +28,7 @@ mod requests;
 mod retention;
 mod subscriber;
 mod subscription;
+mod webhooks;
 
 use std::sync::Arc;
 

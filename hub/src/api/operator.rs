@@ -30,6 +30,7 @@ pub(super) fn routes() -> ApiRoutes {
         .route(routes!(history::deliveries))
         .merge(redeliver::routes())
         .merge(endpoints::routes())
+        .merge(super::webhooks::routes())
         .route(routes!(backlog::operator_intents))
         .route(routes!(backlog::fetches))
         .route(routes!(super::subscription::show))

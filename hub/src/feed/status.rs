@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 
 use chrono::{DateTime, Utc};
 
-use crate::outbox::Dispatcher;
+use crate::outbox::{Dispatcher, WebhookDelivery, WebhookFilter};
 
 /// The running feeds. Cheap to clone; clones share the registry.
 #[derive(Debug, Clone, Default)]
@@ -62,18 +62,36 @@ impl Feeds {
         event_id: Option<uuid::Uuid>,
         limit: usize,
     ) -> Result<u64, sqlx::Error> {
-        let dispatchers = self
-            .0
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
         let mut reopened = 0;
-        for dispatcher in dispatchers {
+        for dispatcher in self.dispatchers() {
             reopened += dispatcher
                 .resend(subscriber, since, event_id, limit)
                 .await?;
         }
         Ok(reopened)
+    }
+
+    /// The webhook rows matching `filter` over every feed, newest event
+    /// first, at most `limit`.
+    pub async fn webhook_deliveries(
+        &self,
+        filter: WebhookFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<WebhookDelivery>, sqlx::Error> {
+        let mut listed = Vec::new();
+        for dispatcher in self.dispatchers() {
+            listed.extend(dispatcher.webhook_deliveries(filter, limit).await?);
+        }
+        listed.sort_by_key(|row| std::cmp::Reverse(row.created_at));
+        listed.truncate(limit);
+        Ok(listed)
+    }
+
+    fn dispatchers(&self) -> Vec<Dispatcher> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     /// Every feed's state, in the order they started.

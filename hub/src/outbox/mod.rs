@@ -61,7 +61,8 @@ pub use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER
 pub use dispatcher::{
     Dispatcher, DispatcherConfig, DispatcherError, EventMatch, Handler, HandlerError,
     OUTBOX_BACKLOG, OUTBOX_LISTENER_CONNECTED, OUTBOX_OLDEST_UNDELIVERED_SECONDS,
-    RegistrationError, ReloadError, WebhookRegistrar, WebhookSignature, WebhookSubscriber,
+    RegistrationError, ReloadError, WebhookDelivery, WebhookFilter, WebhookRegistrar,
+    WebhookSignature, WebhookSubscriber,
 };
 pub use envelope::{ENVELOPE_CONTENT_TYPE, Envelope};
 

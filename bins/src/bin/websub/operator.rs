@@ -140,8 +140,12 @@ pub(crate) struct Pair {
 /// `websub deliveries …`.
 #[derive(Debug, Subcommand)]
 pub(crate) enum DeliveriesCommand {
-    /// List delivery records, newest event first.
+    /// List delivery records, newest event first: WebSub deliveries, or
+    /// (`--webhook`) an outbox webhook's rows.
     List {
+        /// An outbox webhook's rows instead, by its name.
+        #[arg(long, conflicts_with_all = ["event_id", "topic", "subscriber"])]
+        webhook: Option<String>,
         /// Records of this event and of its redeliveries.
         #[arg(long, value_parser = parse_event_id)]
         event_id: Option<Uuid>,
@@ -236,6 +240,7 @@ pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
         },
         OperatorCommand::Deliveries { command } => match command {
             Deliveries::List {
+                webhook,
                 event_id,
                 topic,
                 subscriber,
@@ -249,10 +254,11 @@ pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
                 let since = since.map(|time| time.to_rfc3339());
                 let until = until.map(|time| time.to_rfc3339());
                 let limit = limit.map(|limit| limit.to_string());
+                let subscriber = webhook.as_deref().or(subscriber.as_deref());
                 let query: Vec<(&str, &str)> = [
                     ("event_id", event_id.as_deref()),
                     ("topic", topic.as_deref()),
-                    ("subscriber", subscriber.as_deref()),
+                    ("subscriber", subscriber),
                     ("state", state.as_deref()),
                     ("since", since.as_deref()),
                     ("until", until.as_deref()),
@@ -261,7 +267,10 @@ pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
                 .into_iter()
                 .filter_map(|(name, value)| Some((name, value?)))
                 .collect();
-                list_deliveries(&hub.connect()?, &query).await
+                match webhook {
+                    Some(_) => crate::steer::webhook_deliveries(&hub.connect()?, &query).await,
+                    None => list_deliveries(&hub.connect()?, &query).await,
+                }
             }
             Deliveries::Show {
                 event_id,

@@ -242,3 +242,37 @@ pub(crate) async fn webhook_replay(
     });
     Ok(())
 }
+
+pub(crate) async fn webhook_deliveries(hub: &Hub, query: &[(&str, &str)]) -> Result<(), Failure> {
+    let answer = hub.get("webhooks/deliveries", query).await?;
+    hub.print(&answer, |answer| {
+        let mut table = Table::new([
+            "OUTBOX",
+            "EVENT",
+            "NAME",
+            "WEBHOOK",
+            "STATE",
+            "RETRIES",
+            "RECORDED",
+            "LAST ERROR",
+        ]);
+        for delivery in elements(answer) {
+            table.row([
+                cell(&delivery["outbox"]),
+                cell(&delivery["event_id"]),
+                cell(&delivery["event_name"]),
+                cell(&delivery["subscriber"]),
+                cell(&delivery["state"]),
+                cell(&delivery["retry_count"]),
+                cell(&delivery["created_at"]),
+                cell(&delivery["last_error"]),
+            ]);
+        }
+        if table.is_empty() {
+            "no delivery matches\n".to_owned()
+        } else {
+            table.to_string()
+        }
+    });
+    Ok(())
+}

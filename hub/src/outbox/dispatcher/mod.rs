@@ -23,9 +23,9 @@ mod deliver;
 mod lanes;
 mod operated;
 mod registry;
-mod resend;
 mod schedule;
 mod signals;
+mod webhook_rows;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -54,6 +54,7 @@ pub use registry::{
     EventMatch, Handler, HandlerError, RegistrationError, ReloadError, WebhookRegistrar,
     WebhookSubscriber,
 };
+pub use webhook_rows::{WebhookDelivery, WebhookFilter};
 
 /// Failures building a dispatcher.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,73 @@
+//! Outbox webhooks' deliveries for operators, behind the internal key:
+//! `GET /api/v1/operator/webhooks/deliveries` lists the feeds' webhook rows
+//! (the producers' own) with their state, by webhook, state and time.
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::backlog::parse_limit;
+use super::history::{parse_state, parse_time};
+use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
+use super::{ApiError, ApiState, authorize_internal};
+use crate::outbox::{WebhookDelivery, WebhookFilter};
+
+pub(super) fn routes() -> ApiRoutes {
+    ApiRoutes::new().route(utoipa_axum::routes!(webhook_deliveries))
+}
+
+/// Which webhook rows; every filter is optional.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct WebhookQuery {
+    /// Only this webhook's.
+    subscriber: Option<String>,
+    /// `pending`, `delivered`, `failed` or `skipped`.
+    state: Option<String>,
+    /// Events committed at or after this time (RFC 3339).
+    since: Option<String>,
+    /// Events committed before this time (RFC 3339).
+    until: Option<String>,
+    /// At most this many (1 to 1000; 100 when absent).
+    limit: Option<String>,
+}
+
+/// The outbox feeds' webhook rows, newest event first.
+#[utoipa::path(
+    get,
+    path = "/webhooks/deliveries",
+    operation_id = "list_webhook_deliveries",
+    tag = "operator",
+    params(WebhookQuery),
+    security(("internal_api_key" = [])),
+    responses(
+        (status = 200, description = "The matching rows, over every feed.",
+            body = [WebhookDelivery]),
+        (status = 400, response = BadRequest),
+        (status = 401, response = WrongKey),
+        (status = 403, response = NoInternalKey),
+        (status = 503, response = Unavailable),
+    ),
+)]
+async fn webhook_deliveries(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Query(query): Query<WebhookQuery>,
+) -> Result<Json<Vec<WebhookDelivery>>, ApiError> {
+    authorize_internal(&state, &headers)?;
+    let filter = WebhookFilter {
+        subscriber: query.subscriber.as_deref(),
+        state: parse_state(query.state.as_deref())?,
+        since: parse_time("since", query.since.as_deref())?,
+        until: parse_time("until", query.until.as_deref())?,
+    };
+    let limit = parse_limit(query.limit.as_deref())?;
+    let listed = state
+        .feeds
+        .webhook_deliveries(filter, limit)
+        .await
+        .map_err(|error| ApiError::unavailable(format!("a producer's database failed: {error}")))?;
+    Ok(Json(listed))
+}
