@@ -14,6 +14,7 @@
 mod deliveries;
 mod endpoints;
 mod layout;
+mod login;
 mod overview;
 mod records;
 mod resend;
@@ -29,7 +30,7 @@ use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 
 use crate::api::ApiState;
-use crate::api::operator::{events_failed, store_failed};
+use crate::api::{events_failed, store_failed};
 
 /// The largest form an admin action sends (a CSRF token, an event id, a
 /// topic and a callback URL, an endpoint's reason, or the login key), with
@@ -43,11 +44,8 @@ const ROWS_SHOWN: usize = 100;
 pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/admin", get(overview::page))
-        .route(
-            "/admin/login",
-            get(session::login_form).post(session::login),
-        )
-        .route("/admin/logout", post(session::logout))
+        .route("/admin/login", get(login::login_form).post(login::login))
+        .route("/admin/logout", post(login::logout))
         .route("/admin/topics", get(topics::page))
         .route("/admin/subscriptions", get(subscriptions::page))
         .route("/admin/delivery", get(deliveries::delivery))

@@ -1,6 +1,5 @@
-//! Who may see the admin page: logging in with the internal key, the
-//! session cookie that follows, the CSRF token of every form, and logging
-//! out.
+//! Who may see the admin page: the session cookie that logging in with the
+//! internal key sets ([`super::login`]), and the CSRF token of every form.
 //!
 //! The cookie holds its own expiry and a random nonce, signed with the
 //! internal key (HMAC-SHA256): nothing is stored, so a session survives a
@@ -10,16 +9,11 @@
 //! rendered. Logging out drops the cookie from the browser; a copy taken
 //! before stays valid until it expires, which the bounded lifetime limits.
 
-use axum::Form;
-use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, Utc};
-use maud::{Markup, html};
-use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use super::layout;
 use crate::api::{ApiError, ApiState};
 use crate::auth::InternalKey;
 
@@ -28,7 +22,7 @@ pub(super) const COOKIE: &str = "websub_admin";
 
 /// How long a session lasts from logging in: a working day, after which
 /// the key is asked for again.
-const LIFETIME: chrono::TimeDelta = chrono::TimeDelta::hours(12);
+pub(super) const LIFETIME: chrono::TimeDelta = chrono::TimeDelta::hours(12);
 
 /// What every signed value starts with, so that a session's MAC can never
 /// pass for a CSRF token or for anything else the key signs.
@@ -47,7 +41,7 @@ pub(super) struct Session {
 
 /// The cookie value of a session expiring at `expires`: expiry, nonce and
 /// their MAC, dot-separated.
-fn issue(key: &InternalKey, expires: DateTime<Utc>) -> String {
+pub(super) fn issue(key: &InternalKey, expires: DateTime<Utc>) -> String {
     let nonce = hex::encode(rand::random::<[u8; 16]>());
     let signed = format!("{}.{nonce}", expires.timestamp());
     let mac = hex::encode(key.sign(&[SESSION_PURPOSE, signed.as_bytes()].concat()));
@@ -100,7 +94,7 @@ fn cookie(headers: &HeaderMap) -> Option<&str> {
 /// The `Set-Cookie` of a session: sent over HTTPS only (browsers treat
 /// `http://127.0.0.1` and `http://localhost` as secure too), out of reach of
 /// scripts, never on a request another site starts, and only under `/admin`.
-fn set_cookie(value: &str, max_age: i64) -> HeaderValue {
+pub(super) fn set_cookie(value: &str, max_age: i64) -> HeaderValue {
     HeaderValue::try_from(format!(
         "{COOKIE}={value}; Path=/admin; Max-Age={max_age}; Secure; HttpOnly; SameSite=Strict"
     ))
@@ -132,7 +126,7 @@ impl IntoResponse for Refused {
 }
 
 /// The internal key, or the 403 of a hub without one.
-fn key(state: &ApiState) -> Result<&InternalKey, Refused> {
+pub(super) fn key(state: &ApiState) -> Result<&InternalKey, Refused> {
     state.internal_key.as_ref().ok_or_else(|| {
         Refused::Reason(ApiError::new(
             StatusCode::FORBIDDEN,
@@ -170,81 +164,6 @@ pub(super) fn require_form(
             "the form carries no CSRF token; send it from the admin page",
         ))),
     }
-}
-
-/// The login form.
-pub(super) async fn login_form(State(state): State<ApiState>) -> Result<Markup, Refused> {
-    key(&state)?;
-    Ok(login_page(None))
-}
-
-/// What the login form sends.
-#[derive(Debug, Deserialize)]
-pub(super) struct Login {
-    key: String,
-}
-
-/// Checks the key typed in: a session and the overview when it is the
-/// internal key, the form again with a 401 when not.
-pub(super) async fn login(
-    State(state): State<ApiState>,
-    Form(login): Form<Login>,
-) -> Result<Response, Refused> {
-    let key = key(&state)?;
-    if !key.matches(login.key.trim().as_bytes()) {
-        tracing::info!("admin login refused: wrong key");
-        return Ok((
-            StatusCode::UNAUTHORIZED,
-            login_page(Some("That is not this hub's internal API key.")),
-        )
-            .into_response());
-    }
-    let value = issue(key, state.clock.now() + LIFETIME);
-    let mut response = Redirect::to("/admin").into_response();
-    response.headers_mut().insert(
-        header::SET_COOKIE,
-        set_cookie(&value, LIFETIME.num_seconds()),
-    );
-    Ok(response)
-}
-
-/// What the logout form sends.
-#[derive(Debug, Deserialize)]
-pub(super) struct Logout {
-    csrf: Option<String>,
-}
-
-/// Drops the session cookie and goes back to the login.
-pub(super) async fn logout(
-    State(state): State<ApiState>,
-    headers: HeaderMap,
-    Form(form): Form<Logout>,
-) -> Result<Response, Refused> {
-    require_form(&state, &headers, form.csrf.as_deref())?;
-    let mut response = Redirect::to("/admin/login").into_response();
-    response
-        .headers_mut()
-        .insert(header::SET_COOKIE, set_cookie("", 0));
-    Ok(response)
-}
-
-fn login_page(refused: Option<&str>) -> Markup {
-    layout::bare(
-        "Log in",
-        html! {
-            h1 { "WebSub hub: admin" }
-            @if let Some(reason) = refused {
-                p.error role="alert" { (reason) }
-            }
-            form method="post" action="/admin/login" {
-                label for="key" { "Internal API key" }
-                " "
-                input #key type="password" name="key" autocomplete="current-password" required;
-                " "
-                button type="submit" { "Log in" }
-            }
-        },
-    )
 }
 
 #[cfg(test)]

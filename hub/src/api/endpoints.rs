@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::backlog::parse_limit;
+use super::events_failed;
 use super::history::{AttemptView, DeliveryQuery};
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::operator::events_failed;
 use super::redeliver::json_body;
 use super::{ApiError, ApiState, authorize_internal};
 use crate::delivery::{Channel, Endpoints};

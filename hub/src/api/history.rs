@@ -12,8 +12,8 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::backlog::parse_limit;
+use super::events_failed;
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::operator::events_failed;
 use super::{ApiError, ApiState, authorize_internal};
 use crate::events::{Attempt, DeliveryFilter, DeliveryRecord, DeliveryState, DeliverySummary};
 

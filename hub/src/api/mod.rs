@@ -92,7 +92,7 @@ pub struct ApiState {
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.max_content_bytes.max(state.max_form_bytes);
     let apis = subscriber::routes()
-        .nest("/operator", operator::routes())
+        .nest("/operator", operator_routes())
         .serve(&state);
     Router::new()
         .route("/", post(hub_endpoint).get(about))
@@ -104,6 +104,24 @@ pub fn router(state: ApiState) -> Router {
         .layer(DefaultBodyLimit::max(body_limit))
         .route_layer(axum::middleware::from_fn(requests::count_requests))
         .with_state(state)
+}
+
+/// The operator routes, nested under `/api/v1/operator`, each module's
+/// gathered here so that none of them needs another's.
+fn operator_routes() -> openapi::ApiRoutes {
+    use utoipa_axum::routes;
+    operator::routes()
+        .route(routes!(history::delivery))
+        .route(routes!(history::deliveries))
+        .merge(redeliver::routes())
+        .merge(endpoints::routes())
+        .merge(webhooks::routes())
+        .route(routes!(backlog::operator_intents))
+        .route(routes!(backlog::fetches))
+        .route(routes!(subscription::show))
+        .route(routes!(subscription::delete))
+        .route(routes!(feeds::list))
+        .route(routes!(retention::purge))
 }
 
 /// An answer that is not a success: a status and a plain-text reason.
@@ -140,6 +158,20 @@ impl ApiError {
             ..Self::new(StatusCode::SERVICE_UNAVAILABLE, reason)
         }
     }
+}
+
+pub(crate) fn store_failed(error: websub_store::StoreError) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the subscription store failed: {error}"),
+    )
+}
+
+pub(crate) fn events_failed(error: crate::events::EventLogError) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the event log failed: {error}"),
+    )
 }
 
 /// The backlog failed before a request was accepted.
@@ -440,7 +472,7 @@ async fn authorize_subscription(
             owner => owner.is_some(),
         },
         Err(websub_store::StoreError::UnknownSubscription { .. }) => false,
-        Err(error) => return Err(operator::store_failed(error)),
+        Err(error) => return Err(store_failed(error)),
     };
     if request.mode == Mode::Subscribe
         && !held
@@ -455,7 +487,7 @@ async fn authorize_subscription(
                 .store
                 .count_by_owner(&user.id)
                 .await
-                .map_err(operator::store_failed)?;
+                .map_err(store_failed)?;
             if used >= limit.limit {
                 return Ok(Some(
                     QuotaError::LimitReached {

@@ -14,29 +14,19 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::{ApiError, ApiState, authorize_internal, backlog, endpoints, history, redeliver};
+use super::{ApiError, ApiState, authorize_internal, backlog, events_failed, store_failed};
 use crate::events::FailedFilter;
 use websub_store::Subscription;
 
-/// The operator routes, nested under `/api/v1/operator`. A route is its
-/// handler's `#[utoipa::path]` (see [`super::openapi`]).
+/// This module's operator routes; `operator_routes` in [`super`] gathers
+/// them with the others. A route is its handler's `#[utoipa::path]` (see
+/// [`super::openapi`]).
 pub(super) fn routes() -> ApiRoutes {
     ApiRoutes::new()
         .route(routes!(topics))
         .route(routes!(subscriptions))
         .route(routes!(failed))
         .route(routes!(retry))
-        .route(routes!(history::delivery))
-        .route(routes!(history::deliveries))
-        .merge(redeliver::routes())
-        .merge(endpoints::routes())
-        .merge(super::webhooks::routes())
-        .route(routes!(backlog::operator_intents))
-        .route(routes!(backlog::fetches))
-        .route(routes!(super::subscription::show))
-        .route(routes!(super::subscription::delete))
-        .route(routes!(super::feeds::list))
-        .route(routes!(super::retention::purge))
 }
 
 /// A topic and how many subscriptions it has.
@@ -329,18 +319,4 @@ pub(crate) async fn retry_failed(
         state.dispatcher.wake();
     }
     Ok(retried)
-}
-
-pub(crate) fn store_failed(error: websub_store::StoreError) -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!("the subscription store failed: {error}"),
-    )
-}
-
-pub(crate) fn events_failed(error: crate::events::EventLogError) -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!("the event log failed: {error}"),
-    )
 }

@@ -12,8 +12,8 @@ use utoipa::IntoParams;
 use super::backlog::parse_limit;
 use super::history::{parse_state, parse_time};
 use super::openapi::{BadRequest, NoSubscriberApi, TokenTooLarge, Unauthenticated, Unavailable};
-use super::operator::{events_failed, store_failed};
 use super::{ApiError, ApiState, caller};
+use super::{events_failed, store_failed};
 use crate::auth::User;
 use crate::events::{DeliveryFilter, DeliverySummary};
 

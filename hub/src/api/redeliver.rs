@@ -17,8 +17,8 @@ use websub_store::StoreError;
 
 use super::history::{parse_event_id, parse_time};
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::operator::{events_failed, store_failed};
 use super::{ApiError, ApiState, authorize_internal};
+use super::{events_failed, store_failed};
 use crate::events::{LoggedEvent, REPLAY_LIMIT, Replayed};
 
 /// A JSON request body, read after the key is checked.

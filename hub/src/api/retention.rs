@@ -13,8 +13,8 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::events_failed;
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::operator::events_failed;
 use super::{ApiError, ApiState, authorize_internal};
 
 /// The longest age a purge accepts: 50 years, in seconds. Longer is a

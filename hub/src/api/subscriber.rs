@@ -16,7 +16,8 @@ use utoipa_axum::routes;
 use super::openapi::{
     ApiRoutes, BadRequest, NoSubscriberApi, TokenTooLarge, Unauthenticated, Unavailable,
 };
-use super::operator::{SubscriptionView, store_failed};
+use super::operator::SubscriptionView;
+use super::store_failed;
 use super::{ApiError, ApiState, caller};
 use crate::auth::User;
 use crate::events::DeliveryHealth;

@@ -13,9 +13,10 @@ use utoipa::{IntoParams, ToSchema};
 use websub_store::{StoreError, Subscription};
 
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::operator::{SubscriptionView, events_failed, store_failed};
+use super::operator::SubscriptionView;
 use super::subscriber::{HEALTH_WINDOW, HealthView};
 use super::{ApiError, ApiState, authorize_internal};
+use super::{events_failed, store_failed};
 
 /// Which subscription: both are required, and read after the key is
 /// checked so that a request without it is refused as such.

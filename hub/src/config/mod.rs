@@ -208,7 +208,7 @@ impl Default for DeliveryPolicy {
             per_host: 64,
             batch_size: 500,
             visibility_timeout: Duration::from_secs(60),
-            disable_endpoint_after: 5,
+            disable_endpoint_after: crate::delivery::health::DEFAULT_DISABLE_AFTER,
         }
     }
 }

@@ -37,6 +37,10 @@ pub const HEALTH_REFRESH: Duration = Duration::from_secs(5);
 /// at once and the rest are only seen in the tally.
 const TROUBLED_LIMIT: usize = 100_000;
 
+/// Exhausted deliveries in a row before an endpoint is disabled, unless
+/// configured otherwise.
+pub const DEFAULT_DISABLE_AFTER: u32 = 5;
+
 /// The reason recorded on a skipped delivery.
 pub const SKIPPED_REASON: &str = "endpoint disabled";
 

@@ -61,7 +61,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use url::Url;
 
-use crate::config::DeliveryPolicy;
 use crate::events::EventLog;
 
 use crate::outbox::{Dispatcher, DispatcherError, RegistrationError, ReloadError};
@@ -251,7 +250,7 @@ impl Feed {
             events.clone(),
             config
                 .disable_endpoint_after
-                .unwrap_or(DeliveryPolicy::default().disable_endpoint_after),
+                .unwrap_or(crate::delivery::health::DEFAULT_DISABLE_AFTER),
         );
         let bridge = WebSubBridge::new(events, wake, public_url.clone(), template.clone())
             .recording_on(hub_runtime.clone());
