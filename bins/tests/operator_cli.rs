@@ -486,7 +486,9 @@ async fn the_cli_disables_redelivers_and_replays() {
     assert_eq!(listed[0]["endpoint"], bad.as_str(), "{listed}");
     let table = succeeded(&websub(hub, &["endpoints", "list", "--channel", "websub"]).await);
     assert!(
-        table.starts_with("CHANNEL") && table.contains(&bad) && table.contains("exhausted its retries"),
+        table.starts_with("CHANNEL")
+            && table.contains(&bad)
+            && table.contains("exhausted its retries"),
         "{table}"
     );
     let second = fat_ping(hub, topic, r#"{"invoice":2}"#).await;
