@@ -212,21 +212,51 @@ pub(super) async fn deliveries(
 ) -> Result<Json<Vec<DeliverySummary>>, ApiError> {
     authorize_internal(&state, &headers)?;
     let event_id = query.event_id.as_deref().map(parse_event_id).transpose()?;
+    let window = Window::parse(
+        query.state.as_deref(),
+        query.since.as_deref(),
+        query.until.as_deref(),
+        query.limit.as_deref(),
+    )?;
     let filter = DeliveryFilter {
         event_id,
         topic: query.topic.as_deref(),
         subscriber: query.subscriber.as_deref(),
-        state: parse_state(query.state.as_deref())?,
-        since: parse_time("since", query.since.as_deref())?,
-        until: parse_time("until", query.until.as_deref())?,
+        state: window.state,
+        since: window.since,
+        until: window.until,
     };
-    let limit = parse_limit(query.limit.as_deref())?;
     let listed = state
         .events
-        .list(filter, limit)
+        .list(filter, window.limit)
         .await
         .map_err(events_failed)?;
     Ok(Json(listed))
+}
+
+/// What every list of deliveries is narrowed by besides whose: the
+/// `state`, `since`, `until` and `limit` parameters, parsed.
+pub(super) struct Window {
+    pub(super) state: Option<DeliveryState>,
+    pub(super) since: Option<DateTime<Utc>>,
+    pub(super) until: Option<DateTime<Utc>>,
+    pub(super) limit: usize,
+}
+
+impl Window {
+    pub(super) fn parse(
+        state: Option<&str>,
+        since: Option<&str>,
+        until: Option<&str>,
+        limit: Option<&str>,
+    ) -> Result<Self, ApiError> {
+        Ok(Self {
+            state: parse_state(state)?,
+            since: parse_time("since", since)?,
+            until: parse_time("until", until)?,
+            limit: parse_limit(limit)?,
+        })
+    }
 }
 
 pub(super) fn parse_event_id(text: &str) -> Result<Uuid, ApiError> {

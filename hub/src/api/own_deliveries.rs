@@ -9,8 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use super::backlog::parse_limit;
-use super::history::{parse_state, parse_time};
+use super::history::Window;
 use super::openapi::{BadRequest, NoSubscriberApi, TokenTooLarge, Unauthenticated, Unavailable};
 use super::{ApiError, ApiState, caller};
 use super::{events_failed, store_failed};
@@ -76,10 +75,18 @@ async fn list_own(
     user: &User,
     query: &OwnQuery,
 ) -> Result<Vec<DeliverySummary>, ApiError> {
-    let wanted = parse_state(query.state.as_deref())?;
-    let since = parse_time("since", query.since.as_deref())?;
-    let until = parse_time("until", query.until.as_deref())?;
-    let limit = parse_limit(query.limit.as_deref())?;
+    let window = Window::parse(
+        query.state.as_deref(),
+        query.since.as_deref(),
+        query.until.as_deref(),
+        query.limit.as_deref(),
+    )?;
+    let Window {
+        state: wanted,
+        since,
+        until,
+        limit,
+    } = window;
     let owned = state
         .store
         .list_by_owner(&user.id)

@@ -8,8 +8,7 @@ use axum::http::HeaderMap;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use super::backlog::parse_limit;
-use super::history::{parse_state, parse_time};
+use super::history::Window;
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::{ApiError, ApiState, authorize_internal};
 use crate::outbox::{WebhookDelivery, WebhookFilter};
@@ -57,13 +56,19 @@ async fn webhook_deliveries(
     Query(query): Query<WebhookQuery>,
 ) -> Result<Json<Vec<WebhookDelivery>>, ApiError> {
     authorize_internal(&state, &headers)?;
+    let window = Window::parse(
+        query.state.as_deref(),
+        query.since.as_deref(),
+        query.until.as_deref(),
+        query.limit.as_deref(),
+    )?;
     let filter = WebhookFilter {
         subscriber: query.subscriber.as_deref(),
-        state: parse_state(query.state.as_deref())?,
-        since: parse_time("since", query.since.as_deref())?,
-        until: parse_time("until", query.until.as_deref())?,
+        state: window.state,
+        since: window.since,
+        until: window.until,
     };
-    let limit = parse_limit(query.limit.as_deref())?;
+    let limit = window.limit;
     let listed = state
         .feeds
         .webhook_deliveries(filter, limit)

@@ -48,6 +48,9 @@ use uuid::Uuid;
 
 mod operate;
 mod rows;
+mod statements;
+
+use statements::*;
 
 use super::{
     Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
@@ -63,9 +66,6 @@ use rows::{
 /// it by default): these are the store's pool size and busy timeout.
 pub use websub_store::sqlite::{BUSY_TIMEOUT, POOL_SIZE};
 
-/// The table the hub's migrations are recorded in; see the module doc.
-const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
-
 /// Subscribers per `INSERT` in [`EventLog::expand`]: one JSON parameter each,
 /// so this bounds the size of one statement's argument, not a variable count.
 const EXPAND_CHUNK: usize = 10_000;
@@ -73,166 +73,6 @@ const EXPAND_CHUNK: usize = 10_000;
 /// Events per `DELETE` in [`EventLog::purge_before`]: each one cascades to its
 /// delivery rows, and a chunk holds the write lock while it runs.
 const PURGE_CHUNK: i64 = 500;
-
-const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5)";
-
-const INSERT_EVENT_ONCE: &str = "INSERT INTO websub_events \
-     (id, topic, content_type, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5) \
-     ON CONFLICT (id) DO NOTHING";
-
-const MARK_EXPANDED: &str =
-    "UPDATE websub_events SET expanded_at = COALESCE(expanded_at, ?2) WHERE id = ?1";
-
-// `WHERE true` is SQLite's required disambiguation between an upsert's ON and
-// a join's ON after INSERT … SELECT.
-const EXPAND: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
-     SELECT ?1, value, ?2 FROM json_each(?3) WHERE true \
-     ON CONFLICT DO NOTHING";
-
-// Records claimed for their first attempt as they are written. The first try
-// has no ON CONFLICT: nothing conflicts unless the event is being (or was)
-// expanded elsewhere, and then every row went in and none need be read back.
-// On a conflict the statement alone is rolled back and EXPAND_CLAIMED_AGAIN
-// runs in the same transaction; its RETURNING reports only the rows it
-// inserted, not those it skipped.
-const EXPAND_CLAIMED_FIRST: &str = "INSERT INTO websub_deliveries \
-     (event_id, subscriber, next_attempt_at, processing_since) \
-     SELECT ?1, value, ?2, ?2 FROM json_each(?3)";
-
-const EXPAND_CLAIMED_AGAIN: &str = "INSERT INTO websub_deliveries \
-     (event_id, subscriber, next_attempt_at, processing_since) \
-     SELECT ?1, value, ?2, ?2 FROM json_each(?3) WHERE true \
-     ON CONFLICT DO NOTHING RETURNING subscriber";
-
-const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = ?1)";
-
-const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
-     WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT ?1";
-
-const EVENT: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
-     WHERE id = ?1";
-
-// RETURNING may read only the updated table, so the topic comes from a scalar
-// subquery (a primary-key lookup) rather than a join. `?2` is NULL when the
-// visibility timeout reaches before the epoch: then no claim is stale.
-const CLAIM: &str = "UPDATE websub_deliveries SET processing_since = ?1 \
-     WHERE rowid IN ( \
-         SELECT rowid FROM websub_deliveries \
-         WHERE processed_at IS NULL AND next_attempt_at <= ?1 \
-           AND (processing_since IS NULL OR processing_since < ?2) \
-         ORDER BY next_attempt_at \
-         LIMIT ?3) \
-     RETURNING event_id, \
-         (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
-         subscriber, retry_count";
-
-// The usual outcome, delivered, for one event: `?2` is a JSON array of its
-// subscribers. A third of the general statement's cost per record, which
-// decodes five fields of a JSON row for each. Otherwise as COMPLETE does for
-// a `Delivered` outcome.
-const COMPLETE_DELIVERED: &str = "UPDATE websub_deliveries \
-     SET processed_at = ?3, processing_since = NULL, next_attempt_at = NULL, \
-         outcome = 'delivered' \
-     WHERE event_id = ?1 AND subscriber IN (SELECT value FROM json_each(?2)) \
-       AND processed_at IS NULL";
-
-// One row of `?1` per completion: [event id as hex, subscriber, kind, error,
-// next attempt in µs]. `processed_at IS NULL` keeps a late completion (from a
-// dispatcher whose claim went stale and was taken over) from reopening or
-// re-counting a closed record. A `Delivered` outcome carries no error, so the
-// last failure stays in `last_error` for inspection.
-const COMPLETE: &str = "UPDATE websub_deliveries AS d SET \
-     processed_at = CASE WHEN c.kind IN ('delivered', 'dropped', 'skipped') THEN ?2 ELSE NULL END, \
-     outcome = c.kind, \
-     retry_count = d.retry_count + CASE WHEN c.kind IN ('retry', 'exhausted') THEN 1 ELSE 0 END, \
-     last_error = COALESCE(c.error, d.last_error), \
-     processing_since = NULL, \
-     next_attempt_at = c.next_attempt_at \
-     FROM (SELECT unhex(value ->> 0) AS event_id, value ->> 1 AS subscriber, \
-                  value ->> 2 AS kind, value ->> 3 AS error, value ->> 4 AS next_attempt_at \
-           FROM json_each(?1)) AS c \
-     WHERE d.event_id = c.event_id AND d.subscriber = c.subscriber \
-       AND d.processed_at IS NULL";
-
-// One row of `?1` per attempt: [event id as hex, subscriber, attempted at in
-// µs, duration in µs, status, error, response as hex].
-const RECORD_ATTEMPTS: &str = "INSERT INTO websub_attempts \
-     (event_id, subscriber, attempted_at, duration_us, status, error, response) \
-     SELECT unhex(value ->> 0), value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
-            value ->> 5, unhex(value ->> 6) \
-     FROM json_each(?1)";
-
-const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
-     FROM websub_attempts WHERE event_id = ?1 AND subscriber = ?2 ORDER BY attempted_at";
-
-const WEBHOOK_ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
-     FROM websub_webhook_attempts WHERE event_id = ?1 AND subscriber = ?2 \
-     ORDER BY attempted_at";
-
-// Webhook attempts have no event here to go with: they go by age.
-const PURGE_WEBHOOK_ATTEMPTS: &str = "DELETE FROM websub_webhook_attempts WHERE attempted_at < ?1";
-
-const DELIVERY: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
-     processing_since, next_attempt_at, outcome FROM websub_deliveries \
-     WHERE event_id = ?1 AND subscriber = ?2";
-
-const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
-     processing_since, next_attempt_at, outcome FROM websub_deliveries \
-     WHERE event_id = ?1 ORDER BY subscriber";
-
-const LATEST: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
-     WHERE topic = ?1 AND original_id IS NULL ORDER BY created_at DESC, id DESC LIMIT 1";
-
-// The window walks the (topic, created_at) index backwards; each of its
-// events is one primary-key probe for the subscriber's record.
-const HEALTH: &str = "WITH recent AS ( \
-         SELECT id, created_at FROM websub_events WHERE topic = ?1 \
-         ORDER BY created_at DESC LIMIT ?3), \
-     records AS ( \
-         SELECT r.created_at, d.processed_at, d.last_error, d.next_attempt_at \
-         FROM recent AS r \
-         JOIN websub_deliveries AS d ON d.event_id = r.id AND d.subscriber = ?2) \
-     SELECT (SELECT max(processed_at) FROM records) AS last_success, \
-            (SELECT last_error FROM records WHERE last_error IS NOT NULL \
-             ORDER BY created_at DESC LIMIT 1) AS last_error, \
-            (SELECT count(*) FROM records \
-             WHERE processed_at IS NULL AND next_attempt_at IS NOT NULL) AS pending, \
-            (SELECT count(*) FROM records \
-             WHERE processed_at IS NULL AND next_attempt_at IS NULL) AS failed";
-
-// The pending index's entries with a `next_attempt_at`: everything not
-// processed and not exhausted.
-const UNDELIVERED: &str = "SELECT count(*) AS records, min(e.created_at) AS oldest \
-     FROM websub_deliveries AS d JOIN websub_events AS e ON e.id = d.event_id \
-     WHERE d.processed_at IS NULL AND d.next_attempt_at IS NOT NULL";
-
-// Exhausted records are the pending index's NULL `next_attempt_at` entries.
-const FAILED: &str = "SELECT d.event_id, e.topic, d.subscriber, e.created_at, \
-            d.retry_count, d.last_error \
-     FROM websub_deliveries AS d JOIN websub_events AS e ON e.id = d.event_id \
-     WHERE d.processed_at IS NULL AND d.next_attempt_at IS NULL \
-       AND (?1 IS NULL OR e.topic = ?1) \
-       AND (?2 IS NULL OR d.subscriber = ?2) \
-       AND (?4 IS NULL OR d.event_id = ?4) \
-     ORDER BY e.created_at DESC LIMIT ?3";
-
-const RETRY_FAILED: &str = "UPDATE websub_deliveries \
-     SET next_attempt_at = ?3, retry_count = 0, processing_since = NULL \
-     WHERE processed_at IS NULL AND next_attempt_at IS NULL \
-       AND (?2 IS NULL OR subscriber = ?2) \
-       AND (?1 IS NULL OR event_id IN (SELECT id FROM websub_events WHERE topic = ?1)) \
-       AND (?4 IS NULL OR event_id = ?4)";
-
-const PURGE: &str = "DELETE FROM websub_events WHERE rowid IN ( \
-     SELECT rowid FROM websub_events WHERE created_at < ?1 \
-     ORDER BY created_at LIMIT ?2)";
-
-// Successful attempts carry no error; the events' time index bounds the
-// work to the window.
-const DELIVERED_SINCE: &str = "SELECT count(*) AS delivered \
-     FROM websub_events AS e JOIN websub_attempts AS a ON a.event_id = e.id \
-     WHERE e.created_at >= ?1 AND a.attempted_at >= ?1 AND a.error IS NULL";
 
 /// The event log in a SQLite database file.
 ///
@@ -339,11 +179,6 @@ async fn expand_in(
     }
     Ok(created)
 }
-
-const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
-     SELECT id, ?2, ?4 FROM websub_events \
-     WHERE topic = ?1 AND created_at >= ?3 AND original_id IS NULL \
-     ON CONFLICT DO NOTHING";
 
 /// The attempts `sql` selects for one delivery, oldest first.
 async fn attempts_in(
