@@ -117,13 +117,21 @@ impl Browser {
             .unwrap_or_else(|error| panic!("the text of {css}: {error}"))
     }
 
-    /// Clicks the element `css` selects.
+    /// Clicks the element `css` selects, and waits (at most a couple of
+    /// seconds) for the page it belongs to to go, so that what is read next
+    /// is the page the click led to: every click here follows a link or
+    /// sends a form.
     pub(crate) async fn click(&self, css: &str) {
-        self.find(css)
-            .await
+        let element = self.find(css).await;
+        element
+            .clone()
             .click()
             .await
             .unwrap_or_else(|error| panic!("click {css}: {error}"));
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline && element.tag_name().await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
     }
 
     /// Types `text` into the field `css` selects.
