@@ -217,12 +217,7 @@ impl Intake {
     /// Whether content of `topic` would reach anyone: a subscription, or a
     /// subscribe being verified (which receives it once saved).
     async fn has_audience(&self, topic: &str) -> Result<bool, IntakeError> {
-        Ok(!self
-            .inner
-            .store
-            .list_by_topic_page(topic, None, 1)
-            .await?
-            .is_empty()
+        Ok(self.inner.store.has_subscriptions(topic).await?
             || self.inner.backlog.subscribing(topic).await?)
     }
 

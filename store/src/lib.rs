@@ -82,6 +82,8 @@ pub use subscription::{OwnerQuota, Subscription, expiry_bound_micros, to_micros}
 ///   last callback, returns every subscription that exists for the whole walk
 ///   exactly once; one saved or deleted during the walk may or may not be
 ///   returned. A page shorter than `limit` is the last one.
+/// - **`has_subscriptions`** answers from the topic's index alone: one
+///   existence check, whatever the number of subscriptions.
 /// - **`topics`** lists each topic that has at least one subscription, once.
 ///   A topic disappears with its last subscription.
 /// - **`list_expiring(before)` is strictly before**: a subscription expiring
@@ -141,6 +143,15 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug {
         Ok(page)
     }
 
+    /// Whether the topic has at least one subscription: what a ping asks
+    /// before anything is fetched, so it must not read the subscriptions.
+    ///
+    /// The provided body reads one page of one; every backend of this crate
+    /// answers with an existence check on its topic index instead.
+    async fn has_subscriptions(&self, topic: &str) -> Result<bool, StoreError> {
+        Ok(!self.list_by_topic_page(topic, None, 1).await?.is_empty())
+    }
+
     /// Every topic with at least one subscription, each once, in no
     /// particular order.
     async fn topics(&self) -> Result<Vec<String>, StoreError>;
@@ -190,6 +201,9 @@ impl<S: SubscriptionStore + ?Sized> SubscriptionStore for std::sync::Arc<S> {
         limit: usize,
     ) -> Result<Vec<Subscription>, StoreError> {
         (**self).list_by_topic_page(topic, after, limit).await
+    }
+    async fn has_subscriptions(&self, topic: &str) -> Result<bool, StoreError> {
+        (**self).has_subscriptions(topic).await
     }
     async fn topics(&self) -> Result<Vec<String>, StoreError> {
         (**self).topics().await

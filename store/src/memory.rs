@@ -151,6 +151,10 @@ impl SubscriptionStore for MemoryStore {
             .collect())
     }
 
+    async fn has_subscriptions(&self, topic: &str) -> Result<bool, StoreError> {
+        Ok(self.read().by_topic.contains_key(topic))
+    }
+
     async fn topics(&self) -> Result<Vec<String>, StoreError> {
         Ok(self.read().by_topic.keys().cloned().collect())
     }

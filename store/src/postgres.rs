@@ -262,6 +262,15 @@ impl SubscriptionStore for PostgresStore {
         rows.iter().map(subscription_from_row).collect()
     }
 
+    async fn has_subscriptions(&self, topic: &str) -> Result<bool, StoreError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM websub_subscriptions WHERE topic = $1)",
+        )
+        .bind(topic)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     async fn topics(&self) -> Result<Vec<String>, StoreError> {
         Ok(
             sqlx::query_scalar("SELECT DISTINCT topic FROM websub_subscriptions")

@@ -63,6 +63,7 @@ macro_rules! __with_checks {
             list_by_topic_of_unknown_topic_is_empty,
             list_by_topic_returns_only_that_topic,
             list_by_topic_page_walks_every_subscription_once,
+            has_subscriptions_follows_the_topic,
             topics_lists_each_topic_once,
             topic_disappears_with_its_last_subscription,
             list_expiring_is_strictly_before,
@@ -647,6 +648,45 @@ pub async fn list_by_topic_page_walks_every_subscription_once(store: SharedStore
             .iter()
             .all(|subscription| subscription.callback != gone)
     );
+}
+
+/// A topic has subscriptions from its first save to its last delete, and
+/// another topic's subscriptions never count.
+pub async fn has_subscriptions_follows_the_topic(store: SharedStore) {
+    let (topic, neighbour) = (unique_topic(), unique_topic());
+    let has = |topic: String| {
+        let store = store.clone();
+        async move {
+            store
+                .has_subscriptions(&topic)
+                .await
+                .expect("has_subscriptions")
+        }
+    };
+    assert!(
+        !has(topic.clone()).await,
+        "a topic never saved has subscriptions"
+    );
+    must_save(&store, &leased(&neighbour, &unique_callback())).await;
+    assert!(
+        !has(topic.clone()).await,
+        "another topic's subscription counted"
+    );
+    let (first, second) = (unique_callback(), unique_callback());
+    must_save(&store, &leased(&topic, &first)).await;
+    must_save(&store, &leased(&topic, &second)).await;
+    assert!(has(topic.clone()).await);
+    must_delete(&store, &topic, &first).await;
+    assert!(
+        has(topic.clone()).await,
+        "gone before its last subscription"
+    );
+    must_delete(&store, &topic, &second).await;
+    assert!(
+        !has(topic.clone()).await,
+        "still there after its last subscription"
+    );
+    assert!(has(neighbour).await);
 }
 
 /// Each topic with subscriptions is listed exactly once.

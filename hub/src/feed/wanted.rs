@@ -183,11 +183,8 @@ impl Wanted {
         let after = match before {
             // A subscription made now is younger than the known time, so
             // all that can change is whether the topic has any left: one
-            // subscription's read, however many the topic has.
-            Some(known) => {
-                let any = self.store.list_by_topic_page(topic, None, 1).await?;
-                (!any.is_empty()).then_some(known)
-            }
+            // existence check, however many subscriptions the topic has.
+            Some(known) => self.store.has_subscriptions(topic).await?.then_some(known),
             None => oldest_subscription(&*self.store, topic).await?,
         };
         if after != before {
