@@ -4,7 +4,10 @@
 //!    loopback server answering 204, at the concurrency the hub is given.
 //! 2. Fan-out: N subscribers on loopback receivers, one fat ping, time until
 //!    every subscriber has its delivery; SQLite, PostgreSQL, and a larger N
-//!    on PostgreSQL. websubd's peak resident memory is read from /proc.
+//!    on PostgreSQL. websubd's peak resident memory is read from /proc. On
+//!    PostgreSQL a thin ping follows: the hub fetches the topic from the
+//!    receiver, and the line's "first delivery" counts from that fetch, so
+//!    it shows what the hub does before its first POST at that size.
 //! 3. Subscribe throughput: N subscribe requests, time until all are
 //!    verified and saved.
 
@@ -23,10 +26,10 @@ use tokio::sync::Notify;
 use websub_hub::net::{self, NetPolicy};
 use websub_store::{Subscription, SubscriptionStore};
 
+use crate::progress::Progress;
 use crate::{Failure, ThrowawayDatabase};
 
 const INTERNAL_KEY: &str = "websub-bench-internal-key-0123456789abcdef";
-const TOPIC: &str = "http://127.0.0.1:9/bench/topic";
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct HubArgs {
@@ -54,7 +57,8 @@ pub(crate) struct HubArgs {
 struct Line {
     measurement: String,
     count: usize,
-    /// From the request to the first delivery, for fan-outs.
+    /// From the request (for a thin ping: from the topic fetch) to the
+    /// first delivery, for fan-outs.
     first: Option<Duration>,
     elapsed: Duration,
     rate: f64,
@@ -81,7 +85,7 @@ pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
     let scratch = std::env::temp_dir().join(format!("websub-bench-hub-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     let sqlite = format!("sqlite:{}", scratch.join("fanout.db").display());
-    lines.push(
+    lines.extend(
         fan_out(
             &websubd,
             &receiver,
@@ -100,9 +104,10 @@ pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
         }
         for size in sizes {
             let database = ThrowawayDatabase::create(admin).await?;
-            let line = fan_out(&websubd, &receiver, &database.url, "postgres", size, &args).await;
+            let lines_of_size =
+                fan_out(&websubd, &receiver, &database.url, "postgres", size, &args).await;
             database.drop_it().await?;
-            lines.push(line?);
+            lines.extend(lines_of_size?);
         }
     } else {
         eprintln!("postgres: skipped (no --postgres URL)");
@@ -126,7 +131,7 @@ pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
                 .unwrap_or_else(|| "–".to_owned()),
             line.elapsed.as_secs_f64(),
             line.rate,
-            if line.measurement.starts_with("fan-out") {
+            if line.measurement.starts_with("fan-out") || line.measurement.starts_with("thin") {
                 format!("{:.0} %", 100.0 * line.rate / ceiling)
             } else {
                 "–".to_owned()
@@ -192,57 +197,80 @@ async fn fan_out(
     backend: &str,
     subscribers: usize,
     args: &HubArgs,
-) -> Result<Line, Failure> {
+) -> Result<Vec<Line>, Failure> {
     eprintln!("{backend}: saving {subscribers} subscriptions");
     let prefix = format!("fan{subscribers}{backend}");
     save_subscriptions(database_url, receiver, &prefix, subscribers).await?;
     let hub = Hub::spawn(websubd, database_url, args).await?;
-    receiver.reset();
-
-    eprintln!("{backend}: publishing to {subscribers}");
-    let started = Instant::now();
-    let response = websub_hub::delivery::client::for_deliveries(
+    let publisher = websub_hub::delivery::client::for_deliveries(
         &NetPolicy {
             allow_private_network: true,
         },
         Duration::from_secs(30),
         1,
-    )?
-    .post(format!(
-        "{}?hub.mode=publish&hub.topic={}",
-        hub.url,
-        urlencode(TOPIC)
-    ))
-    .header("content-type", "application/json")
-    .header("X-Internal-API-Key", INTERNAL_KEY)
-    .body(vec![b'x'; args.body_bytes])
-    .send()
-    .await?;
+    )?;
+
+    receiver.reset();
+    eprintln!("{backend}: publishing to {subscribers}");
+    let started = Instant::now();
+    let response = publisher
+        .post(format!(
+            "{}?hub.mode=publish&hub.topic={}",
+            hub.url,
+            urlencode(&receiver.topic)
+        ))
+        .header("content-type", "application/json")
+        .header("X-Internal-API-Key", INTERNAL_KEY)
+        .body(vec![b'x'; args.body_bytes])
+        .send()
+        .await?;
     if response.status() != StatusCode::ACCEPTED {
         return Err(format!("the fat ping answered {}", response.status()).into());
     }
-    if !receiver
-        .wait_for(subscribers, Duration::from_secs(600))
-        .await
-    {
-        return Err(format!(
-            "{backend}: only {} of {subscribers} delivered",
-            receiver.deliveries.load(Ordering::Relaxed)
-        )
-        .into());
-    }
-    let elapsed = started.elapsed();
+    let elapsed = receiver.all_delivered(backend, subscribers).await?;
     let first = receiver.first_delivery().map(|at| at - started);
-    let peak_rss = hub.peak_rss();
-    hub.stop();
-    Ok(Line {
+    let mut lines = vec![Line {
         measurement: format!("fan-out, {backend}: deliveries/s to the last delivery"),
         count: subscribers,
         first,
-        elapsed,
-        rate: subscribers as f64 / elapsed.as_secs_f64(),
-        peak_rss,
-    })
+        elapsed: elapsed - started,
+        rate: subscribers as f64 / (elapsed - started).as_secs_f64(),
+        peak_rss: hub.peak_rss(),
+    }];
+
+    if backend == "postgres" {
+        receiver.reset();
+        eprintln!("{backend}: thin ping to {subscribers}");
+        let response = publisher
+            .post(&hub.url)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!(
+                "hub.mode=publish&hub.url={}",
+                urlencode(&receiver.topic)
+            ))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            return Err(format!("the thin ping answered {}", response.status()).into());
+        }
+        let elapsed = receiver.all_delivered(backend, subscribers).await?;
+        let fetched = receiver
+            .fetched()
+            .ok_or("the thin ping's topic was never fetched")?;
+        let first = receiver.first_delivery().map(|at| at - fetched);
+        lines.push(Line {
+            measurement: format!(
+                "thin ping, {backend}: deliveries/s from the topic fetch to the last delivery"
+            ),
+            count: subscribers,
+            first,
+            elapsed: elapsed - fetched,
+            rate: subscribers as f64 / (elapsed - fetched).as_secs_f64(),
+            peak_rss: hub.peak_rss(),
+        });
+    }
+    hub.stop();
+    Ok(lines)
 }
 
 async fn subscribe(
@@ -266,11 +294,12 @@ async fn subscribe(
     let next = Arc::new(AtomicUsize::new(0));
     let workers: Vec<_> = (0..64)
         .map(|_| {
-            let (client, next, hub_url, base) = (
+            let (client, next, hub_url, base, topic) = (
                 client.clone(),
                 next.clone(),
                 hub.url.clone(),
                 receiver.base.clone(),
+                receiver.topic.clone(),
             );
             tokio::spawn(async move {
                 loop {
@@ -280,7 +309,7 @@ async fn subscribe(
                     }
                     let form = format!(
                         "hub.mode=subscribe&hub.topic={}&hub.callback={}",
-                        urlencode(TOPIC),
+                        urlencode(&topic),
                         urlencode(&format!("{base}/cb/sub{index}"))
                     );
                     let response = client
@@ -301,7 +330,7 @@ async fn subscribe(
         worker.await??;
     }
     let deadline = Instant::now() + Duration::from_secs(300);
-    while store.list_by_topic(TOPIC).await?.len() < subscribers {
+    while store.list_by_topic(&receiver.topic).await?.len() < subscribers {
         if Instant::now() > deadline {
             return Err("subscriptions were not all verified within 300 s".into());
         }
@@ -331,10 +360,11 @@ async fn save_subscriptions(
     let now = chrono::Utc::now();
     let workers: Vec<_> = (0..16)
         .map(|_| {
-            let (store, next, base, prefix) = (
+            let (store, next, base, topic, prefix) = (
                 store.clone(),
                 next.clone(),
                 receiver.base.clone(),
+                receiver.topic.clone(),
                 prefix.to_owned(),
             );
             tokio::spawn(async move {
@@ -344,7 +374,7 @@ async fn save_subscriptions(
                         return Ok::<(), websub_store::StoreError>(());
                     }
                     let subscription =
-                        Subscription::new(TOPIC, format!("{base}/cb/{prefix}-{index}"))
+                        Subscription::new(&topic, format!("{base}/cb/{prefix}-{index}"))
                             .with_lease(chrono::Duration::days(1), now)
                             .with_secret(format!("secret-{index}"));
                     store.save(&subscription).await?;
@@ -461,12 +491,17 @@ impl Drop for Hub {
     }
 }
 
-/// Loopback subscribers: echo challenges, count deliveries.
+/// Loopback subscribers and the topic they subscribe to: echo challenges,
+/// count deliveries, serve the topic's content to the hub's fetches.
 struct Receiver {
     base: String,
+    /// The topic URL, served at `/topic`: fat pings never fetch it, thin
+    /// pings do.
+    topic: String,
     deliveries: Arc<AtomicUsize>,
     arrived: Arc<Notify>,
     first_at: Arc<std::sync::Mutex<Option<Instant>>>,
+    fetched_at: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 #[derive(Clone)]
@@ -474,6 +509,7 @@ struct ReceiverState {
     deliveries: Arc<AtomicUsize>,
     arrived: Arc<Notify>,
     first_at: Arc<std::sync::Mutex<Option<Instant>>>,
+    fetched_at: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl Receiver {
@@ -482,9 +518,11 @@ impl Receiver {
             deliveries: Arc::new(AtomicUsize::new(0)),
             arrived: Arc::new(Notify::new()),
             first_at: Arc::new(std::sync::Mutex::new(None)),
+            fetched_at: Arc::new(std::sync::Mutex::new(None)),
         };
         let app = Router::new()
             .route("/sink", post(|| async { StatusCode::NO_CONTENT }))
+            .route("/topic", get(serve_topic))
             .route("/cb/{name}", get(echo_challenge).post(count_delivery))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -493,26 +531,41 @@ impl Receiver {
             let _ = axum::serve(listener, app).await;
         });
         Ok(Self {
+            topic: format!("{base}/topic"),
             base,
             deliveries: state.deliveries,
             arrived: state.arrived,
             first_at: state.first_at,
+            fetched_at: state.fetched_at,
         })
     }
 
     fn reset(&self) {
         self.deliveries.store(0, Ordering::Relaxed);
-        *self
-            .first_at
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        *lock(&self.first_at) = None;
+        *lock(&self.fetched_at) = None;
     }
 
     fn first_delivery(&self) -> Option<Instant> {
-        *self
-            .first_at
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        *lock(&self.first_at)
+    }
+
+    /// When the topic was last fetched.
+    fn fetched(&self) -> Option<Instant> {
+        *lock(&self.fetched_at)
+    }
+
+    /// Waits until `count` deliveries arrived; returns when the wait ended.
+    async fn all_delivered(&self, backend: &str, count: usize) -> Result<Instant, Failure> {
+        let _progress = Progress::follow(backend, count, self.deliveries.clone());
+        if !self.wait_for(count, Duration::from_secs(600)).await {
+            return Err(format!(
+                "{backend}: only {} of {count} delivered",
+                self.deliveries.load(Ordering::Relaxed)
+            )
+            .into());
+        }
+        Ok(Instant::now())
     }
 
     async fn wait_for(&self, count: usize, limit: Duration) -> bool {
@@ -529,6 +582,20 @@ impl Receiver {
     }
 }
 
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+async fn serve_topic(State(state): State<ReceiverState>) -> impl axum::response::IntoResponse {
+    *lock(&state.fetched_at) = Some(Instant::now());
+    (
+        [("content-type", "application/json")],
+        r#"{"bench":"the topic's latest content"}"#,
+    )
+}
+
 async fn echo_challenge(Path(_name): Path<String>, RawQuery(query): RawQuery) -> String {
     url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
         .find(|(key, _)| key == "hub.challenge")
@@ -542,10 +609,7 @@ async fn count_delivery(
     _body: Bytes,
 ) -> StatusCode {
     if state.deliveries.fetch_add(1, Ordering::Relaxed) == 0 {
-        *state
-            .first_at
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Instant::now());
+        *lock(&state.first_at) = Some(Instant::now());
     }
     state.arrived.notify_waiters();
     StatusCode::NO_CONTENT

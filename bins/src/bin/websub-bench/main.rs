@@ -17,6 +17,7 @@
 
 mod hub;
 mod outbox;
+mod progress;
 mod store;
 
 use std::time::Duration;
