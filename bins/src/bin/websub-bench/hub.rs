@@ -29,7 +29,7 @@ use websub_store::{Subscription, SubscriptionStore};
 use crate::progress::Progress;
 use crate::{Failure, ThrowawayDatabase};
 
-const INTERNAL_KEY: &str = "websub-bench-internal-key-0123456789abcdef";
+pub(crate) const INTERNAL_KEY: &str = "websub-bench-internal-key-0123456789abcdef";
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct HubArgs {
@@ -200,7 +200,11 @@ async fn fan_out(
 ) -> Result<Vec<Line>, Failure> {
     eprintln!("{backend}: saving {subscribers} subscriptions");
     let prefix = format!("fan{subscribers}{backend}");
-    save_subscriptions(database_url, receiver, &prefix, subscribers).await?;
+    let base = receiver.base.clone();
+    save_subscriptions(database_url, &receiver.topic, subscribers, move |index| {
+        format!("{base}/cb/{prefix}-{index}")
+    })
+    .await?;
     let hub = Hub::spawn(websubd, database_url, args).await?;
     let publisher = websub_hub::delivery::client::for_deliveries(
         &NetPolicy {
@@ -349,34 +353,31 @@ async fn subscribe(
     })
 }
 
-async fn save_subscriptions(
+/// Saves `count` subscriptions to `topic` straight into the store behind
+/// `database_url`, the callback of the `index`-th given by `callback`.
+pub(crate) async fn save_subscriptions(
     database_url: &str,
-    receiver: &Receiver,
-    prefix: &str,
+    topic: &str,
     count: usize,
+    callback: impl Fn(usize) -> String + Send + Sync + 'static,
 ) -> Result<(), Failure> {
     let store: Arc<dyn SubscriptionStore> = websub_hub::server::open_store(database_url).await?;
     let next = Arc::new(AtomicUsize::new(0));
+    let callback = Arc::new(callback);
     let now = chrono::Utc::now();
     let workers: Vec<_> = (0..16)
         .map(|_| {
-            let (store, next, base, topic, prefix) = (
-                store.clone(),
-                next.clone(),
-                receiver.base.clone(),
-                receiver.topic.clone(),
-                prefix.to_owned(),
-            );
+            let (store, next, topic, callback) =
+                (store.clone(), next.clone(), topic.to_owned(), callback.clone());
             tokio::spawn(async move {
                 loop {
                     let index = next.fetch_add(1, Ordering::Relaxed);
                     if index >= count {
                         return Ok::<(), websub_store::StoreError>(());
                     }
-                    let subscription =
-                        Subscription::new(&topic, format!("{base}/cb/{prefix}-{index}"))
-                            .with_lease(chrono::Duration::days(1), now)
-                            .with_secret(format!("secret-{index}"));
+                    let subscription = Subscription::new(&topic, callback(index))
+                        .with_lease(chrono::Duration::days(1), now)
+                        .with_secret(format!("secret-{index}"));
                     store.save(&subscription).await?;
                 }
             })
@@ -388,7 +389,7 @@ async fn save_subscriptions(
     Ok(())
 }
 
-fn urlencode(value: &str) -> String {
+pub(crate) fn urlencode(value: &str) -> String {
     url::form_urlencoded::byte_serialize(value.as_bytes()).collect()
 }
 
@@ -474,6 +475,26 @@ impl Hub {
         let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
         let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kib * 1024)
+    }
+
+    /// The CPU time websubd has used so far, all its threads.
+    pub(crate) fn cpu_time(&self) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
+        // The command may hold spaces; the fields after its closing
+        // parenthesis are fixed: utime and stime are the 12th and 13th.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // USER_HZ, which Linux fixes at 100 for /proc.
+        Some(Duration::from_millis(ticks * 10))
+    }
+
+    /// How many file descriptors websubd holds open now.
+    pub(crate) fn open_files(&self) -> Option<usize> {
+        Some(
+            std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+                .ok()?
+                .count(),
+        )
     }
 
     pub(crate) fn stop(mut self) {

@@ -6,6 +6,10 @@
 //! - `websub-bench hub`: the HTTP ceiling of this machine, one publish fanned
 //!   out by a real `websubd` to 10 000 (and 100 000) loopback subscribers on
 //!   SQLite and PostgreSQL, subscribe throughput, and websubd's peak memory.
+//! - `websub-bench slow`: one fan-out to 100 000 callbacks over 1 000
+//!   loopback hosts that answer after 200 ms, 1 % of the hosts dead: time
+//!   until every healthy one is delivered, websubd's peak memory, open files
+//!   and CPU per delivery.
 //! - `websub-bench outbox`: producers committing outbox events, the
 //!   PostgreSQL claim ceiling, and events delivered end to end through a
 //!   `websubd` feed to a webhook, with commit-to-receipt latency; with
@@ -18,6 +22,7 @@
 mod hub;
 mod outbox;
 mod progress;
+mod slow;
 mod store;
 
 use std::time::Duration;
@@ -40,6 +45,8 @@ enum Command {
     Hub(hub::HubArgs),
     /// The outbox path: producers' rate, claim ceiling, end-to-end delivery.
     Outbox(outbox::OutboxArgs),
+    /// A fan-out to slow, distinct and partly dead callback hosts.
+    Slow(slow::SlowArgs),
 }
 
 pub(crate) type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -51,6 +58,7 @@ async fn main() -> Result<(), Failure> {
         Command::Store(args) => store::run(args).await,
         Command::Hub(args) => hub::run(args).await,
         Command::Outbox(args) => outbox::run(args).await,
+        Command::Slow(args) => slow::run(args).await,
     }
 }
 

@@ -1,0 +1,226 @@
+//! `websub-bench slow`: a fan-out of the shape the internet has, on
+//! loopback. N subscriptions spread over H distinct callback hosts (the
+//! addresses 127.0.1.1, 127.0.1.2, … each with its own listener), every
+//! healthy callback answering after a delay, and a share of the hosts dead:
+//! they accept the connection and never answer. One fat ping goes to all of
+//! them through a real `websubd` on its defaults; the clock runs until every
+//! healthy callback has its delivery. websubd's peak memory, its peak of
+//! open file descriptors and its CPU time are read from /proc while it runs.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use tokio::sync::Notify;
+use websub_hub::net::{self, NetPolicy};
+
+use crate::Failure;
+use crate::hub::{Hub, INTERNAL_KEY, locate_websubd, save_subscriptions, urlencode};
+use crate::progress::Progress;
+
+/// The first of the loopback hosts: 127.0.1.1, so that 1 000 hosts end at
+/// 127.0.4.232 and none is 127.0.0.1, where websubd itself listens.
+const FIRST_HOST: u32 = u32::from_be_bytes([127, 0, 1, 1]);
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct SlowArgs {
+    /// Subscriptions of the topic.
+    #[arg(long, default_value_t = 100_000)]
+    subscribers: usize,
+    /// Distinct callback hosts they are spread over.
+    #[arg(long, default_value_t = 1_000)]
+    hosts: usize,
+    /// How long a healthy callback takes to answer, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    delay_ms: u64,
+    /// Percent of the hosts that never answer.
+    #[arg(long, default_value_t = 1.0)]
+    dead_percent: f64,
+    /// A PostgreSQL database URL for websubd; the embedded SQLite default
+    /// otherwise.
+    #[arg(long)]
+    database_url: Option<String>,
+    /// An extra websubd flag (repeatable), e.g.
+    /// `--hub-arg=--delivery-concurrency=4096`; websubd's defaults otherwise.
+    #[arg(long = "hub-arg", allow_hyphen_values = true)]
+    hub_args: Vec<String>,
+    /// The websubd binary [default: next to this one].
+    #[arg(long)]
+    websubd: Option<PathBuf>,
+}
+
+/// What the callbacks saw.
+#[derive(Clone)]
+struct Callbacks {
+    delivered: Arc<AtomicUsize>,
+    arrived: Arc<Notify>,
+    delay: Duration,
+}
+
+pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
+    net::install_crypto_provider();
+    let websubd = locate_websubd(args.websubd.as_ref())?;
+    if args.hosts == 0 || args.hosts > 60_000 || args.subscribers < args.hosts {
+        return Err(format!(
+            "--hosts {} must be between 1 and 60000 and at most --subscribers {}",
+            args.hosts, args.subscribers
+        )
+        .into());
+    }
+    let dead_every = if args.dead_percent > 0.0 {
+        (100.0 / args.dead_percent).round().max(1.0) as usize
+    } else {
+        usize::MAX
+    };
+    let is_dead = move |host: usize| dead_every != usize::MAX && host % dead_every == dead_every - 1;
+
+    let callbacks = Callbacks {
+        delivered: Arc::new(AtomicUsize::new(0)),
+        arrived: Arc::new(Notify::new()),
+        delay: Duration::from_millis(args.delay_ms),
+    };
+    eprintln!("slow: {} callback hosts listening", args.hosts);
+    let mut addresses = Vec::with_capacity(args.hosts);
+    for host in 0..args.hosts {
+        addresses.push(listen(host, is_dead(host), &callbacks).await?);
+    }
+    let healthy = (0..args.subscribers)
+        .filter(|index| !is_dead(index % args.hosts))
+        .count();
+
+    let scratch = std::env::temp_dir().join(format!("websub-bench-slow-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let database_url = args.database_url.clone().unwrap_or_else(|| {
+        format!("sqlite:{}", scratch.join("slow.db").display())
+    });
+    let topic = "http://127.0.0.1:9/bench/slow";
+    eprintln!("slow: saving {} subscriptions", args.subscribers);
+    let callback_addresses = Arc::new(addresses);
+    save_subscriptions(&database_url, topic, args.subscribers, {
+        let addresses = callback_addresses.clone();
+        move |index| format!("http://{}/cb/{index}", addresses[index % addresses.len()])
+    })
+    .await?;
+
+    let mut hub_args = vec![
+        "--database-url",
+        &database_url,
+        "--internal-api-key",
+        INTERNAL_KEY,
+        "--allow-private-network",
+    ];
+    hub_args.extend(args.hub_args.iter().map(String::as_str));
+    let hub = Hub::spawn_with(&websubd, &hub_args).await?;
+    let cpu_before = hub.cpu_time().unwrap_or_default();
+
+    eprintln!("slow: publishing to {} ({healthy} healthy)", args.subscribers);
+    let started = Instant::now();
+    let response = websub_hub::delivery::client::for_deliveries(
+        &NetPolicy {
+            allow_private_network: true,
+        },
+        Duration::from_secs(30),
+        1,
+    )?
+    .post(format!(
+        "{}?hub.mode=publish&hub.topic={}",
+        hub.url,
+        urlencode(topic)
+    ))
+    .header("content-type", "application/json")
+    .header("X-Internal-API-Key", INTERNAL_KEY)
+    .body(vec![b'x'; 1024])
+    .send()
+    .await?;
+    if response.status() != StatusCode::ACCEPTED {
+        return Err(format!("the fat ping answered {}", response.status()).into());
+    }
+
+    let progress = Progress::follow("slow", healthy, callbacks.delivered.clone());
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut peak_files = 0;
+    let elapsed = loop {
+        let arrived = callbacks.arrived.notified();
+        if callbacks.delivered.load(Ordering::Relaxed) >= healthy {
+            break started.elapsed();
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "only {} of {healthy} healthy callbacks delivered within 600 s",
+                callbacks.delivered.load(Ordering::Relaxed)
+            )
+            .into());
+        }
+        peak_files = peak_files.max(hub.open_files().unwrap_or(0));
+        let _ = tokio::time::timeout(Duration::from_millis(50), arrived).await;
+    };
+    drop(progress);
+    let cpu = hub.cpu_time().unwrap_or_default().saturating_sub(cpu_before);
+    let peak_rss = hub.peak_rss();
+    hub.stop();
+    std::fs::remove_dir_all(&scratch)?;
+
+    let settings = if args.hub_args.is_empty() {
+        "defaults".to_owned()
+    } else {
+        args.hub_args.join(" ")
+    };
+    println!(
+        "| websubd | subscriptions | hosts | dead hosts | answer after | healthy delivered | time to the last healthy | rate /s | websubd peak RSS | peak open files | websubd CPU per delivery |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {settings} | {} | {} | {} | {} ms | {healthy} | {:.2} s | {:.0} | {} | {peak_files} | {:.0} µs |",
+        args.subscribers,
+        args.hosts,
+        (0..args.hosts).filter(|host| is_dead(*host)).count(),
+        args.delay_ms,
+        elapsed.as_secs_f64(),
+        healthy as f64 / elapsed.as_secs_f64(),
+        peak_rss
+            .map(|bytes| format!("{:.0} MB", bytes as f64 / 1e6))
+            .unwrap_or_else(|| "–".to_owned()),
+        cpu.as_secs_f64() * 1e6 / healthy as f64,
+    );
+    Ok(())
+}
+
+/// Starts the `host`-th callback host on its own loopback address and a
+/// free port; returns its `address:port`.
+async fn listen(host: usize, dead: bool, callbacks: &Callbacks) -> Result<SocketAddr, Failure> {
+    let offset = u32::try_from(host)?;
+    let address = IpAddr::V4(Ipv4Addr::from(FIRST_HOST + offset));
+    let listener = tokio::net::TcpListener::bind((address, 0)).await?;
+    let bound = listener.local_addr()?;
+    let app = if dead {
+        Router::new().route("/cb/{index}", post(never_answer))
+    } else {
+        Router::new()
+            .route("/cb/{index}", post(answer_after_delay))
+            .with_state(callbacks.clone())
+    };
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(bound)
+}
+
+async fn answer_after_delay(State(callbacks): State<Callbacks>, _body: Bytes) -> StatusCode {
+    tokio::time::sleep(callbacks.delay).await;
+    callbacks.delivered.fetch_add(1, Ordering::Relaxed);
+    callbacks.arrived.notify_waiters();
+    StatusCode::NO_CONTENT
+}
+
+/// A dead host: the connection is accepted and the request read, and then
+/// nothing, until the hub gives up on it.
+async fn never_answer() -> StatusCode {
+    std::future::pending().await
+}
