@@ -79,12 +79,14 @@
 //! an owner's reservation counts in `count_by_owner` and `list_by_owner`
 //! only if the hash exists and names that owner, a registered topic is
 //! listed only if its id set is not empty, and a bucket entry is returned
-//! only if the hash exists and still expires then. So `count_by_owner` is
-//! exact for the subscriptions that exist (it reads the owner's hash of
-//! reservations, then one field per reserved pair), while the limit of a
-//! conditional save is checked against the reservations — a count that can
-//! only be higher, and the `used` a refusal reports — so no leftover ever
-//! lets an owner past its quota.
+//! only if the hash exists and still expires then. Those checks are one
+//! request per entry, sent concurrently: `topics` asks each registered
+//! topic's id set for its size, `list_by_owner` reads each reserved hash.
+//! So `count_by_owner` is exact for the subscriptions that exist (it reads
+//! the owner's hash of reservations, then one field per reserved pair),
+//! while the limit of a conditional save is checked against the
+//! reservations — a count that can only be higher, and the `used` a
+//! refusal reports — so no leftover ever lets an owner past its quota.
 //!
 //! # Retiring leftovers
 //!
