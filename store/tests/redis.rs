@@ -1,14 +1,17 @@
 //! The Redis backend runs the whole conformance suite against a real server,
 //! plus the checks that only make sense for Redis: key prefixes, no TTLs,
-//! and conditional saves serialised across connections.
+//! conditional saves serialised across connections, and leftovers of
+//! interrupted saves read around. `redis_cluster.rs` runs the same against
+//! a Redis Cluster.
 
 #![cfg(feature = "redis")]
 
+mod redis_layout;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use chrono::{Duration, Utc};
+use redis_layout::{Layout, unique_prefix};
 use websub_store::redis::RedisStore;
 use websub_store::{OwnerQuota, StoreError, Subscription, SubscriptionStore};
 
@@ -22,21 +25,6 @@ async fn store_for_test() -> Option<Arc<dyn SubscriptionStore>> {
 }
 
 websub_storetest::suite!(store_for_test);
-
-/// A prefix no other test (or run) uses, so these tests may assert on whole
-/// results without seeing anyone else's subscriptions.
-fn unique_prefix() -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_nanos())
-        .unwrap_or_default();
-    format!(
-        "websub-test-{}-{nanos}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 async fn isolated_store(url: &str) -> RedisStore {
     RedisStore::with_prefix(url, &unique_prefix())
@@ -215,14 +203,9 @@ async fn a_malformed_hash_is_invalid() {
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{{{prefix}}}:sub:*"))
-        .query_async(&mut connection)
-        .await
-        .expect("keys");
-    assert_eq!(keys.len(), 1);
+    let layout = Layout { prefix };
     let () = redis::cmd("HSET")
-        .arg(&keys[0])
+        .arg(layout.subscription(&sub.topic, &sub.callback))
         .arg("created_at")
         .arg("yesterday")
         .query_async(&mut connection)
@@ -236,5 +219,61 @@ async fn a_malformed_hash_is_invalid() {
     assert!(matches!(
         store.list_by_topic(&sub.topic).await,
         Err(StoreError::Invalid(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leftovers_of_interrupted_saves_are_read_around() {
+    let Some(url) = websub_storetest::servers::redis_url().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let store = RedisStore::with_prefix(&url, &prefix)
+        .await
+        .expect("connect to the test Redis");
+    let mut raw = redis::Client::open(url.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    redis_layout::leftovers_are_ignored_and_retired(&store, &mut raw, &Layout { prefix }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_layout_version_is_kept_and_another_is_refused() {
+    let Some(url) = websub_storetest::servers::redis_url().await else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let store = RedisStore::with_prefix(&url, &prefix)
+        .await
+        .expect("connect to the test Redis");
+    let sub = Subscription::new("https://example.com/feed", "https://sub.example/cb");
+    store.save(&sub).await.expect("save");
+
+    let mut raw = redis::Client::open(url.as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let layout_key = format!("{}:layout", Layout { prefix }.registry());
+    let version: String = redis::cmd("GET")
+        .arg(&layout_key)
+        .query_async(&mut raw)
+        .await
+        .expect("get");
+    assert_eq!(version, "2");
+
+    // A store some other layout wrote is not written over.
+    let () = redis::cmd("SET")
+        .arg(&layout_key)
+        .arg("3")
+        .query_async(&mut raw)
+        .await
+        .expect("set");
+    let other = Subscription::new("https://example.com/other", "https://sub.example/cb");
+    assert!(matches!(
+        store.save(&other).await,
+        Err(StoreError::Backend(_))
     ));
 }

@@ -9,6 +9,10 @@
 //!    process, when a Docker engine answers;
 //! 4. otherwise `None`, after printing why, so a developer without the server
 //!    sees the test skip rather than fail.
+//!
+//! A Redis Cluster has no container fallback: its nodes come from
+//! `WEBSUB_TEST_REDIS_CLUSTER_URLS` (CI starts three on loopback), under
+//! `CI=true` its absence is a panic, and otherwise the test skips.
 
 use std::time::Duration;
 
@@ -22,6 +26,10 @@ use tokio::sync::OnceCell;
 pub const DATABASE_URL_VAR: &str = "WEBSUB_TEST_DATABASE_URL";
 /// The variable naming the Redis server tests use.
 pub const REDIS_URL_VAR: &str = "WEBSUB_TEST_REDIS_URL";
+
+/// The variable naming the nodes of the Redis Cluster tests use: their
+/// `redis://host:port/` URLs, separated by commas.
+pub const REDIS_CLUSTER_URLS_VAR: &str = "WEBSUB_TEST_REDIS_CLUSTER_URLS";
 
 /// The URL of a PostgreSQL server for tests, or `None` (skip) outside CI.
 ///
@@ -64,6 +72,31 @@ pub async fn redis_url() -> Option<String> {
         })
     })
     .await
+}
+
+/// The node URLs of a Redis Cluster for tests, or `None` (skip) outside CI.
+///
+/// # Panics
+/// Under `CI=true` when [`REDIS_CLUSTER_URLS_VAR`] is not set.
+pub fn redis_cluster_urls() -> Option<Vec<String>> {
+    let urls: Vec<String> = std::env::var(REDIS_CLUSTER_URLS_VAR)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if !urls.is_empty() {
+        return Some(urls);
+    }
+    if in_ci() {
+        panic!(
+            "{REDIS_CLUSTER_URLS_VAR} is not set: under CI=true the tests need a real \
+             Redis Cluster; .ci/run starts one and exports {REDIS_CLUSTER_URLS_VAR}"
+        );
+    }
+    eprintln!("skipping: {REDIS_CLUSTER_URLS_VAR} is not set and no cluster is started here");
+    None
 }
 
 /// A URL of a database of its own on the test PostgreSQL server, created for
