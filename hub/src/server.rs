@@ -119,7 +119,10 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn SubscriptionStore>, websub_
         Arc::new(memory::MemoryStore::new())
     } else if url.starts_with("sqlite:") {
         Arc::new(sqlite::SqliteStore::connect(url).await?)
-    } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+    } else if ["redis://", "rediss://", "redis+cluster://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+    {
         Arc::new(redis::RedisStore::connect(url).await?)
     } else {
         Arc::new(postgres::PostgresStore::connect(url).await?)

@@ -286,6 +286,7 @@ impl HubConfig {
                     "postgresql://",
                     "redis://",
                     "rediss://",
+                    "redis+cluster://",
                 ]
                 .iter()
                 .any(|prefix| store.starts_with(prefix));

@@ -379,6 +379,17 @@ impl SubscriptionStore for RedisStore {
         hashes.into_iter().map(decode).collect()
     }
 
+    async fn has_subscriptions(&self, topic: &str) -> Result<bool, StoreError> {
+        // The id set changes in the same script as the hashes, and Redis
+        // deletes a set with its last member: the key exists exactly while
+        // the topic has a subscription.
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(self.keys.members(&digest(topic)))
+            .query_async(&mut self.connection())
+            .await?;
+        Ok(exists)
+    }
+
     async fn topics(&self) -> Result<Vec<String>, StoreError> {
         let registry = self.entries(Index::Registry, &[]).await?;
         let counts = try_join_all(registry.entries.iter().map(|entry| {

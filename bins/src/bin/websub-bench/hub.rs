@@ -367,8 +367,12 @@ pub(crate) async fn save_subscriptions(
     let now = chrono::Utc::now();
     let workers: Vec<_> = (0..16)
         .map(|_| {
-            let (store, next, topic, callback) =
-                (store.clone(), next.clone(), topic.to_owned(), callback.clone());
+            let (store, next, topic, callback) = (
+                store.clone(),
+                next.clone(),
+                topic.to_owned(),
+                callback.clone(),
+            );
             tokio::spawn(async move {
                 loop {
                     let index = next.fetch_add(1, Ordering::Relaxed);
@@ -483,7 +487,8 @@ impl Hub {
         // The command may hold spaces; the fields after its closing
         // parenthesis are fixed: utime and stime are the 12th and 13th.
         let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
         // USER_HZ, which Linux fixes at 100 for /proc.
         Some(Duration::from_millis(ticks * 10))
     }

@@ -79,7 +79,8 @@ pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
     } else {
         usize::MAX
     };
-    let is_dead = move |host: usize| dead_every != usize::MAX && host % dead_every == dead_every - 1;
+    let is_dead =
+        move |host: usize| dead_every != usize::MAX && host % dead_every == dead_every - 1;
 
     let callbacks = Callbacks {
         delivered: Arc::new(AtomicUsize::new(0)),
@@ -97,9 +98,10 @@ pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
 
     let scratch = std::env::temp_dir().join(format!("websub-bench-slow-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
-    let database_url = args.database_url.clone().unwrap_or_else(|| {
-        format!("sqlite:{}", scratch.join("slow.db").display())
-    });
+    let database_url = args
+        .database_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite:{}", scratch.join("slow.db").display()));
     let topic = "http://127.0.0.1:9/bench/slow";
     eprintln!("slow: saving {} subscriptions", args.subscribers);
     let callback_addresses = Arc::new(addresses);
@@ -120,7 +122,10 @@ pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
     let hub = Hub::spawn_with(&websubd, &hub_args).await?;
     let cpu_before = hub.cpu_time().unwrap_or_default();
 
-    eprintln!("slow: publishing to {} ({healthy} healthy)", args.subscribers);
+    eprintln!(
+        "slow: publishing to {} ({healthy} healthy)",
+        args.subscribers
+    );
     let started = Instant::now();
     let response = websub_hub::delivery::client::for_deliveries(
         &NetPolicy {
@@ -162,7 +167,10 @@ pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
         let _ = tokio::time::timeout(Duration::from_millis(50), arrived).await;
     };
     drop(progress);
-    let cpu = hub.cpu_time().unwrap_or_default().saturating_sub(cpu_before);
+    let cpu = hub
+        .cpu_time()
+        .unwrap_or_default()
+        .saturating_sub(cpu_before);
     let peak_rss = hub.peak_rss();
     hub.stop();
     std::fs::remove_dir_all(&scratch)?;

@@ -259,7 +259,7 @@ fn print_table(rows: &[Row]) {
 async fn remove_redis_prefix(url: &str, prefix: &str) -> Result<(), Failure> {
     let client = redis::Client::open(url)?;
     let mut connection = client.get_multiplexed_async_connection().await?;
-    let pattern = format!("{{{prefix}}}*");
+    let pattern = format!("{{{prefix}:*");
     let mut cursor: u64 = 0;
     loop {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
