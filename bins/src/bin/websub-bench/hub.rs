@@ -200,9 +200,9 @@ async fn fan_out(
 ) -> Result<Vec<Line>, Failure> {
     eprintln!("{backend}: saving {subscribers} subscriptions");
     let prefix = format!("fan{subscribers}{backend}");
-    let base = receiver.base.clone();
-    save_subscriptions(database_url, &receiver.topic, subscribers, move |index| {
-        format!("{base}/cb/{prefix}-{index}")
+    let (base, topic) = (receiver.base.clone(), receiver.topic.clone());
+    save_subscriptions(database_url, subscribers, move |index| {
+        (topic.clone(), format!("{base}/cb/{prefix}-{index}"))
     })
     .await?;
     let hub = Hub::spawn(websubd, database_url, args).await?;
@@ -353,33 +353,29 @@ async fn subscribe(
     })
 }
 
-/// Saves `count` subscriptions to `topic` straight into the store behind
-/// `database_url`, the callback of the `index`-th given by `callback`.
+/// Saves `count` subscriptions straight into the store behind
+/// `database_url`, the topic and callback of the `index`-th given by
+/// `pair`.
 pub(crate) async fn save_subscriptions(
     database_url: &str,
-    topic: &str,
     count: usize,
-    callback: impl Fn(usize) -> String + Send + Sync + 'static,
+    pair: impl Fn(usize) -> (String, String) + Send + Sync + 'static,
 ) -> Result<(), Failure> {
     let store: Arc<dyn SubscriptionStore> = websub_hub::server::open_store(database_url).await?;
     let next = Arc::new(AtomicUsize::new(0));
-    let callback = Arc::new(callback);
+    let pair = Arc::new(pair);
     let now = chrono::Utc::now();
     let workers: Vec<_> = (0..16)
         .map(|_| {
-            let (store, next, topic, callback) = (
-                store.clone(),
-                next.clone(),
-                topic.to_owned(),
-                callback.clone(),
-            );
+            let (store, next, pair) = (store.clone(), next.clone(), pair.clone());
             tokio::spawn(async move {
                 loop {
                     let index = next.fetch_add(1, Ordering::Relaxed);
                     if index >= count {
                         return Ok::<(), websub_store::StoreError>(());
                     }
-                    let subscription = Subscription::new(&topic, callback(index))
+                    let (topic, callback) = pair(index);
+                    let subscription = Subscription::new(topic, callback)
                         .with_lease(chrono::Duration::days(1), now)
                         .with_secret(format!("secret-{index}"));
                     store.save(&subscription).await?;

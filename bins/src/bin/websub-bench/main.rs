@@ -10,6 +10,11 @@
 //!   loopback hosts that answer after 200 ms, 1 % of the hosts dead: time
 //!   until every healthy one is delivered, websubd's peak memory, open files
 //!   and CPU per delivery.
+//! - `websub-bench subscribe`: 100 000 subscribe requests accepted and
+//!   verified, and websubd's peak memory while they wait.
+//! - `websub-bench sustained`: 10 000 topics × 10 subscribers, fat pings
+//!   at 500/s for 60 s: deliveries/s held, publish-to-receipt percentiles,
+//!   the event log's size with retention on.
 //! - `websub-bench outbox`: producers committing outbox events, the
 //!   PostgreSQL claim ceiling, and events delivered end to end through a
 //!   `websubd` feed to a webhook, with commit-to-receipt latency; with
@@ -24,6 +29,8 @@ mod outbox;
 mod progress;
 mod slow;
 mod store;
+mod subscribe;
+mod sustained;
 
 use std::time::Duration;
 
@@ -47,6 +54,10 @@ enum Command {
     Outbox(outbox::OutboxArgs),
     /// A fan-out to slow, distinct and partly dead callback hosts.
     Slow(slow::SlowArgs),
+    /// Subscribe requests accepted and verified, and the memory they take.
+    Subscribe(subscribe::SubscribeArgs),
+    /// Fat pings held at a rate over many topics: throughput and latency.
+    Sustained(sustained::SustainedArgs),
 }
 
 pub(crate) type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -59,6 +70,8 @@ async fn main() -> Result<(), Failure> {
         Command::Hub(args) => hub::run(args).await,
         Command::Outbox(args) => outbox::run(args).await,
         Command::Slow(args) => slow::run(args).await,
+        Command::Subscribe(args) => subscribe::run(args).await,
+        Command::Sustained(args) => sustained::run(args).await,
     }
 }
 

@@ -105,9 +105,12 @@ pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
     let topic = "http://127.0.0.1:9/bench/slow";
     eprintln!("slow: saving {} subscriptions", args.subscribers);
     let callback_addresses = Arc::new(addresses);
-    save_subscriptions(&database_url, topic, args.subscribers, {
+    save_subscriptions(&database_url, args.subscribers, {
         let addresses = callback_addresses.clone();
-        move |index| format!("http://{}/cb/{index}", addresses[index % addresses.len()])
+        move |index| {
+            let host = addresses[index % addresses.len()];
+            (topic.to_owned(), format!("http://{host}/cb/{index}"))
+        }
     })
     .await?;
 

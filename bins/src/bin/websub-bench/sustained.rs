@@ -1,0 +1,230 @@
+//! `websub-bench sustained`: load held for a while rather than one burst.
+//! T topics with S subscribers each (saved straight into the store), fat
+//! pings at a fixed rate to topics taken in turn for D seconds, through a
+//! real `websubd` with retention on. Every ping carries the moment it was
+//! sent, so the receiver measures each delivery's publish-to-receipt
+//! latency; the table gives the deliveries per second held, the latency
+//! percentiles, and the event log's size on disk at the end.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use websub_hub::net::{self, NetPolicy};
+
+use crate::hub::{Hub, INTERNAL_KEY, locate_websubd, save_subscriptions, urlencode};
+use crate::progress::Progress;
+use crate::{Failure, micros, percentile};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct SustainedArgs {
+    /// Topics.
+    #[arg(long, default_value_t = 10_000)]
+    topics: usize,
+    /// Subscribers of each topic.
+    #[arg(long, default_value_t = 10)]
+    subscribers: usize,
+    /// Fat pings per second.
+    #[arg(long, default_value_t = 500)]
+    rate: u32,
+    /// Seconds of publishing.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// websubd's `--retention`.
+    #[arg(long, default_value = "10m")]
+    retention: String,
+    /// An extra websubd flag (repeatable); websubd's defaults otherwise.
+    #[arg(long = "hub-arg", allow_hyphen_values = true)]
+    hub_args: Vec<String>,
+    /// The websubd binary [default: next to this one].
+    #[arg(long)]
+    websubd: Option<PathBuf>,
+}
+
+/// What the receiver keeps: a count, and one latency per delivery.
+#[derive(Clone)]
+struct Receipts {
+    origin: Instant,
+    delivered: Arc<AtomicUsize>,
+    latencies: Arc<Mutex<Vec<Duration>>>,
+}
+
+pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
+    net::install_crypto_provider();
+    let websubd = locate_websubd(args.websubd.as_ref())?;
+    let pings = usize::try_from(u64::from(args.rate) * args.seconds)?;
+    let expected = pings * args.subscribers;
+    let receipts = Receipts {
+        origin: Instant::now(),
+        delivered: Arc::new(AtomicUsize::new(0)),
+        latencies: Arc::new(Mutex::new(Vec::with_capacity(expected))),
+    };
+    let app = Router::new()
+        .route("/cb/{name}", post(receive))
+        .with_state(receipts.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+
+    let scratch =
+        std::env::temp_dir().join(format!("websub-bench-sustained-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let database = scratch.join("sustained.db");
+    let database_url = format!("sqlite:{}", database.display());
+    fn topic_of(topic: usize) -> String {
+        format!("http://127.0.0.1:9/bench/sustained/{topic}")
+    }
+    eprintln!(
+        "sustained: saving {} topics × {} subscribers",
+        args.topics, args.subscribers
+    );
+    let subscribers = args.subscribers;
+    save_subscriptions(&database_url, args.topics * subscribers, {
+        let base = base.clone();
+        move |index| {
+            let (topic, subscriber) = (index / subscribers, index % subscribers);
+            (topic_of(topic), format!("{base}/cb/t{topic}-s{subscriber}"))
+        }
+    })
+    .await?;
+
+    let mut hub_args = vec![
+        "--database-url",
+        &database_url,
+        "--internal-api-key",
+        INTERNAL_KEY,
+        "--allow-private-network",
+        "--retention",
+        &args.retention,
+    ];
+    hub_args.extend(args.hub_args.iter().map(String::as_str));
+    let hub = Hub::spawn_with(&websubd, &hub_args).await?;
+    let client = websub_hub::delivery::client::for_deliveries(
+        &NetPolicy {
+            allow_private_network: true,
+        },
+        Duration::from_secs(30),
+        64,
+    )?;
+
+    eprintln!(
+        "sustained: {} pings/s for {} s ({expected} deliveries)",
+        args.rate, args.seconds
+    );
+    let progress = Progress::follow("sustained", expected, receipts.delivered.clone());
+    let started = Instant::now();
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / args.rate);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    // Bounded: a hub that stops answering stops the publisher too, and the
+    // run fails rather than piling up requests.
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(256));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let mut publishes = tokio::task::JoinSet::new();
+    for ping in 0..pings {
+        ticks.tick().await;
+        let permit = in_flight.clone().acquire_owned().await?;
+        let url = format!(
+            "{}?hub.mode=publish&hub.topic={}",
+            hub.url,
+            urlencode(&topic_of(ping % args.topics))
+        );
+        let (client, origin, refused) = (client.clone(), receipts.origin, refused.clone());
+        publishes.spawn(async move {
+            let sent = origin.elapsed().as_nanos().to_string();
+            let answered = client
+                .post(url)
+                .header("content-type", "text/plain")
+                .header("X-Internal-API-Key", INTERNAL_KEY)
+                .body(sent)
+                .send()
+                .await;
+            if !matches!(&answered, Ok(response) if response.status() == StatusCode::ACCEPTED) {
+                refused.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(permit);
+        });
+    }
+    let published = started.elapsed();
+    while publishes.join_next().await.is_some() {}
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while receipts.delivered.load(Ordering::Relaxed)
+        < expected - refused.load(Ordering::Relaxed) * args.subscribers
+    {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} of {expected} delivered within 300 s of the last ping",
+                receipts.delivered.load(Ordering::Relaxed)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let elapsed = started.elapsed();
+    drop(progress);
+    let peak_rss = hub.peak_rss();
+    hub.stop();
+    let log_bytes: u64 = ["", "-wal", "-shm"]
+        .iter()
+        .filter_map(|suffix| {
+            std::fs::metadata(format!("{}{suffix}", database.display()))
+                .ok()
+                .map(|metadata| metadata.len())
+        })
+        .sum();
+    std::fs::remove_dir_all(&scratch)?;
+
+    let mut latencies = std::mem::take(
+        &mut *receipts
+            .latencies
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+    );
+    let delivered = latencies.len();
+    println!(
+        "| topics × subscribers | pings/s | publishing | deliveries | refused pings | delivered /s | p50 | p99 | max | database at the end | websubd peak RSS |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {} × {} | {} | {:.1} s | {delivered} | {} | {:.0} | {} | {} | {} | {:.0} MB | {} |",
+        args.topics,
+        args.subscribers,
+        args.rate,
+        published.as_secs_f64(),
+        refused.load(Ordering::Relaxed),
+        delivered as f64 / elapsed.as_secs_f64(),
+        micros(percentile(&mut latencies, 50.0)),
+        micros(percentile(&mut latencies, 99.0)),
+        micros(percentile(&mut latencies, 100.0)),
+        log_bytes as f64 / 1e6,
+        peak_rss
+            .map(|bytes| format!("{:.0} MB", bytes as f64 / 1e6))
+            .unwrap_or_else(|| "–".to_owned()),
+    );
+    Ok(())
+}
+
+/// Counts a delivery and its latency from the moment in its body.
+async fn receive(State(receipts): State<Receipts>, body: Bytes) -> StatusCode {
+    let received = receipts.origin.elapsed();
+    let sent = std::str::from_utf8(&body)
+        .ok()
+        .and_then(|text| text.parse::<u64>().ok())
+        .map(Duration::from_nanos);
+    if let Some(sent) = sent {
+        receipts
+            .latencies
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(received.saturating_sub(sent));
+    }
+    receipts.delivered.fetch_add(1, Ordering::Relaxed);
+    StatusCode::NO_CONTENT
+}
