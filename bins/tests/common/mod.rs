@@ -11,7 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
+use websub_store::{Subscription, SubscriptionStore};
 use websub_tests::{TestSubscriber, http_client};
 
 pub(crate) fn free_port() -> u16 {
@@ -148,6 +150,37 @@ impl Websubd {
             .expect("fat ping")
             .status()
             .as_u16()
+    }
+}
+
+/// Saves a subscription of `topic` for each of `callbacks` straight into the
+/// store websubd opens on `database_url`, each with a day's lease, sixteen
+/// at a time. A large fan-out needs its subscribers in seconds; subscribing
+/// each through the hub would verify each one first, which is not what such
+/// a test is about.
+pub(crate) async fn save_subscriptions(database_url: &str, topic: &str, callbacks: Vec<String>) {
+    use futures::StreamExt;
+    let store: Arc<dyn SubscriptionStore> = websub_hub::server::open_store(database_url)
+        .await
+        .expect("open the store websubd will use");
+    let now = chrono::Utc::now();
+    let saves = futures::stream::iter(callbacks)
+        .map(|callback| {
+            let store = store.clone();
+            async move {
+                store
+                    .save(
+                        &Subscription::new(topic, callback)
+                            .with_lease(chrono::Duration::days(1), now),
+                    )
+                    .await
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    for saved in saves {
+        saved.expect("save a subscription");
     }
 }
 
