@@ -206,13 +206,7 @@ async fn fan_out(
     })
     .await?;
     let hub = Hub::spawn(websubd, database_url, args).await?;
-    let publisher = websub_hub::delivery::client::for_deliveries(
-        &NetPolicy {
-            allow_private_network: true,
-        },
-        Duration::from_secs(30),
-        1,
-    )?;
+    let publisher = crate::launch::loopback_client(1)?;
 
     receiver.reset();
     eprintln!("{backend}: publishing to {subscribers}");
@@ -286,13 +280,7 @@ async fn subscribe(
 ) -> Result<Line, Failure> {
     let hub = Hub::spawn(websubd, database_url, args).await?;
     let store = websub_hub::server::open_store(database_url).await?;
-    let client = websub_hub::delivery::client::for_deliveries(
-        &NetPolicy {
-            allow_private_network: true,
-        },
-        Duration::from_secs(30),
-        64,
-    )?;
+    let client = crate::launch::loopback_client(64)?;
     eprintln!("subscribe: {subscribers} requests");
     let started = Instant::now();
     let next = Arc::new(AtomicUsize::new(0));

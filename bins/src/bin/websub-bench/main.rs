@@ -25,6 +25,7 @@
 //! a throwaway database (PostgreSQL) or key prefix (Redis) and removes it.
 
 mod hub;
+mod launch;
 mod outbox;
 mod progress;
 mod slow;

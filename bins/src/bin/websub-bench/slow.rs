@@ -8,7 +8,6 @@
 //! open file descriptors and its CPU time are read from /proc while it runs.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -19,10 +18,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use tokio::sync::Notify;
-use websub_hub::net::{self, NetPolicy};
+use websub_hub::net;
 
 use crate::Failure;
-use crate::hub::{Hub, INTERNAL_KEY, locate_websubd, save_subscriptions, urlencode};
+use crate::hub::save_subscriptions;
+use crate::launch::{HubFlags, fat_ping, loopback_client};
 use crate::progress::Progress;
 
 /// The first of the loopback hosts: 127.0.1.1, so that 1 000 hosts end at
@@ -43,17 +43,8 @@ pub(crate) struct SlowArgs {
     /// Percent of the hosts that never answer.
     #[arg(long, default_value_t = 1.0)]
     dead_percent: f64,
-    /// A PostgreSQL database URL for websubd; the embedded SQLite default
-    /// otherwise.
-    #[arg(long)]
-    database_url: Option<String>,
-    /// An extra websubd flag (repeatable), e.g.
-    /// `--hub-arg=--delivery-concurrency=4096`; websubd's defaults otherwise.
-    #[arg(long = "hub-arg", allow_hyphen_values = true)]
-    hub_args: Vec<String>,
-    /// The websubd binary [default: next to this one].
-    #[arg(long)]
-    websubd: Option<PathBuf>,
+    #[command(flatten)]
+    hub: HubFlags,
 }
 
 /// What the callbacks saw.
@@ -66,7 +57,6 @@ struct Callbacks {
 
 pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
     net::install_crypto_provider();
-    let websubd = locate_websubd(args.websubd.as_ref())?;
     if args.hosts == 0 || args.hosts > 60_000 || args.subscribers < args.hosts {
         return Err(format!(
             "--hosts {} must be between 1 and 60000 and at most --subscribers {}",
@@ -98,10 +88,7 @@ pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
 
     let scratch = std::env::temp_dir().join(format!("websub-bench-slow-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
-    let database_url = args
-        .database_url
-        .clone()
-        .unwrap_or_else(|| format!("sqlite:{}", scratch.join("slow.db").display()));
+    let database_url = args.hub.database_url(&scratch, "slow.db");
     let topic = "http://127.0.0.1:9/bench/slow";
     eprintln!("slow: saving {} subscriptions", args.subscribers);
     let callback_addresses = Arc::new(addresses);
@@ -114,15 +101,7 @@ pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
     })
     .await?;
 
-    let mut hub_args = vec![
-        "--database-url",
-        &database_url,
-        "--internal-api-key",
-        INTERNAL_KEY,
-        "--allow-private-network",
-    ];
-    hub_args.extend(args.hub_args.iter().map(String::as_str));
-    let hub = Hub::spawn_with(&websubd, &hub_args).await?;
+    let hub = args.hub.spawn(&database_url, &[]).await?;
     let cpu_before = hub.cpu_time().unwrap_or_default();
 
     eprintln!(
@@ -130,25 +109,16 @@ pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
         args.subscribers
     );
     let started = Instant::now();
-    let response = websub_hub::delivery::client::for_deliveries(
-        &NetPolicy {
-            allow_private_network: true,
-        },
-        Duration::from_secs(30),
-        1,
-    )?
-    .post(format!(
-        "{}?hub.mode=publish&hub.topic={}",
-        hub.url,
-        urlencode(topic)
-    ))
-    .header("content-type", "application/json")
-    .header("X-Internal-API-Key", INTERNAL_KEY)
-    .body(vec![b'x'; 1024])
-    .send()
-    .await?;
-    if response.status() != StatusCode::ACCEPTED {
-        return Err(format!("the fat ping answered {}", response.status()).into());
+    if !fat_ping(
+        &loopback_client(1)?,
+        &hub.url,
+        topic,
+        "application/json",
+        vec![b'x'; 1024],
+    )
+    .await?
+    {
+        return Err("the fat ping was refused".into());
     }
 
     let progress = Progress::follow("slow", healthy, callbacks.delivered.clone());
@@ -178,11 +148,7 @@ pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
     hub.stop();
     std::fs::remove_dir_all(&scratch)?;
 
-    let settings = if args.hub_args.is_empty() {
-        "defaults".to_owned()
-    } else {
-        args.hub_args.join(" ")
-    };
+    let settings = args.hub.settings();
     println!(
         "| websubd | subscriptions | hosts | dead hosts | answer after | healthy delivered | time to the last healthy | rate /s | websubd peak RSS | peak open files | websubd CPU per delivery |"
     );

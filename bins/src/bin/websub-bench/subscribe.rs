@@ -4,7 +4,6 @@
 //! the bench times the acceptance of all N and their verification, and
 //! reads websubd's peak memory while up to N verifications wait.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -13,10 +12,11 @@ use axum::Router;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::routing::get;
-use websub_hub::net::{self, NetPolicy};
+use websub_hub::net;
 
 use crate::Failure;
-use crate::hub::{Hub, INTERNAL_KEY, locate_websubd, urlencode};
+use crate::hub::urlencode;
+use crate::launch::{HubFlags, loopback_client, serve};
 use crate::progress::Progress;
 
 #[derive(Debug, clap::Args)]
@@ -27,58 +27,33 @@ pub(crate) struct SubscribeArgs {
     /// Requests in flight at once from the bench.
     #[arg(long, default_value_t = 128)]
     clients: usize,
-    /// A PostgreSQL database URL for websubd; the embedded SQLite default
-    /// otherwise.
-    #[arg(long)]
-    database_url: Option<String>,
-    /// An extra websubd flag (repeatable); websubd's defaults otherwise,
-    /// with room for every request to wait for its verification.
-    #[arg(long = "hub-arg", allow_hyphen_values = true)]
-    hub_args: Vec<String>,
-    /// The websubd binary [default: next to this one].
-    #[arg(long)]
-    websubd: Option<PathBuf>,
+    /// websubd runs with room for every request to wait for its
+    /// verification.
+    #[command(flatten)]
+    hub: HubFlags,
 }
 
 pub(crate) async fn run(args: SubscribeArgs) -> Result<(), Failure> {
     net::install_crypto_provider();
-    let websubd = locate_websubd(args.websubd.as_ref())?;
     let verified = Arc::new(AtomicUsize::new(0));
     let app = Router::new()
         .route("/cb/{index}", get(echo_challenge))
         .with_state(verified.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let base = serve(app).await?;
 
     let scratch =
         std::env::temp_dir().join(format!("websub-bench-subscribe-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
-    let database_url = args
-        .database_url
-        .clone()
-        .unwrap_or_else(|| format!("sqlite:{}", scratch.join("subscribe.db").display()));
+    let database_url = args.hub.database_url(&scratch, "subscribe.db");
     let max_pending = args.subscribers.to_string();
-    let mut hub_args = vec![
-        "--database-url",
-        &database_url,
-        "--internal-api-key",
-        INTERNAL_KEY,
-        "--allow-private-network",
-        "--max-pending-verifications",
-        &max_pending,
-    ];
-    hub_args.extend(args.hub_args.iter().map(String::as_str));
-    let hub = Hub::spawn_with(&websubd, &hub_args).await?;
-    let client = websub_hub::delivery::client::for_deliveries(
-        &NetPolicy {
-            allow_private_network: true,
-        },
-        Duration::from_secs(30),
-        args.clients,
-    )?;
+    let hub = args
+        .hub
+        .spawn(
+            &database_url,
+            &["--max-pending-verifications", &max_pending],
+        )
+        .await?;
+    let client = loopback_client(args.clients)?;
 
     let topic = format!("{base}/topic");
     let accepted = Arc::new(AtomicUsize::new(0));

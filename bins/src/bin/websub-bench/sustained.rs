@@ -6,7 +6,6 @@
 //! latency; the table gives the deliveries per second held, the latency
 //! percentiles, and the event log's size on disk at the end.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,9 +15,10 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use websub_hub::net::{self, NetPolicy};
+use websub_hub::net;
 
-use crate::hub::{Hub, INTERNAL_KEY, locate_websubd, save_subscriptions, urlencode};
+use crate::hub::save_subscriptions;
+use crate::launch::{HubFlags, fat_ping, loopback_client, serve};
 use crate::progress::Progress;
 use crate::{Failure, micros, percentile};
 
@@ -39,12 +39,8 @@ pub(crate) struct SustainedArgs {
     /// websubd's `--retention`.
     #[arg(long, default_value = "10m")]
     retention: String,
-    /// An extra websubd flag (repeatable); websubd's defaults otherwise.
-    #[arg(long = "hub-arg", allow_hyphen_values = true)]
-    hub_args: Vec<String>,
-    /// The websubd binary [default: next to this one].
-    #[arg(long)]
-    websubd: Option<PathBuf>,
+    #[command(flatten)]
+    hub: HubFlags,
 }
 
 /// What the receiver keeps: a count, and one latency per delivery.
@@ -57,7 +53,6 @@ struct Receipts {
 
 pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
     net::install_crypto_provider();
-    let websubd = locate_websubd(args.websubd.as_ref())?;
     let pings = usize::try_from(u64::from(args.rate) * args.seconds)?;
     let expected = pings * args.subscribers;
     let receipts = Receipts {
@@ -68,17 +63,13 @@ pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
     let app = Router::new()
         .route("/cb/{name}", post(receive))
         .with_state(receipts.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let base = serve(app).await?;
 
     let scratch =
         std::env::temp_dir().join(format!("websub-bench-sustained-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     let database = scratch.join("sustained.db");
-    let database_url = format!("sqlite:{}", database.display());
+    let database_url = args.hub.database_url(&scratch, "sustained.db");
     fn topic_of(topic: usize) -> String {
         format!("http://127.0.0.1:9/bench/sustained/{topic}")
     }
@@ -96,24 +87,11 @@ pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
     })
     .await?;
 
-    let mut hub_args = vec![
-        "--database-url",
-        &database_url,
-        "--internal-api-key",
-        INTERNAL_KEY,
-        "--allow-private-network",
-        "--retention",
-        &args.retention,
-    ];
-    hub_args.extend(args.hub_args.iter().map(String::as_str));
-    let hub = Hub::spawn_with(&websubd, &hub_args).await?;
-    let client = websub_hub::delivery::client::for_deliveries(
-        &NetPolicy {
-            allow_private_network: true,
-        },
-        Duration::from_secs(30),
-        64,
-    )?;
+    let hub = args
+        .hub
+        .spawn(&database_url, &["--retention", &args.retention])
+        .await?;
+    let client = loopback_client(64)?;
 
     eprintln!(
         "sustained: {} pings/s for {} s ({expected} deliveries)",
@@ -131,22 +109,18 @@ pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
     for ping in 0..pings {
         ticks.tick().await;
         let permit = in_flight.clone().acquire_owned().await?;
-        let url = format!(
-            "{}?hub.mode=publish&hub.topic={}",
-            hub.url,
-            urlencode(&topic_of(ping % args.topics))
+        let (client, hub_url, topic) = (
+            client.clone(),
+            hub.url.clone(),
+            topic_of(ping % args.topics),
         );
-        let (client, origin, refused) = (client.clone(), receipts.origin, refused.clone());
+        let (origin, refused) = (receipts.origin, refused.clone());
         publishes.spawn(async move {
             let sent = origin.elapsed().as_nanos().to_string();
-            let answered = client
-                .post(url)
-                .header("content-type", "text/plain")
-                .header("X-Internal-API-Key", INTERNAL_KEY)
-                .body(sent)
-                .send()
-                .await;
-            if !matches!(&answered, Ok(response) if response.status() == StatusCode::ACCEPTED) {
+            if !matches!(
+                fat_ping(&client, &hub_url, &topic, "text/plain", sent).await,
+                Ok(true)
+            ) {
                 refused.fetch_add(1, Ordering::Relaxed);
             }
             drop(permit);
