@@ -12,7 +12,6 @@
 //!    verified and saved.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -24,12 +23,11 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use tokio::sync::Notify;
 use websub_hub::net::{self, NetPolicy};
-use websub_store::{Subscription, SubscriptionStore};
+use websub_store::SubscriptionStore;
 
+use crate::launch::{Hub, INTERNAL_KEY, locate_websubd, save_subscriptions, urlencode};
 use crate::progress::Progress;
 use crate::{Failure, ThrowawayDatabase};
-
-pub(crate) const INTERNAL_KEY: &str = "websub-bench-internal-key-0123456789abcdef";
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct HubArgs {
@@ -205,7 +203,7 @@ async fn fan_out(
         (topic.clone(), format!("{base}/cb/{prefix}-{index}"))
     })
     .await?;
-    let hub = Hub::spawn(websubd, database_url, args).await?;
+    let hub = spawn_hub(websubd, database_url, args).await?;
     let publisher = crate::launch::loopback_client(1)?;
 
     receiver.reset();
@@ -278,7 +276,7 @@ async fn subscribe(
     subscribers: usize,
     args: &HubArgs,
 ) -> Result<Line, Failure> {
-    let hub = Hub::spawn(websubd, database_url, args).await?;
+    let hub = spawn_hub(websubd, database_url, args).await?;
     let store = websub_hub::server::open_store(database_url).await?;
     let client = crate::launch::loopback_client(64)?;
     eprintln!("subscribe: {subscribers} requests");
@@ -339,166 +337,6 @@ async fn subscribe(
         rate: subscribers as f64 / elapsed.as_secs_f64(),
         peak_rss,
     })
-}
-
-/// Saves `count` subscriptions straight into the store behind
-/// `database_url`, the topic and callback of the `index`-th given by
-/// `pair`.
-pub(crate) async fn save_subscriptions(
-    database_url: &str,
-    count: usize,
-    pair: impl Fn(usize) -> (String, String) + Send + Sync + 'static,
-) -> Result<(), Failure> {
-    let store: Arc<dyn SubscriptionStore> = websub_hub::server::open_store(database_url).await?;
-    let next = Arc::new(AtomicUsize::new(0));
-    let pair = Arc::new(pair);
-    let now = chrono::Utc::now();
-    let workers: Vec<_> = (0..16)
-        .map(|_| {
-            let (store, next, pair) = (store.clone(), next.clone(), pair.clone());
-            tokio::spawn(async move {
-                loop {
-                    let index = next.fetch_add(1, Ordering::Relaxed);
-                    if index >= count {
-                        return Ok::<(), websub_store::StoreError>(());
-                    }
-                    let (topic, callback) = pair(index);
-                    let subscription = Subscription::new(topic, callback)
-                        .with_lease(chrono::Duration::days(1), now)
-                        .with_secret(format!("secret-{index}"));
-                    store.save(&subscription).await?;
-                }
-            })
-        })
-        .collect();
-    for worker in workers {
-        worker.await??;
-    }
-    Ok(())
-}
-
-pub(crate) fn urlencode(value: &str) -> String {
-    url::form_urlencoded::byte_serialize(value.as_bytes()).collect()
-}
-
-/// The websubd binary: `given`, or the one next to this binary.
-pub(crate) fn locate_websubd(given: Option<&PathBuf>) -> Result<PathBuf, Failure> {
-    let websubd = match given {
-        Some(path) => path.clone(),
-        None => std::env::current_exe()?.with_file_name("websubd"),
-    };
-    if !websubd.exists() {
-        return Err(format!(
-            "{} not found: build it first (cargo build --release --bins)",
-            websubd.display()
-        )
-        .into());
-    }
-    Ok(websubd)
-}
-
-/// A websubd process.
-pub(crate) struct Hub {
-    child: Child,
-    pub(crate) url: String,
-}
-
-impl Hub {
-    async fn spawn(websubd: &PathBuf, database_url: &str, args: &HubArgs) -> Result<Self, Failure> {
-        let concurrency = args.concurrency.to_string();
-        Self::spawn_with(
-            websubd,
-            &[
-                "--database-url",
-                database_url,
-                "--internal-api-key",
-                INTERNAL_KEY,
-                "--delivery-concurrency",
-                &concurrency,
-                "--delivery-per-host",
-                &concurrency,
-                "--allow-private-network",
-            ],
-        )
-        .await
-    }
-
-    /// Starts websubd on a free port with `args` and waits until it serves.
-    pub(crate) async fn spawn_with(websubd: &PathBuf, args: &[&str]) -> Result<Self, Failure> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let child = Command::new(websubd)
-            .env(
-                "RUST_LOG",
-                std::env::var("WEBSUB_BENCH_HUB_LOG").unwrap_or_else(|_| "warn".to_owned()),
-            )
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()?;
-        let hub = Self {
-            child,
-            url: format!("http://127.0.0.1:{port}/"),
-        };
-        let client = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(response) = client.get(format!("{}healthz", hub.url)).send().await
-                && response.status().is_success()
-            {
-                return Ok(hub);
-            }
-            if Instant::now() > deadline {
-                return Err("websubd did not become ready within 60 s".into());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Peak resident memory since start (VmHWM).
-    pub(crate) fn peak_rss(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024)
-    }
-
-    /// The CPU time websubd has used so far, all its threads.
-    pub(crate) fn cpu_time(&self) -> Option<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
-        // The command may hold spaces; the fields after its closing
-        // parenthesis are fixed: utime and stime are the 12th and 13th.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let ticks: u64 =
-            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        // USER_HZ, which Linux fixes at 100 for /proc.
-        Some(Duration::from_millis(ticks * 10))
-    }
-
-    /// How many file descriptors websubd holds open now.
-    pub(crate) fn open_files(&self) -> Option<usize> {
-        Some(
-            std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
-                .ok()?
-                .count(),
-        )
-    }
-
-    pub(crate) fn stop(mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Hub {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Loopback subscribers and the topic they subscribe to: echo challenges,
@@ -623,4 +461,24 @@ async fn count_delivery(
     }
     state.arrived.notify_waiters();
     StatusCode::NO_CONTENT
+}
+
+/// websubd with the hub bench's concurrency, for the hub and per host.
+async fn spawn_hub(websubd: &PathBuf, database_url: &str, args: &HubArgs) -> Result<Hub, Failure> {
+    let concurrency = args.concurrency.to_string();
+    Hub::spawn_with(
+        websubd,
+        &[
+            "--database-url",
+            database_url,
+            "--internal-api-key",
+            INTERNAL_KEY,
+            "--delivery-concurrency",
+            &concurrency,
+            "--delivery-per-host",
+            &concurrency,
+            "--allow-private-network",
+        ],
+    )
+    .await
 }

@@ -1,16 +1,23 @@
-//! What the benchmarks of a whole `websubd` share: the flags that choose
-//! and configure the process, the loopback servers they stand up, and the
-//! client they talk to the hub and the receivers with.
+//! What the benchmarks of a whole `websubd` share: the process itself and
+//! the flags that choose and configure it, the subscriptions saved before
+//! it starts, the loopback servers they stand up, and the client they talk
+//! to the hub and the receivers with.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::http::StatusCode;
 use websub_hub::net::NetPolicy;
+use websub_store::{Subscription, SubscriptionStore};
 
 use crate::Failure;
-use crate::hub::{Hub, INTERNAL_KEY, locate_websubd, urlencode};
+
+/// The operator key every benchmark's websubd is started with.
+pub(crate) const INTERNAL_KEY: &str = "websub-bench-internal-key-0123456789abcdef";
 
 /// Which websubd runs, on which database, with which settings.
 #[derive(Debug, clap::Args)]
@@ -109,4 +116,145 @@ pub(crate) async fn fat_ping(
         .send()
         .await?;
     Ok(response.status() == StatusCode::ACCEPTED)
+}
+
+/// Saves `count` subscriptions straight into the store behind
+/// `database_url`, the topic and callback of the `index`-th given by
+/// `pair`.
+pub(crate) async fn save_subscriptions(
+    database_url: &str,
+    count: usize,
+    pair: impl Fn(usize) -> (String, String) + Send + Sync + 'static,
+) -> Result<(), Failure> {
+    let store: Arc<dyn SubscriptionStore> = websub_hub::server::open_store(database_url).await?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let pair = Arc::new(pair);
+    let now = chrono::Utc::now();
+    let workers: Vec<_> = (0..16)
+        .map(|_| {
+            let (store, next, pair) = (store.clone(), next.clone(), pair.clone());
+            tokio::spawn(async move {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    if index >= count {
+                        return Ok::<(), websub_store::StoreError>(());
+                    }
+                    let (topic, callback) = pair(index);
+                    let subscription = Subscription::new(topic, callback)
+                        .with_lease(chrono::Duration::days(1), now)
+                        .with_secret(format!("secret-{index}"));
+                    store.save(&subscription).await?;
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await??;
+    }
+    Ok(())
+}
+
+pub(crate) fn urlencode(value: &str) -> String {
+    url::form_urlencoded::byte_serialize(value.as_bytes()).collect()
+}
+
+/// The websubd binary: `given`, or the one next to this binary.
+pub(crate) fn locate_websubd(given: Option<&PathBuf>) -> Result<PathBuf, Failure> {
+    let websubd = match given {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?.with_file_name("websubd"),
+    };
+    if !websubd.exists() {
+        return Err(format!(
+            "{} not found: build it first (cargo build --release --bins)",
+            websubd.display()
+        )
+        .into());
+    }
+    Ok(websubd)
+}
+
+/// A websubd process.
+pub(crate) struct Hub {
+    child: Child,
+    pub(crate) url: String,
+}
+
+impl Hub {
+    /// Starts websubd on a free port with `args` and waits until it serves.
+    pub(crate) async fn spawn_with(websubd: &PathBuf, args: &[&str]) -> Result<Self, Failure> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new(websubd)
+            .env(
+                "RUST_LOG",
+                std::env::var("WEBSUB_BENCH_HUB_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            )
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let hub = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}/"),
+        };
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(response) = client.get(format!("{}healthz", hub.url)).send().await
+                && response.status().is_success()
+            {
+                return Ok(hub);
+            }
+            if Instant::now() > deadline {
+                return Err("websubd did not become ready within 60 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Peak resident memory since start (VmHWM).
+    pub(crate) fn peak_rss(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+
+    /// The CPU time websubd has used so far, all its threads.
+    pub(crate) fn cpu_time(&self) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
+        // The command may hold spaces; the fields after its closing
+        // parenthesis are fixed: utime and stime are the 12th and 13th.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // USER_HZ, which Linux fixes at 100 for /proc.
+        Some(Duration::from_millis(ticks * 10))
+    }
+
+    /// How many file descriptors websubd holds open now.
+    pub(crate) fn open_files(&self) -> Option<usize> {
+        Some(
+            std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+                .ok()?
+                .count(),
+        )
+    }
+
+    pub(crate) fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

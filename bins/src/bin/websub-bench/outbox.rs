@@ -36,7 +36,7 @@ use uuid::Uuid;
 use websub_hub::outbox::{Event, Outbox, OutboxTables, ddl, scan_index_ddl};
 use websub_hub::signature::MESSAGING_EVENT_ID_HEADER;
 
-use crate::hub::{Hub, locate_websubd};
+use crate::launch::{Hub, locate_websubd};
 use crate::{Failure, ThrowawayDatabase, micros, percentile};
 
 #[derive(Debug, clap::Args)]

@@ -21,8 +21,7 @@ use tokio::sync::Notify;
 use websub_hub::net;
 
 use crate::Failure;
-use crate::hub::save_subscriptions;
-use crate::launch::{HubFlags, fat_ping, loopback_client};
+use crate::launch::{HubFlags, fat_ping, loopback_client, save_subscriptions};
 use crate::progress::Progress;
 
 /// The first of the loopback hosts: 127.0.1.1, so that 1 000 hosts end at

@@ -15,8 +15,7 @@ use axum::routing::get;
 use websub_hub::net;
 
 use crate::Failure;
-use crate::hub::urlencode;
-use crate::launch::{HubFlags, loopback_client, serve};
+use crate::launch::{HubFlags, loopback_client, serve, urlencode};
 use crate::progress::Progress;
 
 #[derive(Debug, clap::Args)]

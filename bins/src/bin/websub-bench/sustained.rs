@@ -17,8 +17,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use websub_hub::net;
 
-use crate::hub::save_subscriptions;
-use crate::launch::{HubFlags, fat_ping, loopback_client, serve};
+use crate::launch::{HubFlags, fat_ping, loopback_client, save_subscriptions, serve};
 use crate::progress::Progress;
 use crate::{Failure, micros, percentile};
 
