@@ -257,10 +257,13 @@ fn tls_config(
 }
 
 /// The platform verifier, with a certificate from an unknown issuer
-/// explained: rustls words it `UnknownIssuer`, which a subscriber reading
-/// its failed verification, or an operator reading the log, may not take
-/// for "the hub does not trust who signed this". The price is the alert
-/// the server receives: `bad_certificate` rather than `unknown_ca`.
+/// explained: rustls words it `invalid peer certificate: UnknownIssuer`,
+/// which a subscriber reading its failed verification, or an operator
+/// reading the log, may not take for "the hub does not trust who signed
+/// this". rustls prints its own certificate errors' causes in their debug
+/// form, so the explanation travels as `Error::Other`, whose text it
+/// prints as given. The price is the alert the server receives:
+/// `handshake_failure` rather than `unknown_ca`.
 #[derive(Debug)]
 struct Explained(rustls_platform_verifier::Verifier);
 
@@ -285,9 +288,7 @@ impl ServerCertVerifier for Explained {
             .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
             .map_err(|error| match error {
                 rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
-                    rustls::Error::InvalidCertificate(CertificateError::Other(OtherError(
-                        Arc::new(NotTrusted),
-                    )))
+                    rustls::Error::Other(OtherError(Arc::new(NotTrusted)))
                 }
                 other => other,
             })
