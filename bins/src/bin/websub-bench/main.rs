@@ -11,14 +11,20 @@
 //!   `websubd` feed to a webhook, with commit-to-receipt latency; with
 //!   `--bare-notify`, the producers write plain SQL and a `NOTIFY` without
 //!   payload instead of using the producer library.
+//! - `websub-bench tls`: the fan-out to HTTPS callbacks on one host (a test
+//!   CA made by the bench, given to websubd with `--extra-ca`) against
+//!   plain HTTP in the same run, rounds alternating, with the handshakes
+//!   the receivers saw.
 //!
 //! PostgreSQL and Redis are measured when their URLs are given; each run uses
 //! a throwaway database (PostgreSQL) or key prefix (Redis) and removes it.
 
+mod https;
 mod hub;
 mod outbox;
 mod progress;
 mod store;
+mod tls;
 
 use std::time::Duration;
 
@@ -40,6 +46,8 @@ enum Command {
     Hub(hub::HubArgs),
     /// The outbox path: producers' rate, claim ceiling, end-to-end delivery.
     Outbox(outbox::OutboxArgs),
+    /// The fan-out to HTTPS callbacks against plain HTTP, rounds alternating.
+    Tls(tls::TlsArgs),
 }
 
 pub(crate) type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -51,6 +59,7 @@ async fn main() -> Result<(), Failure> {
         Command::Store(args) => store::run(args).await,
         Command::Hub(args) => hub::run(args).await,
         Command::Outbox(args) => outbox::run(args).await,
+        Command::Tls(args) => tls::run(args).await,
     }
 }
 
