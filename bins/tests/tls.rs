@@ -328,6 +328,7 @@ async fn without_the_extra_ca_the_callback_is_not_trusted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let error = failed["last_error"].as_str().unwrap_or_default();
+    eprintln!("recorded: {error}");
     assert!(
         error.contains("certificate is not trusted"),
         "the recorded error says why: {error}"
