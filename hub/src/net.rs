@@ -93,6 +93,10 @@ pub enum NetError {
     /// loaded from the system).
     #[error("the HTTP client could not be built")]
     Client(#[source] reqwest::Error),
+    /// The TLS configuration of a client could not be built (e.g. no root
+    /// certificate at all could be loaded).
+    #[error("the TLS configuration could not be built")]
+    Tls(#[source] rustls::Error),
 }
 
 impl NetError {
@@ -100,7 +104,7 @@ impl NetError {
     /// 400, except a client that could not be built (500).
     pub fn status(&self) -> http::StatusCode {
         match self {
-            Self::Client(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Client(_) | Self::Tls(_) => http::StatusCode::INTERNAL_SERVER_ERROR,
             _ => http::StatusCode::BAD_REQUEST,
         }
     }

@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use url::Url;
 use websub_store::{OwnerQuota, StoreError, Subscription, SubscriptionStore};
 
-use crate::delivery::client::{self, Purpose};
+use crate::delivery::client::{self, Purpose, Trust};
 
 /// The internal key header when none is configured.
 pub const DEFAULT_INTERNAL_API_KEY_HEADER: &str = "X-Internal-API-Key";
@@ -70,6 +70,8 @@ pub struct QuotaConfig {
     pub internal_api_key_header: String,
     /// The pool WebSub subscriptions count against.
     pub quota_type: String,
+    /// The roots trusted when the service is reached over HTTPS.
+    pub trust: Trust,
 }
 
 impl Default for QuotaConfig {
@@ -80,6 +82,7 @@ impl Default for QuotaConfig {
             internal_api_key: None,
             internal_api_key_header: DEFAULT_INTERNAL_API_KEY_HEADER.to_owned(),
             quota_type: OwnerQuota::DEFAULT_TYPE.to_owned(),
+            trust: Trust::system(),
         }
     }
 }
@@ -96,6 +99,7 @@ impl fmt::Debug for QuotaConfig {
             )
             .field("internal_api_key_header", &self.internal_api_key_header)
             .field("quota_type", &self.quota_type)
+            .field("trust", &self.trust)
             .finish()
     }
 }
@@ -345,7 +349,7 @@ impl QuotaEnforcer {
         }
         // The internal key must reach the subscriptions service and nothing
         // in between.
-        let client = client::build(Purpose::OperatorService, config.timeout)
+        let client = client::build(Purpose::OperatorService, config.timeout, &config.trust)
             .map_err(|error| QuotaError::InvalidConfig(format!("HTTP client: {error}")))?;
         Ok(Self {
             inner: Arc::new(EnforcerState {

@@ -20,7 +20,7 @@ use crate::auth::{InternalKey, UserTokens};
 use crate::backlog::Backlog;
 use crate::clock::{Clock, SystemClock};
 use crate::config::HubConfig;
-use crate::delivery::client::{self, Purpose};
+use crate::delivery::client::{self, Purpose, Trust};
 use crate::dispatch::Distributor;
 use crate::events::{self, EventLog, EventLogError};
 use crate::feed::{Feed, FeedHandle, Feeds, SubscribedTopics};
@@ -54,6 +54,8 @@ pub struct Hub {
     /// The outbox feeds started, for the operator API.
     feeds: Feeds,
     metrics: Option<PrometheusHandle>,
+    /// The roots every client trusts, for the feeds' webhooks.
+    trust: Trust,
 }
 
 /// Asks a running hub's outbox feeds to read their webhooks files again
@@ -156,12 +158,14 @@ impl Hub {
         let policy = NetPolicy {
             allow_private_network: config.allow_private_network,
         };
+        let trust = config.trust()?;
         let delivery_client = client::build(
             Purpose::Deliveries {
                 policy: policy.clone(),
                 max_idle_per_host: config.delivery.per_host,
             },
             config.delivery.timeout,
+            &trust,
         )?;
         let dispatcher = Distributor::new(
             events.clone(),
@@ -201,6 +205,7 @@ impl Hub {
                     policy: policy.clone(),
                 },
                 config.delivery.timeout,
+                &trust,
             )?,
             config.delivery.timeout,
             policy,
@@ -225,6 +230,7 @@ impl Hub {
                 internal_api_key: config.internal_api_key.clone(),
                 internal_api_key_header: config.internal_api_key_header.clone(),
                 quota_type: config.quota_type.clone(),
+                trust: trust.clone(),
             })?);
         }
         Ok(Self {
@@ -242,6 +248,7 @@ impl Hub {
             subscribed_topics,
             feeds: Feeds::new(),
             metrics: None,
+            trust,
         })
     }
 
@@ -355,6 +362,8 @@ impl Hub {
             // feed says otherwise.
             feed.allow_private_network
                 .get_or_insert(self.config.allow_private_network);
+            // And they trust what the hub trusts.
+            feed.trust = self.trust.clone();
             let started = Feed::start(
                 feed,
                 self.events.clone(),

@@ -11,11 +11,13 @@ mod command_line;
 mod settings;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use url::Url;
 
 use crate::delivery::RetryPolicy;
+use crate::delivery::client::Trust;
 use crate::feed::{FeedConfig, TopicTemplate};
 pub use crate::setting::{ConfigError, format_duration, parse_duration};
 use crate::setting::{invalid, secs};
@@ -54,6 +56,10 @@ pub struct HubConfig {
     /// link-local or unique-local addresses. Off by default, so a public hub
     /// cannot be aimed at its own network.
     pub allow_private_network: bool,
+    /// A PEM file of CA certificates trusted besides the system's roots by
+    /// every client the hub makes: deliveries, verifications, topic
+    /// fetches, outbox webhooks and the subscriptions service.
+    pub extra_ca: Option<PathBuf>,
     /// The key that authorises fat pings and internal APIs (≥ 32 characters).
     pub internal_api_key: Option<String>,
     /// The header the internal key travels in.
@@ -168,6 +174,7 @@ impl Default for HubConfig {
             delivery: DeliveryPolicy::default(),
             verification: VerificationPolicy::default(),
             allow_private_network: false,
+            extra_ca: None,
             internal_api_key: None,
             internal_api_key_header: crate::auth::DEFAULT_INTERNAL_API_KEY_HEADER.to_owned(),
             max_form_bytes: 64 * 1024,
@@ -378,6 +385,7 @@ impl HubConfig {
         if self.verification.max_pending == 0 {
             return Err(invalid("max-pending-verifications", 0, "must be positive"));
         }
+        self.trust()?;
         if let Some(key) = &self.internal_api_key
             && key.chars().count() < 32
         {
@@ -488,6 +496,18 @@ impl HubConfig {
     }
 }
 impl HubConfig {
+    /// The roots the hub's clients trust: the system's, and the
+    /// certificates of [`extra_ca`](Self::extra_ca) when set. Reads the
+    /// file; one that cannot be read, or holds no usable certificate, is
+    /// named with what is wrong.
+    pub fn trust(&self) -> Result<Trust, ConfigError> {
+        match &self.extra_ca {
+            None => Ok(Trust::system()),
+            Some(path) => Trust::from_pem_file(path)
+                .map_err(|error| invalid("extra-ca", path.display(), error.to_string())),
+        }
+    }
+
     /// The defaults with each layer laid over them in turn (later layers
     /// win), then validated: the one way a configuration is assembled from
     /// settings. `websubd` passes the file, the environment and the flags.

@@ -5,7 +5,7 @@
 #[cfg(feature = "cli")]
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -146,6 +146,10 @@ pub struct Settings {
         arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")
     )]
     pub allow_private_network: Option<bool>,
+    /// A PEM file of CA certificates to trust besides the system's roots,
+    /// for HTTPS callbacks, topics, webhooks and the subscriptions service.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "FILE"))]
+    pub extra_ca: Option<PathBuf>,
     /// The key for fat pings and the operator API (at least 32
     /// characters).
     #[cfg_attr(feature = "cli", arg(long, value_name = "KEY"))]
@@ -224,6 +228,7 @@ impl Settings {
             idle_timeout,
             max_connections,
             allow_private_network,
+            extra_ca,
             internal_api_key,
             internal_api_key_header,
             user_token_key,
@@ -310,6 +315,9 @@ impl Settings {
         set_duration(&mut config.idle_timeout, "idle-timeout", idle_timeout)?;
         set(&mut config.max_connections, max_connections);
         set(&mut config.allow_private_network, allow_private_network);
+        if extra_ca.is_some() {
+            config.extra_ca = extra_ca;
+        }
         if internal_api_key.is_some() {
             config.internal_api_key = internal_api_key;
         }
@@ -362,6 +370,7 @@ impl From<&HubConfig> for Settings {
             delivery,
             verification,
             allow_private_network,
+            extra_ca,
             internal_api_key,
             internal_api_key_header,
             max_form_bytes,
@@ -433,6 +442,7 @@ impl From<&HubConfig> for Settings {
             idle_timeout: duration(idle_timeout),
             max_connections: Some(*max_connections),
             allow_private_network: Some(*allow_private_network),
+            extra_ca: extra_ca.clone(),
             internal_api_key: internal_api_key.clone(),
             internal_api_key_header: Some(internal_api_key_header.clone()),
             user_token_key: user_token_key.clone(),
@@ -510,6 +520,22 @@ pub(super) mod tests {
         assert_eq!(config.max_connections, 300);
     }
 
+    /// A PEM file holding one CA certificate, written once per test
+    /// process and left for the temporary directory's cleaning.
+    pub(crate) fn test_ca_file() -> PathBuf {
+        static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+        FILE.get_or_init(|| {
+            let path = std::env::temp_dir().join(format!(
+                "websub-config-test-ca-{}.pem",
+                uuid::Uuid::new_v4()
+            ));
+            std::fs::write(&path, crate::delivery::client::tests::TEST_CA_PEM)
+                .expect("write the test CA");
+            path
+        })
+        .clone()
+    }
+
     pub(crate) fn every_field_changed() -> HubConfig {
         HubConfig {
             listen: SocketAddr::from(([127, 0, 0, 2], 9001)),
@@ -541,6 +567,7 @@ pub(super) mod tests {
                 max_pending: 77,
             },
             allow_private_network: true,
+            extra_ca: Some(test_ca_file()),
             internal_api_key: Some("an-internal-key-of-at-least-32-characters".to_owned()),
             internal_api_key_header: "X-Service-Key".to_owned(),
             max_form_bytes: 1000,
@@ -618,6 +645,7 @@ pub(super) mod tests {
             ("idle_timeout = \"never\"", "idle-timeout"),
             ("max_connections = 0", "max-connections"),
             ("quota_url = \"not a url\"", "quota-url"),
+            ("extra_ca = \"/nonexistent/ca.pem\"", "extra-ca"),
         ] {
             let file: Settings = toml::from_str(text).expect("parse");
             match HubConfig::layered([file]) {

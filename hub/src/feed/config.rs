@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::{DEFAULT_TOPIC_TEMPLATE, TopicTemplate};
 use crate::delivery::RetryPolicy;
+use crate::delivery::client::Trust;
 use crate::net::NetPolicy;
 use crate::outbox::{DEFAULT_DELIVERIES_TABLE, DEFAULT_OUTBOX_TABLE, OutboxTables};
 use crate::outbox::{DispatcherConfig, WebhookSignature};
@@ -95,6 +96,10 @@ pub struct FeedConfig {
     /// Allow webhooks on loopback, private, link-local or unique-local
     /// addresses; the hub's `allow_private_network` when unset.
     pub allow_private_network: Option<bool>,
+    /// The roots trusted for HTTPS webhooks: not read from the file; the
+    /// hub gives its own (the system's and `extra_ca`).
+    #[serde(skip)]
+    pub trust: Trust,
 }
 
 fn default_outbox_table() -> String {
@@ -140,6 +145,7 @@ impl FeedConfig {
             disable_endpoint_after: None,
             visibility_timeout: None,
             allow_private_network: None,
+            trust: Trust::system(),
         }
     }
 
@@ -223,6 +229,7 @@ impl FeedConfig {
             network: NetPolicy {
                 allow_private_network: self.allow_private_network.unwrap_or(false),
             },
+            trust: self.trust.clone(),
             signing_secret: self.signing_secret.clone(),
             signature_scheme: match &self.signature_scheme {
                 None => WebhookSignature::default(),

@@ -341,11 +341,11 @@ async fn subscribe(
 
 /// Loopback subscribers and the topic they subscribe to: echo challenges,
 /// count deliveries, serve the topic's content to the hub's fetches.
-struct Receiver {
-    base: String,
+pub(crate) struct Receiver {
+    pub(crate) base: String,
     /// The topic URL, served at `/topic`: fat pings never fetch it, thin
     /// pings do.
-    topic: String,
+    pub(crate) topic: String,
     deliveries: Arc<AtomicUsize>,
     arrived: Arc<Notify>,
     first_at: Arc<std::sync::Mutex<Option<Instant>>>,
@@ -361,7 +361,19 @@ struct ReceiverState {
 }
 
 impl Receiver {
-    async fn start() -> Result<Self, Failure> {
+    /// A receiver served over plain HTTP on a free loopback port.
+    pub(crate) async fn start() -> Result<Self, Failure> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let (receiver, app) = Self::with_routes(format!("http://{}", listener.local_addr()?));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(receiver)
+    }
+
+    /// A receiver whose URLs start with `base`, and the routes to serve
+    /// there (`websub-bench tls` serves them over TLS).
+    pub(crate) fn with_routes(base: String) -> (Self, Router) {
         let state = ReceiverState {
             deliveries: Arc::new(AtomicUsize::new(0)),
             arrived: Arc::new(Notify::new()),
@@ -373,22 +385,18 @@ impl Receiver {
             .route("/topic", get(serve_topic))
             .route("/cb/{name}", get(echo_challenge).post(count_delivery))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(Self {
+        let receiver = Self {
             topic: format!("{base}/topic"),
             base,
             deliveries: state.deliveries,
             arrived: state.arrived,
             first_at: state.first_at,
             fetched_at: state.fetched_at,
-        })
+        };
+        (receiver, app)
     }
 
-    fn reset(&self) {
+    pub(crate) fn reset(&self) {
         self.deliveries.store(0, Ordering::Relaxed);
         *lock(&self.first_at) = None;
         *lock(&self.fetched_at) = None;
@@ -404,7 +412,11 @@ impl Receiver {
     }
 
     /// Waits until `count` deliveries arrived; returns when the wait ended.
-    async fn all_delivered(&self, backend: &str, count: usize) -> Result<Instant, Failure> {
+    pub(crate) async fn all_delivered(
+        &self,
+        backend: &str,
+        count: usize,
+    ) -> Result<Instant, Failure> {
         let _progress = Progress::follow(backend, count, self.deliveries.clone());
         if !self.wait_for(count, Duration::from_secs(600)).await {
             return Err(format!(

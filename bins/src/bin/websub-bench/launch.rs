@@ -223,16 +223,14 @@ impl Hub {
         Some(kib * 1024)
     }
 
+    /// The process id of websubd.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The CPU time websubd has used so far, all its threads.
     pub(crate) fn cpu_time(&self) -> Option<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
-        // The command may hold spaces; the fields after its closing
-        // parenthesis are fixed: utime and stime are the 12th and 13th.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let ticks: u64 =
-            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        // USER_HZ, which Linux fixes at 100 for /proc.
-        Some(Duration::from_millis(ticks * 10))
+        cpu_time(self.child.id())
     }
 
     /// How many file descriptors websubd holds open now.
@@ -257,4 +255,16 @@ impl Drop for Hub {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The user and system CPU time process `pid` has used so far, all its
+/// threads, from `/proc/<pid>/stat`.
+pub(crate) fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may hold spaces; the fields after its closing
+    // parenthesis are fixed: utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ, which Linux fixes at 100 for /proc.
+    Some(Duration::from_millis(ticks * 10))
 }

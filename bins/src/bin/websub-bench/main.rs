@@ -20,10 +20,15 @@
 //!   `websubd` feed to a webhook, with commit-to-receipt latency; with
 //!   `--bare-notify`, the producers write plain SQL and a `NOTIFY` without
 //!   payload instead of using the producer library.
+//! - `websub-bench tls`: the fan-out to HTTPS callbacks on one host (a test
+//!   CA made by the bench, given to websubd with `--extra-ca`) against
+//!   plain HTTP in the same run, rounds alternating, with the handshakes
+//!   the receivers saw.
 //!
 //! PostgreSQL and Redis are measured when their URLs are given; each run uses
 //! a throwaway database (PostgreSQL) or key prefix (Redis) and removes it.
 
+mod https;
 mod hub;
 mod launch;
 mod outbox;
@@ -32,6 +37,7 @@ mod slow;
 mod store;
 mod subscribe;
 mod sustained;
+mod tls;
 
 use std::time::Duration;
 
@@ -59,6 +65,8 @@ enum Command {
     Subscribe(subscribe::SubscribeArgs),
     /// Fat pings held at a rate over many topics: throughput and latency.
     Sustained(sustained::SustainedArgs),
+    /// The fan-out to HTTPS callbacks against plain HTTP, rounds alternating.
+    Tls(tls::TlsArgs),
 }
 
 pub(crate) type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -73,6 +81,7 @@ async fn main() -> Result<(), Failure> {
         Command::Slow(args) => slow::run(args).await,
         Command::Subscribe(args) => subscribe::run(args).await,
         Command::Sustained(args) => sustained::run(args).await,
+        Command::Tls(args) => tls::run(args).await,
     }
 }
 

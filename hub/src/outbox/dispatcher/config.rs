@@ -9,6 +9,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use super::super::{OutboxTables, check_channel};
 use crate::delivery::RetryPolicy;
 use crate::delivery::attempt::{MESSAGING_SCHEME, STANDARD_WEBHOOKS_SCHEME, SignatureScheme};
+use crate::delivery::client::Trust;
 use crate::net::NetPolicy;
 use crate::setting::{ConfigError, invalid};
 use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, standard_key};
@@ -69,6 +70,8 @@ pub struct DispatcherConfig {
     /// only, as for WebSub callbacks. Webhooks of services on the same
     /// private network need `allow_private_network`.
     pub network: NetPolicy,
+    /// The roots trusted for HTTPS webhooks: the system's by default.
+    pub trust: Trust,
     /// Delete events older than this (and their delivery rows), every
     /// `retention_interval`, starting at start-up. `None` deletes nothing.
     pub retention: Option<Duration>,
@@ -118,6 +121,7 @@ impl Default for DispatcherConfig {
             signature_scheme: WebhookSignature::Messaging,
             webhook_headers: Vec::new(),
             network: NetPolicy::default(),
+            trust: Trust::system(),
             retention: None,
             retention_interval: Duration::from_secs(3600),
             batch_size: 100,

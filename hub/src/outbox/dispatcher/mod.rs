@@ -136,6 +136,7 @@ impl Dispatcher {
                 max_idle_per_host: config.per_subscriber,
             },
             config.delivery_timeout,
+            &config.trust,
         )
         .map_err(DispatcherError::Client)?;
         let headers = static_headers(&config.webhook_headers)?;
