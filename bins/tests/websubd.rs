@@ -6,12 +6,10 @@
 mod common;
 
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Websubd, distinct_callbacks, free_port, scratch_dir};
+use common::{Websubd, distinct_callbacks, free_port, save_subscriptions, scratch_dir};
 
-use websub_store::{Subscription, SubscriptionStore};
 use websub_tests::{Answer, TestSubscriber, http_client};
 
 const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
@@ -211,25 +209,15 @@ async fn kill_9_during_fan_out_loses_nothing(database_url: String) {
     subscriber.answer_every_delivery(Answer::status(200).after(Duration::from_millis(10)));
     let topic = "http://127.0.0.1:9/topics/crash";
 
-    let store: Arc<dyn SubscriptionStore> = websub_hub::server::open_store(&database_url)
-        .await
-        .expect("open the store websubd will use");
-    let saves = (0..SUBSCRIBERS).map(|index| {
-        let store = store.clone();
-        let callback = subscriber.callback(&format!("c{index}"));
-        async move {
-            store
-                .save(
-                    &Subscription::new(topic, callback)
-                        .with_lease(chrono::Duration::days(1), chrono::Utc::now()),
-                )
-                .await
-        }
-    });
     let started = Instant::now();
-    for result in futures::future::join_all(saves).await {
-        result.expect("save a subscription");
-    }
+    save_subscriptions(
+        &database_url,
+        topic,
+        (0..SUBSCRIBERS)
+            .map(|index| subscriber.callback(&format!("c{index}")))
+            .collect(),
+    )
+    .await;
     eprintln!(
         "saved {SUBSCRIBERS} subscriptions in {:?}",
         started.elapsed()
