@@ -110,6 +110,7 @@ async fn every_metric_has_help_and_type_and_a_delivery_is_measured() {
         ("websub_delivery_attempt_seconds", "histogram"),
         ("websub_delivery_latency_seconds", "histogram"),
         ("websub_deliveries_in_flight", "gauge"),
+        ("websub_deliveries_waiting_for_host", "gauge"),
         ("websub_http_requests_total", "counter"),
         ("websub_http_request_seconds", "histogram"),
         ("websub_http_connections_open", "gauge"),

@@ -75,6 +75,7 @@ pub mod backlog;
 pub mod clock;
 pub mod config;
 pub mod delivery;
+pub mod descriptors;
 pub mod dispatch;
 pub mod events;
 pub mod feed;

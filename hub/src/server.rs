@@ -21,6 +21,8 @@ use crate::backlog::Backlog;
 use crate::clock::{Clock, SystemClock};
 use crate::config::HubConfig;
 use crate::delivery::client::{self, Purpose, Trust};
+use crate::delivery::pool::{HostClients, IdleLimits};
+use crate::descriptors;
 use crate::dispatch::Distributor;
 use crate::events::{self, EventLog, EventLogError};
 use crate::feed::{Feed, FeedHandle, Feeds, SubscribedTopics};
@@ -132,10 +134,12 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn SubscriptionStore>, websub_
 }
 
 impl Hub {
-    /// Validates `config`, opens its event log and subscription store (running
+    /// Validates `config`, fits its deliveries under the file-descriptor
+    /// limit ([`descriptors`]), opens its event log and subscription store (running
     /// migrations), and assembles the hub on the system clock.
-    pub async fn open(config: HubConfig) -> Result<Self, ServeError> {
+    pub async fn open(mut config: HubConfig) -> Result<Self, ServeError> {
         config.validate()?;
+        config.delivery = descriptors::fit(config.delivery, descriptors::raise_limit());
         let events = events::connect(&config.database_url).await?;
         let backlog = crate::backlog::connect(&config.database_url).await?;
         let store_url = config
@@ -159,24 +163,22 @@ impl Hub {
             allow_private_network: config.allow_private_network,
         };
         let trust = config.trust()?;
-        let delivery_client = client::build(
-            Purpose::Deliveries {
-                policy: policy.clone(),
-                max_idle_per_host: config.delivery.per_host,
-            },
+        let callback_clients = HostClients::new(
+            &policy,
             config.delivery.timeout,
             &trust,
+            IdleLimits::of_budget(config.delivery.idle_connections, config.delivery.per_host),
         )?;
         let dispatcher = Distributor::new(
             events.clone(),
             store.clone(),
-            delivery_client.clone(),
+            callback_clients.clone(),
             config.public_url.to_string(),
             config.delivery,
             config.poll_interval,
             clock.clone(),
         );
-        let verifier = Verifier::new(delivery_client, config.verification);
+        let verifier = Verifier::new(callback_clients, config.verification);
         let subscriptions = Subscriptions::new(
             store.clone(),
             backlog.clone(),

@@ -43,7 +43,8 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         DELIVERIES_TOTAL,
         Kind::Counter,
         "Delivery attempts by channel (websub, webhook, handler) and by what they came to \
-         (delivered, gone, retried, exhausted).",
+         (delivered, gone, retried, exhausted, postponed: not made or failed for want of the \
+         hub's own resources, tried again without counting a failure).",
     ),
     (
         ATTEMPT_SECONDS,
@@ -61,6 +62,12 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         DELIVERIES_IN_FLIGHT,
         Kind::Gauge,
         "Delivery attempts on the wire now, by channel.",
+    ),
+    (
+        DELIVERIES_WAITING_FOR_HOST,
+        Kind::Gauge,
+        "Claimed deliveries waiting for a free slot of their callback host (at most \
+         delivery-per-host in flight to one host), by channel.",
     ),
     (
         ENDPOINTS_DISABLED_TOTAL,
@@ -205,6 +212,10 @@ pub fn describe() {
         }
     }
 }
+
+/// `websub_deliveries_waiting_for_host{channel="websub"}`: claimed records
+/// waiting in their callback host's queue.
+pub const DELIVERIES_WAITING_FOR_HOST: &str = "websub_deliveries_waiting_for_host";
 
 /// `websub_delivery_backlog{channel="websub"}`: WebSub delivery records due,
 /// retrying or in flight.

@@ -102,14 +102,15 @@ async fn store_with(topics: &[String]) -> Arc<MemoryStore> {
 /// wake-up or the expander finds new events).
 fn distributor(events: Arc<dyn EventLog>, store: Arc<dyn SubscriptionStore>) -> Distributor {
     let policy = DeliveryPolicy::default();
-    let client = websub_hub::delivery::client::for_deliveries(
+    let client = websub_hub::delivery::pool::HostClients::new(
         &NetPolicy {
             allow_private_network: true,
         },
         policy.timeout,
-        8,
+        &websub_hub::delivery::client::Trust::system(),
+        websub_hub::delivery::pool::IdleLimits::of_budget(64, 8),
     )
-    .expect("a delivery client");
+    .expect("delivery clients");
     Distributor::new(
         events,
         store,

@@ -143,8 +143,7 @@ impl Hub {
             concurrency: 8,
             ..VerificationPolicy::default()
         };
-        let client =
-            websub_hub::delivery::client::for_deliveries(&policy, timeout, 2).expect("client");
+        let client = callback_clients(&policy, timeout);
         let subscriptions = Subscriptions::new(
             store.clone(),
             temporary_backlog().await,
@@ -746,10 +745,7 @@ async fn a_save_refused_by_policy_sends_a_denial_after_verification() {
     let subscriptions = Subscriptions::new(
         store.clone(),
         temporary_backlog().await,
-        Verifier::new(
-            websub_hub::delivery::client::for_deliveries(&policy, TIMEOUT, 1).expect("client"),
-            verification,
-        ),
+        Verifier::new(callback_clients(&policy, TIMEOUT), verification),
         policy,
         lease_policy(),
         verification,
@@ -784,4 +780,18 @@ async fn a_save_refused_by_policy_sends_a_denial_after_verification() {
             .param("hub.reason")
             .is_some_and(|reason| !reason.is_empty())
     );
+}
+
+/// The clients a verifier contacts callbacks with, as the hub builds them.
+fn callback_clients(
+    policy: &websub_hub::net::NetPolicy,
+    timeout: Duration,
+) -> websub_hub::delivery::pool::HostClients {
+    websub_hub::delivery::pool::HostClients::new(
+        policy,
+        timeout,
+        &websub_hub::delivery::client::Trust::system(),
+        websub_hub::delivery::pool::IdleLimits::of_budget(64, 2),
+    )
+    .expect("callback clients")
 }

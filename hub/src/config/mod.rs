@@ -82,9 +82,8 @@ pub struct HubConfig {
     /// HTTP connections open at most. Past it, the connection that has
     /// waited longest for its client is closed to make room; with the hub
     /// working on a request on every one, a new one is answered 503. The
-    /// default
-    /// leaves room under a 1 024 file-descriptor limit for deliveries,
-    /// verifications and database connections.
+    /// default fits within the descriptors kept apart from callback
+    /// connections ([`crate::descriptors::RESERVED`]).
     pub max_connections: usize,
     /// How the binary writes its log lines.
     pub log_format: LogFormat,
@@ -135,6 +134,10 @@ pub struct DeliveryPolicy {
     pub concurrency: usize,
     /// Deliveries in flight at once to one callback host.
     pub per_host: usize,
+    /// Idle keep-alive connections to callback hosts kept in all, up to
+    /// `per_host` to a host: the hosts used least recently close theirs
+    /// first (see [`crate::delivery::pool`]).
+    pub idle_connections: usize,
     /// Delivery records claimed per round trip to the event log.
     pub batch_size: usize,
     /// A claim older than this is taken to be from a dead process and the
@@ -211,8 +214,15 @@ impl Default for DeliveryPolicy {
         Self {
             timeout: Duration::from_secs(10),
             retry: RetryPolicy::default(),
-            concurrency: 256,
-            per_host: 64,
+            // Thousands in flight cost little (a task, a connection, some
+            // 30 KiB each) and are what slow subscribers need: at 200 ms
+            // an answer, 4 096 make 20 000 deliveries a second. 32 per host
+            // protect each subscriber host while still letting a platform
+            // that hosts many callbacks take 160 a second at 200 ms. See
+            // docs/benchmarks.md (slow).
+            concurrency: 4096,
+            per_host: 32,
+            idle_connections: 2048,
             batch_size: 500,
             visibility_timeout: Duration::from_secs(60),
             disable_endpoint_after: crate::delivery::health::DEFAULT_DISABLE_AFTER,
@@ -343,6 +353,9 @@ impl HubConfig {
         }
         if delivery.per_host == 0 {
             return Err(invalid("delivery-per-host", 0, "must be positive"));
+        }
+        if delivery.idle_connections == 0 {
+            return Err(invalid("delivery-idle-connections", 0, "must be positive"));
         }
         if delivery.batch_size == 0 || delivery.batch_size > 10_000 {
             return Err(invalid(

@@ -74,6 +74,11 @@ pub struct Settings {
     /// Deliveries in flight at once to one callback host.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub delivery_per_host: Option<usize>,
+    /// Idle keep-alive connections to callback hosts kept in all (up to
+    /// delivery-per-host per host); the hosts used least recently close
+    /// theirs first.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub delivery_idle_connections: Option<usize>,
     /// Deliveries to one endpoint that exhaust their retries in a row before
     /// the endpoint is disabled (its new deliveries are then skipped until
     /// an operator enables it); 0 never disables.
@@ -210,6 +215,7 @@ impl Settings {
             delivery_max_backoff,
             delivery_concurrency,
             delivery_per_host,
+            delivery_idle_connections,
             disable_endpoint_after,
             delivery_batch_size,
             visibility_timeout,
@@ -269,6 +275,7 @@ impl Settings {
         )?;
         set(&mut delivery.concurrency, delivery_concurrency);
         set(&mut delivery.per_host, delivery_per_host);
+        set(&mut delivery.idle_connections, delivery_idle_connections);
         set(&mut delivery.disable_endpoint_after, disable_endpoint_after);
         set(&mut delivery.batch_size, delivery_batch_size);
         set_duration(
@@ -395,6 +402,7 @@ impl From<&HubConfig> for Settings {
             retry,
             concurrency,
             per_host,
+            idle_connections,
             batch_size,
             visibility_timeout,
             disable_endpoint_after,
@@ -424,6 +432,7 @@ impl From<&HubConfig> for Settings {
             delivery_max_backoff: duration(max_backoff),
             delivery_concurrency: Some(*concurrency),
             delivery_per_host: Some(*per_host),
+            delivery_idle_connections: Some(*idle_connections),
             disable_endpoint_after: Some(*disable_endpoint_after),
             delivery_batch_size: Some(*batch_size),
             visibility_timeout: duration(visibility_timeout),
@@ -555,6 +564,7 @@ pub(super) mod tests {
                 },
                 concurrency: 100,
                 per_host: 9,
+                idle_connections: 99,
                 batch_size: 42,
                 visibility_timeout: Duration::from_secs(90),
                 disable_endpoint_after: 7,

@@ -82,6 +82,10 @@ pub enum Answer {
     Gone,
     /// Anything else, with the text recorded as the delivery's last error.
     Failed(String),
+    /// The hub itself lacked a resource to make the attempt (a file
+    /// descriptor, memory, a client): no fault of the target's, so it is
+    /// tried again soon and not counted against its retries.
+    Local(String),
 }
 
 impl From<Result<(), String>> for Answer {
@@ -164,8 +168,27 @@ pub async fn post(
             response,
         },
         Err(error) if error.is_timeout() => Attempted::unanswered("timed out".to_owned()),
+        Err(error) if lacks_local_resource(&error) => Attempted {
+            answer: Answer::Local(format!(
+                "the hub lacked a resource: {}",
+                error_chain(&error)
+            )),
+            status: None,
+            response: Bytes::new(),
+        },
         Err(error) => Attempted::unanswered(format!("request failed: {}", error_chain(&error))),
     }
+}
+
+/// Whether `error` comes from the hub's own limits (out of descriptors,
+/// system-wide or its own, or out of memory) rather than from the target.
+pub fn lacks_local_resource(error: &(dyn std::error::Error + 'static)) -> bool {
+    use rustix::io::Errno;
+    let local = [Errno::MFILE, Errno::NFILE, Errno::NOMEM, Errno::NOBUFS];
+    std::iter::successors(Some(error), |error| error.source())
+        .filter_map(|error| error.downcast_ref::<std::io::Error>())
+        .filter_map(std::io::Error::raw_os_error)
+        .any(|code| local.iter().any(|errno| errno.raw_os_error() == code))
 }
 
 /// Sends and drains: a small answer is read so the connection goes back to

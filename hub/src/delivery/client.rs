@@ -176,24 +176,14 @@ pub fn build(
     trust: &Trust,
 ) -> Result<reqwest::Client, NetError> {
     install_crypto_provider();
-    let builder = reqwest::Client::builder()
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        // A proxy would connect on our behalf and bypass the resolver.
-        .no_proxy()
-        .user_agent(concat!("websub-hub/", env!("CARGO_PKG_VERSION")));
     let builder = match purpose {
         Purpose::Deliveries {
             policy,
             max_idle_per_host,
-        } => builder
-            .tls_backend_preconfigured(tls_config(trust, &[b"http/1.1"], SESSION_CACHE_HOSTS)?)
-            .dns_resolver(Arc::new(PolicyResolver { policy }))
-            .redirect(reqwest::redirect::Policy::none())
-            .http1_only()
-            .pool_max_idle_per_host(max_idle_per_host)
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .tcp_nodelay(true),
+        } => {
+            let tls = tls_config(trust, &[b"http/1.1"], SESSION_CACHE_HOSTS)?;
+            return callback_client(&policy, timeout, tls, max_idle_per_host);
+        }
         Purpose::TopicFetches { policy } => {
             let hops = policy.clone();
             let redirects = reqwest::redirect::Policy::custom(move |attempt| {
@@ -205,7 +195,7 @@ pub fn build(
                     attempt.follow()
                 }
             });
-            builder
+            common(timeout)
                 .tls_backend_preconfigured(tls_config(
                     trust,
                     &[b"h2", b"http/1.1"],
@@ -215,11 +205,51 @@ pub fn build(
                 .redirect(redirects)
         }
         // One host: rustls's default cache is plenty.
-        Purpose::OperatorService => builder
+        Purpose::OperatorService => common(timeout)
             .tls_backend_preconfigured(tls_config(trust, &[b"h2", b"http/1.1"], 32)?)
             .redirect(reqwest::redirect::Policy::none()),
     };
     builder.build().map_err(NetError::Client)
+}
+
+/// What every client has: the timeouts, no proxy, the user agent.
+fn common(timeout: Duration) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        // A proxy would connect on our behalf and bypass the resolver.
+        .no_proxy()
+        .user_agent(concat!("websub-hub/", env!("CARGO_PKG_VERSION")))
+}
+
+/// A client of [`Purpose::Deliveries`] on the TLS configuration `tls`
+/// (from [`callback_tls`]): clones of one configuration share its roots and
+/// its session cache, so many such clients cost no more handshakes than one.
+pub(crate) fn callback_client(
+    policy: &NetPolicy,
+    timeout: Duration,
+    tls: rustls::ClientConfig,
+    max_idle_per_host: usize,
+) -> Result<reqwest::Client, NetError> {
+    common(timeout)
+        .tls_backend_preconfigured(tls)
+        .dns_resolver(Arc::new(PolicyResolver {
+            policy: policy.clone(),
+        }))
+        .redirect(reqwest::redirect::Policy::none())
+        .http1_only()
+        .pool_max_idle_per_host(max_idle_per_host)
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .tcp_nodelay(true)
+        .build()
+        .map_err(NetError::Client)
+}
+
+/// The TLS configuration of [`Purpose::Deliveries`] clients trusting
+/// `trust`, for [`callback_client`].
+pub(crate) fn callback_tls(trust: &Trust) -> Result<rustls::ClientConfig, NetError> {
+    install_crypto_provider();
+    tls_config(trust, &[b"http/1.1"], SESSION_CACHE_HOSTS)
 }
 
 /// The rustls configuration of one client: the system's roots and

@@ -29,6 +29,10 @@ pub enum Tally {
     Retried,
     /// Failed with no retries left.
     Exhausted,
+    /// Not made, or failed for want of the hub's own resources (its
+    /// host's queue was full for too long, no descriptor): tried again
+    /// without counting a failure.
+    Postponed,
 }
 
 /// One channel's metrics.
@@ -38,6 +42,7 @@ pub struct DeliveryMetrics {
     gone: metrics::Counter,
     retried: metrics::Counter,
     exhausted: metrics::Counter,
+    postponed: metrics::Counter,
     attempt_seconds: metrics::Histogram,
     latency_seconds: metrics::Histogram,
     in_flight: metrics::Gauge,
@@ -73,6 +78,7 @@ impl DeliveryMetrics {
             gone: counter("gone"),
             retried: counter("retried"),
             exhausted: counter("exhausted"),
+            postponed: counter("postponed"),
             attempt_seconds: metrics::histogram!(ATTEMPT_SECONDS, "channel" => label),
             latency_seconds: metrics::histogram!(DELIVERY_LATENCY_SECONDS, "channel" => label),
             in_flight: metrics::gauge!(DELIVERIES_IN_FLIGHT, "channel" => label),
@@ -114,6 +120,7 @@ impl DeliveryMetrics {
             Tally::Gone => &self.gone,
             Tally::Retried => &self.retried,
             Tally::Exhausted => &self.exhausted,
+            Tally::Postponed => &self.postponed,
         };
         counter.increment(1);
     }

@@ -15,6 +15,8 @@
 //!   counted and logged once;
 //! - [`client`]: the builder of every outgoing HTTP client, with the network
 //!   policy;
+//! - [`pool`]: a client per callback host, the least recently used dropped
+//!   first, so idle connections are bounded as a whole;
 //! - [`recorder`]: gathering, batching and retrying the writes of outcomes;
 //! - [`metrics`]: one set of metric names, labelled by [`Channel`];
 //! - [`health`]: failures counted per endpoint, and endpoints disabled after
@@ -24,6 +26,7 @@ pub mod attempt;
 pub mod client;
 pub mod health;
 pub mod metrics;
+pub mod pool;
 pub mod recorder;
 pub mod retry;
 pub mod verdict;

@@ -29,7 +29,20 @@ pub enum Verdict {
         /// Why the last attempt failed.
         error: String,
     },
+    /// The hub lacked a resource of its own: try again after `wait`, with
+    /// the target's failures not counted.
+    Postponed {
+        /// Why, as recorded.
+        error: String,
+        /// How long until it is tried again.
+        wait: Duration,
+    },
 }
+
+/// How long a delivery the hub could not make for want of its own
+/// resources waits: long enough for connections to close and memory to be
+/// freed, short against any retry backoff.
+pub const LOCAL_FAILURE_WAIT: Duration = Duration::from_secs(1);
 
 /// Turns a channel's answers into verdicts under its retry policy.
 #[derive(Debug, Clone)]
@@ -81,6 +94,13 @@ impl Judge {
             }
             Answer::Gone => status_error(http::StatusCode::GONE),
             Answer::Failed(error) => error,
+            Answer::Local(error) => {
+                warn!(%error, channel = self.channel.label(), "delivery not made for want of the hub's own resources; trying again soon");
+                return self.counted(Verdict::Postponed {
+                    error,
+                    wait: LOCAL_FAILURE_WAIT,
+                });
+            }
         };
         let failures = failures_before.saturating_add(1);
         let verdict = match self.retry.after_failure(failures_before) {
@@ -96,12 +116,19 @@ impl Judge {
         self.counted(verdict)
     }
 
+    /// Counts a delivery the scheduler put off without attempting it (its
+    /// host could not take it in time).
+    pub fn postponed(&self) {
+        self.metrics.count(Tally::Postponed);
+    }
+
     fn counted(&self, verdict: Verdict) -> Verdict {
         self.metrics.count(match verdict {
             Verdict::Delivered => Tally::Delivered,
             Verdict::Gone => Tally::Gone,
             Verdict::Retry { .. } => Tally::Retried,
             Verdict::Exhausted { .. } => Tally::Exhausted,
+            Verdict::Postponed { .. } => Tally::Postponed,
         });
         verdict
     }

@@ -200,7 +200,7 @@ impl Distributor {
                     // One permit per record of the part was taken.
                     break;
                 };
-                self.spawn_attempt(
+                self.enqueue(
                     pipeline,
                     permit,
                     outgoing.clone(),

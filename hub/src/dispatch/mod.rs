@@ -13,14 +13,17 @@
 //! and hands it straight to the attempts, while retries (and records another
 //! process left) are claimed from the log. One slow or dead subscriber never
 //! delays another: attempts run concurrently, bounded overall and per
-//! callback host, and each carries its own timeout.
+//! callback host ([`hosts`]), and each carries its own timeout. A record
+//! its host cannot take in time goes back to the log, postponed without
+//! counting as a failure, so a dead host holds no more than its own share.
 
 mod cache;
 mod expand;
+mod hosts;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
@@ -34,13 +37,16 @@ use crate::clock::Clock;
 use crate::config::DeliveryPolicy;
 use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
 use crate::delivery::health::{SKIPPED_REASON, Tallied};
+use crate::delivery::pool::{HostClients, authority};
 use crate::delivery::recorder::{self, Batching, OutcomeStore};
+use crate::delivery::verdict::LOCAL_FAILURE_WAIT;
 use crate::delivery::{Channel, Endpoints, Judge, Verdict};
 use crate::events::{Attempt, Claimed, Completion, EventLog, EventLogError, Outcome};
 use crate::protocol::iri_to_uri;
 
 pub use cache::SUBSCRIBERS_TTL;
 use cache::{EventCache, Outgoing, SubscriberCache, Subscribers};
+use hosts::{Admission, HostQueues, Job};
 
 /// The WebSub scheduler. Cheap to clone; clones share state.
 #[derive(Debug, Clone)]
@@ -52,7 +58,7 @@ pub struct Distributor {
 struct DistributorState {
     events: Arc<dyn EventLog>,
     store: Arc<dyn SubscriptionStore>,
-    client: reqwest::Client,
+    clients: HostClients,
     hub_url: String,
     policy: DeliveryPolicy,
     poll_interval: Duration,
@@ -68,19 +74,22 @@ struct DistributorState {
     subscribers: SubscriberCache,
     judge: Judge,
     endpoints: Endpoints,
-    hosts: Mutex<HashMap<String, Arc<Semaphore>>>,
+    queues: HostQueues,
 }
 
 /// What the claim loop and the expander share to start attempts.
 #[derive(Debug, Clone)]
 struct Pipeline {
     /// One permit per record claimed and not yet through its attempt: the
-    /// attempts in flight plus a queue waiting for a network slot, so the
-    /// network never waits for the log. The queue is short enough (eight
-    /// rounds of attempts) that nothing claimed waits in it anywhere near
-    /// the visibility timeout.
+    /// attempts in flight plus the records waiting in their hosts' queues,
+    /// so the network never waits for the log, and a host that takes long
+    /// leaves room for the records of the others. A record waits at most
+    /// [`host_wait`], far inside the visibility timeout.
     pending: Arc<Semaphore>,
     attempts: TaskTracker,
+    /// Once cancelled, records still waiting go back to the log instead of
+    /// being attempted.
+    shutdown: CancellationToken,
     completed: mpsc::UnboundedSender<Completion>,
     /// How much room a claim waits for, and the size of an expanded part.
     /// Each costs a round trip whatever its size, so they are made for half
@@ -94,7 +103,7 @@ impl Distributor {
     pub fn new(
         events: Arc<dyn EventLog>,
         store: Arc<dyn SubscriptionStore>,
-        client: reqwest::Client,
+        clients: HostClients,
         hub_url: String,
         policy: DeliveryPolicy,
         poll_interval: Duration,
@@ -110,7 +119,7 @@ impl Distributor {
                 endpoints,
                 events,
                 store,
-                client,
+                clients,
                 hub_url,
                 policy,
                 poll_interval,
@@ -122,7 +131,7 @@ impl Distributor {
                 bodies: EventCache::new(256),
                 subscribers: SubscriberCache::default(),
                 judge: Judge::new(Channel::WebSub, policy.retry),
-                hosts: Mutex::new(HashMap::new()),
+                queues: HostQueues::new(policy.per_host, host_wait(&policy)),
             }),
         }
     }
@@ -148,13 +157,13 @@ impl Distributor {
     /// flight and records their outcomes before returning.
     pub async fn run(self, shutdown: CancellationToken) {
         let policy = self.inner.policy;
-        let queue = policy.batch_size.min(policy.concurrency * 8);
         let (completed, completions) = mpsc::unbounded_channel();
         let pipeline = Pipeline {
-            pending: Arc::new(Semaphore::new(policy.concurrency + queue)),
+            pending: Arc::new(Semaphore::new(policy.concurrency + waiting_room(&policy))),
             attempts: TaskTracker::new(),
+            shutdown: shutdown.clone(),
             completed,
-            batch: (queue / 2).max(1),
+            batch: (policy.batch_size / 2).max(1),
         };
         let recorder = tokio::spawn(recorder::record(
             LogOutcomes(self.clone()),
@@ -233,17 +242,33 @@ impl Distributor {
         pipeline: &Pipeline,
     ) -> Result<(), DispatchError> {
         // Per topic: its subscribers, and whether they were read for this
-        // batch (then a missing callback is really gone).
+        // batch (then a missing callback is really gone). A topic with few
+        // records here and no cached list (retries, records put off, a
+        // replica's leftovers) has just those subscriptions read: listing a
+        // topic of 100 000 for a handful of records would cost seconds.
+        let mut callbacks_by_topic: HashMap<&str, Vec<&str>> = HashMap::new();
+        for claim in &claimed {
+            callbacks_by_topic
+                .entry(&claim.topic)
+                .or_default()
+                .push(&claim.subscriber);
+        }
         let mut subscribers: HashMap<String, (Arc<Subscribers>, bool)> = HashMap::new();
+        for (topic, callbacks) in callbacks_by_topic {
+            let known = match self.inner.subscribers.get(topic) {
+                Some(cached) => (cached, false),
+                None if callbacks.len() <= POINT_READS => {
+                    (Arc::new(self.read_each(topic, &callbacks).await?), true)
+                }
+                None => self.subscribers(topic, true).await?,
+            };
+            subscribers.insert(topic.to_owned(), known);
+        }
         let mut events: HashMap<Uuid, Arc<Outgoing>> = HashMap::new();
         for claim in &claimed {
-            let (known, fresh) = match subscribers.get(&claim.topic) {
-                Some(known) => known.clone(),
-                None => {
-                    let known = self.subscribers(&claim.topic, false).await?;
-                    subscribers.insert(claim.topic.clone(), known.clone());
-                    known
-                }
+            // Every claimed topic was read above.
+            let Some((known, fresh)) = subscribers.get(&claim.topic).cloned() else {
+                continue;
             };
             if !fresh && !known.by_callback.contains_key(&claim.subscriber) {
                 // Subscribed after the cached list was read: read it again
@@ -287,13 +312,14 @@ impl Distributor {
             let Ok(permit) = pipeline.pending.clone().acquire_owned().await else {
                 return Ok(());
             };
-            self.spawn_attempt(pipeline, permit, event, subscription, claim.retry_count);
+            self.enqueue(pipeline, permit, event, subscription, claim.retry_count);
         }
         Ok(())
     }
 
-    /// Starts one attempt, holding `permit` until its outcome is sent.
-    fn spawn_attempt(
+    /// Hands one record to its host's queue, holding `permit` until its
+    /// outcome is sent; starts a runner for the host if it has room for one.
+    fn enqueue(
         &self,
         pipeline: &Pipeline,
         permit: OwnedSemaphorePermit,
@@ -301,22 +327,77 @@ impl Distributor {
         subscription: Arc<Subscription>,
         retry_count: u32,
     ) {
-        let dispatcher = self.clone();
-        let completed = pipeline.completed.clone();
-        // Debug level: an enabled span per delivery costs measurable CPU at
-        // tens of thousands of deliveries a second.
-        let span = debug_span!("deliver", topic = %subscription.topic, callback = %subscription.callback, event = %outgoing.event.id);
-        pipeline.attempts.spawn(
-            async move {
-                let completion = dispatcher
-                    .attempt(retry_count, subscription, outgoing)
-                    .await;
-                let _ = completed.send(completion);
-                drop(permit);
-                dispatcher.inner.room.notify_one();
+        let keyed = subscription.clone();
+        let job = Job {
+            subscription,
+            outgoing,
+            retry_count,
+            permit,
+            queued: Instant::now(),
+        };
+        match self.inner.queues.admit(authority(&keyed.callback), job) {
+            Admission::Run(host, job) => {
+                let runner = self.clone().run_host(pipeline.clone(), host, job);
+                pipeline.attempts.spawn(runner);
             }
-            .instrument(span),
-        );
+            Admission::Queued => {}
+            Admission::Overflow(job, wait) => {
+                let completion = self.postponed(&job, None, wait);
+                self.finish(pipeline, completion, job);
+            }
+        }
+    }
+
+    /// One runner of `host`: attempts `job`, then the host's next records
+    /// until its queue is empty. Records that waited too long, or are still
+    /// waiting at shutdown, go back to the log postponed.
+    async fn run_host(self, pipeline: Pipeline, host: Arc<str>, mut job: Job) {
+        let mut stale = Vec::new();
+        loop {
+            let (completion, took) = if pipeline.shutdown.is_cancelled() {
+                (self.postponed(&job, None, Duration::ZERO), None)
+            } else {
+                // Debug level: an enabled span per delivery costs
+                // measurable CPU at tens of thousands of deliveries a second.
+                let span = debug_span!("deliver", topic = %job.subscription.topic, callback = %job.subscription.callback, event = %job.outgoing.event.id);
+                let started = Instant::now();
+                let completion = self.attempt(&job).instrument(span).await;
+                (completion, Some(started.elapsed()))
+            };
+            self.finish(&pipeline, completion, job);
+            let next = self.inner.queues.next(&host, took, &mut stale);
+            for waited in stale.drain(..) {
+                let completion = self.postponed(&waited, None, self.inner.queues.max_wait());
+                self.finish(&pipeline, completion, waited);
+            }
+            match next {
+                Some(next) => job = next,
+                None => return,
+            }
+        }
+    }
+
+    /// Sends `completion` to the recorder and frees `job`'s room.
+    fn finish(&self, pipeline: &Pipeline, completion: Completion, job: Job) {
+        let _ = pipeline.completed.send(completion);
+        drop(job.permit);
+        self.inner.room.notify_one();
+    }
+
+    /// `job` goes back to the log, due again after `wait`, its retries not
+    /// counted; `error` is the local one that kept it from being made.
+    fn postponed(&self, job: &Job, error: Option<String>, wait: Duration) -> Completion {
+        self.inner.judge.postponed();
+        Completion {
+            event_id: job.outgoing.event.id,
+            subscriber: job.subscription.callback.clone(),
+            outcome: Outcome::Postponed {
+                error,
+                next_attempt_at: self.inner.clock.now()
+                    + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+            },
+            attempt: None,
+        }
     }
 
     /// The subscribers of `topic`, from a short-lived cache unless
@@ -336,6 +417,29 @@ impl Distributor {
         Ok((self.inner.subscribers.put(topic, listed), true))
     }
 
+    /// The subscriptions of `topic` for `callbacks`, each read by its key;
+    /// one that is gone is left out.
+    async fn read_each(
+        &self,
+        topic: &str,
+        callbacks: &[&str],
+    ) -> Result<Subscribers, DispatchError> {
+        let mut by_callback = HashMap::with_capacity(callbacks.len());
+        for callback in callbacks {
+            match self.inner.store.get(topic, callback).await {
+                Ok(subscription) => {
+                    by_callback.insert(subscription.callback.clone(), Arc::new(subscription));
+                }
+                Err(websub_store::StoreError::UnknownSubscription { .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(Subscribers {
+            by_callback,
+            read_at: std::time::Instant::now(),
+        })
+    }
+
     async fn event(&self, id: Uuid) -> Result<Option<Arc<Outgoing>>, DispatchError> {
         if let Some(outgoing) = self.inner.bodies.get(id) {
             return Ok(Some(outgoing));
@@ -348,27 +452,14 @@ impl Distributor {
         Ok(Some(outgoing))
     }
 
-    fn host_limit(&self, callback: &str) -> Arc<Semaphore> {
-        let host = authority(callback);
-        let mut hosts = self
-            .inner
-            .hosts
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(limit) = hosts.get(host) {
-            return limit.clone();
-        }
-        let limit = Arc::new(Semaphore::new(self.inner.policy.per_host));
-        hosts.insert(host.to_owned(), limit.clone());
-        limit
-    }
-
-    async fn attempt(
-        &self,
-        retry_count: u32,
-        subscription: Arc<Subscription>,
-        outgoing: Arc<Outgoing>,
-    ) -> Completion {
+    async fn attempt(&self, job: &Job) -> Completion {
+        let Job {
+            subscription,
+            outgoing,
+            retry_count,
+            ..
+        } = job;
+        let retry_count = *retry_count;
         if self.inner.endpoints.is_disabled(&subscription.callback) {
             return Completion {
                 event_id: outgoing.event.id,
@@ -379,12 +470,21 @@ impl Distributor {
                 attempt: None,
             };
         }
-        let host = self.host_limit(&subscription.callback);
-        // The host's slot first: waiting for a saturated host must not hold
-        // one of the slots other hosts' deliveries need.
-        let slots = (host.acquire().await, self.inner.http_slots.acquire().await);
-        let (answer, attempted) = match (slots, &outgoing.headers) {
-            ((Ok(_host_slot), Ok(_http_slot)), Ok(headers)) => {
+        let Ok(_http_slot) = self.inner.http_slots.acquire().await else {
+            return self.postponed(job, None, Duration::ZERO);
+        };
+        if job.is_stale(self.inner.queues.max_wait()) {
+            return self.postponed(job, None, self.inner.queues.max_wait());
+        }
+        let client = match self.inner.clients.for_url(&subscription.callback) {
+            Ok(client) => client,
+            Err(error) => {
+                warn!(%error, "no client for the callback's host; trying again soon");
+                return self.postponed(job, Some(error.to_string()), LOCAL_FAILURE_WAIT);
+            }
+        };
+        let (answer, attempted) = match &outgoing.headers {
+            Ok(headers) => {
                 let request = Request {
                     url: &subscription.callback,
                     scheme: &WEBSUB_SCHEME,
@@ -397,8 +497,7 @@ impl Distributor {
                 let at = self.inner.clock.now();
                 let in_flight = self.inner.judge.attempting();
                 let attempted =
-                    attempt::post(&self.inner.client, request, self.inner.policy.timeout, None)
-                        .await;
+                    attempt::post(&client, request, self.inner.policy.timeout, None).await;
                 let history = Attempt {
                     at,
                     duration_micros: i64::try_from(in_flight.elapsed().as_micros())
@@ -409,11 +508,7 @@ impl Distributor {
                 };
                 (attempted.answer, Some((in_flight, history)))
             }
-            (_, Err(error)) => (Answer::Failed(error.clone()), None),
-            _ => (
-                Answer::Failed("the dispatcher is shutting down".to_owned()),
-                None,
-            ),
+            Err(error) => (Answer::Failed(error.clone()), None),
         };
         let judge = &self.inner.judge;
         let (verdict, history) = match attempted {
@@ -446,6 +541,11 @@ impl Distributor {
                     + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
             },
             Verdict::Exhausted { error } => Outcome::Exhausted { error },
+            Verdict::Postponed { error, wait } => Outcome::Postponed {
+                error: Some(error),
+                next_attempt_at: self.inner.clock.now()
+                    + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+            },
         };
         Completion {
             event_id: outgoing.event.id,
@@ -483,6 +583,9 @@ impl OutcomeStore for LogOutcomes {
         match completion.outcome {
             Outcome::Retry {
                 next_attempt_at, ..
+            }
+            | Outcome::Postponed {
+                next_attempt_at, ..
             } => Some(
                 (next_attempt_at - self.0.inner.clock.now())
                     .to_std()
@@ -508,19 +611,6 @@ fn dropped(claim: &Claimed, reason: &str) -> Completion {
     }
 }
 
-/// The `host:port` part of an absolute URL, as written: the key of the
-/// per-host limit. Cheaper than parsing the URL on every delivery, and the
-/// callbacks were validated as absolute http(s) URLs when subscribed.
-fn authority(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..end];
-    // Credentials are not part of the host.
-    authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host)
-}
-
 /// The `Link` header of a delivery: the hub and the topic, combined. A
 /// link's target must be a URI (RFC 8288), and a header value ASCII, so an
 /// IRI is sent percent-encoded ([`iri_to_uri`]); the topic itself, in the
@@ -535,6 +625,34 @@ pub fn link_header(hub_url: &str, topic: &str) -> String {
 
 /// Why a record of an expired subscription is closed undelivered.
 const LEASE_EXPIRED: &str = "the subscription's lease has expired";
+
+/// How many claimed records may wait in their hosts' queues, besides the
+/// attempts in flight: four rounds of them, so that when the records of a
+/// topic come host by host (as the store lists them), the queues reach far
+/// enough ahead to keep the slots of many hosts busy. A waiting record
+/// costs a few dozen bytes. A host's own queue is bounded besides
+/// ([`hosts::QUEUE_ROUNDS`]), so one host cannot take the room, and what
+/// it cannot take goes back to the log, where other replicas claim it too.
+fn waiting_room(policy: &DeliveryPolicy) -> usize {
+    policy.batch_size.max(policy.concurrency.saturating_mul(4))
+}
+
+/// How long a claimed record may wait for a slot of its host before it
+/// goes back to the log: long enough for a host with many records to work
+/// through its queue, short enough that a host that cannot keep up holds
+/// its records only briefly; and, with its attempt, well inside the
+/// visibility timeout, so no claim goes stale in a queue.
+fn host_wait(policy: &DeliveryPolicy) -> Duration {
+    let inside_claim = policy.visibility_timeout.saturating_sub(policy.timeout) / 2;
+    HOST_WAIT.min(inside_claim)
+}
+
+/// The longest wait for a host's slot, when the claims allow it.
+const HOST_WAIT: Duration = Duration::from_secs(20);
+
+/// The most records of one topic in a claimed batch whose subscriptions
+/// are read one by one rather than listed with the whole topic.
+const POINT_READS: usize = 64;
 
 /// A permit count for the semaphore API; batches are far below `u32::MAX`.
 fn permit_count(records: usize) -> u32 {
@@ -569,14 +687,6 @@ pub enum DispatchError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn authority_is_host_and_port_as_written() {
-        assert_eq!(authority("http://127.0.0.1:9000/cb?x=1"), "127.0.0.1:9000");
-        assert_eq!(authority("https://user:pw@Sub.example/cb"), "Sub.example");
-        assert_eq!(authority("https://[::1]:8443?q"), "[::1]:8443");
-        assert_eq!(authority("https://sub.example"), "sub.example");
-    }
 
     #[test]
     fn link_header_combines_hub_and_self() {

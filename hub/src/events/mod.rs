@@ -115,6 +115,17 @@ pub enum Outcome {
         /// Why it was skipped.
         reason: String,
     },
+    /// Not attempted, or failed for want of the hub's own resources (its
+    /// callback host was saturated, it had no file descriptor or memory to
+    /// spare): due again at `next_attempt_at`, and not a failure of the
+    /// subscriber's, so its retries are not counted.
+    Postponed {
+        /// The local error, if the attempt was made; kept as the last
+        /// error.
+        error: Option<String>,
+        /// When the record becomes due again.
+        next_attempt_at: DateTime<Utc>,
+    },
 }
 
 impl Outcome {
@@ -125,6 +136,7 @@ impl Outcome {
             Self::Delivered => None,
             Self::Retry { error, .. } | Self::Exhausted { error } => Some(error),
             Self::Dropped { reason } | Self::Skipped { reason } => Some(reason),
+            Self::Postponed { error, .. } => error.as_deref(),
         }
     }
 }

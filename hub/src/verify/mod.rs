@@ -27,6 +27,7 @@ use websub_store::{StoreError, Subscription, SubscriptionStore};
 use crate::backlog::Backlog;
 use crate::clock::Clock;
 use crate::config::{LeasePolicy, VerificationPolicy};
+use crate::delivery::pool::HostClients;
 use crate::events::{EventLog, EventLogError};
 use crate::lease;
 use crate::net::{self, NetError, NetPolicy};
@@ -97,6 +98,10 @@ pub enum VerifyError {
         #[source]
         source: reqwest::Error,
     },
+    /// The hub had no client for the callback's host (out of its own
+    /// resources): no fault of the subscriber's, and tried again.
+    #[error("the hub could not contact the callback: {0}")]
+    Local(String),
 }
 
 /// Makes verification-of-intent and denial requests to callbacks.
@@ -106,15 +111,15 @@ pub enum VerifyError {
 /// with [`NetPolicy::check_literal`] first, as [`Subscriptions`] does.
 #[derive(Debug, Clone)]
 pub struct Verifier {
-    client: reqwest::Client,
+    clients: HostClients,
     policy: VerificationPolicy,
 }
 
 impl Verifier {
-    /// A verifier using `client` (built by [`crate::delivery::client`] for
-    /// deliveries: no redirects) and the policy's timeout for each request.
-    pub fn new(client: reqwest::Client, policy: VerificationPolicy) -> Self {
-        Self { client, policy }
+    /// A verifier using the `clients` of deliveries (no redirects, idle
+    /// connections bounded) and the policy's timeout for each request.
+    pub fn new(clients: HostClients, policy: VerificationPolicy) -> Self {
+        Self { clients, policy }
     }
 
     /// The verification policy in force.
@@ -184,8 +189,11 @@ impl Verifier {
     /// Sends the GET and sorts the status: 2xx is returned, anything else is
     /// an error.
     async fn get(&self, url: Url) -> Result<reqwest::Response, VerifyError> {
-        let response = self
-            .client
+        let client = self
+            .clients
+            .for_url(url.as_str())
+            .map_err(|error| VerifyError::Local(error.to_string()))?;
+        let response = client
             .get(url)
             .timeout(self.policy.timeout)
             .send()

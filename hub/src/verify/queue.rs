@@ -129,7 +129,8 @@ fn worth_retrying(error: &ProcessError) -> bool {
         ProcessError::Verification(error) => match error {
             VerifyError::Timeout { .. }
             | VerifyError::Connect { .. }
-            | VerifyError::Request { .. } => true,
+            | VerifyError::Request { .. }
+            | VerifyError::Local(_) => true,
             VerifyError::Status { status } => {
                 status.is_server_error() || *status == http::StatusCode::TOO_MANY_REQUESTS
             }

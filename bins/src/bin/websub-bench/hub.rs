@@ -61,6 +61,9 @@ struct Line {
     elapsed: Duration,
     rate: f64,
     peak_rss: Option<u64>,
+    /// websubd's CPU time (user and system) per delivery, outcomes
+    /// written included.
+    cpu_per_delivery: Option<Duration>,
 }
 
 pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
@@ -78,6 +81,7 @@ pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
         elapsed: Duration::from_secs_f64(50_000.0 / ceiling),
         rate: ceiling,
         peak_rss: None,
+        cpu_per_delivery: None,
     });
 
     let scratch = std::env::temp_dir().join(format!("websub-bench-hub-{}", std::process::id()));
@@ -116,12 +120,12 @@ pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
     std::fs::remove_dir_all(&scratch)?;
 
     println!(
-        "| measurement | count | first delivery | time | rate /s | % of ceiling | websubd peak RSS |"
+        "| measurement | count | first delivery | time | rate /s | % of ceiling | websubd peak RSS | websubd CPU per delivery |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for line in &lines {
         println!(
-            "| {} | {} | {} | {:.2} s | {:.0} | {} | {} |",
+            "| {} | {} | {} | {:.2} s | {:.0} | {} | {} | {} |",
             line.measurement,
             line.count,
             line.first
@@ -136,6 +140,9 @@ pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
             },
             line.peak_rss
                 .map(|bytes| format!("{:.0} MB", bytes as f64 / 1e6))
+                .unwrap_or_else(|| "–".to_owned()),
+            line.cpu_per_delivery
+                .map(|cpu| format!("{:.1} µs", cpu.as_secs_f64() * 1e6))
                 .unwrap_or_else(|| "–".to_owned()),
         );
     }
@@ -188,6 +195,24 @@ async fn ceiling(
     Ok(REQUESTS as f64 / started.elapsed().as_secs_f64())
 }
 
+/// websubd's CPU time since `before`, per delivery of `deliveries`, once its
+/// outcomes are written: the last ones are recorded a moment after the last
+/// delivery arrives, so the reading waits until websubd is idle.
+async fn settled_cpu(hub: &Hub, before: Option<Duration>, deliveries: usize) -> Option<Duration> {
+    let before = before?;
+    let mut last = hub.cpu_time()?;
+    // Idle: under 2 ms of CPU in 250 ms; or 10 s on.
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = hub.cpu_time()?;
+        if now.saturating_sub(last) < Duration::from_millis(2) {
+            break;
+        }
+        last = now;
+    }
+    Some(hub.cpu_time()?.saturating_sub(before) / u32::try_from(deliveries).ok()?.max(1))
+}
+
 async fn fan_out(
     websubd: &PathBuf,
     receiver: &Receiver,
@@ -208,6 +233,7 @@ async fn fan_out(
 
     receiver.reset();
     eprintln!("{backend}: publishing to {subscribers}");
+    let cpu_before = hub.cpu_time();
     let started = Instant::now();
     let response = publisher
         .post(format!(
@@ -225,6 +251,7 @@ async fn fan_out(
     }
     let elapsed = receiver.all_delivered(backend, subscribers).await?;
     let first = receiver.first_delivery().map(|at| at - started);
+    let cpu_per_delivery = settled_cpu(&hub, cpu_before, subscribers).await;
     let mut lines = vec![Line {
         measurement: format!("fan-out, {backend}: deliveries/s to the last delivery"),
         count: subscribers,
@@ -232,11 +259,13 @@ async fn fan_out(
         elapsed: elapsed - started,
         rate: subscribers as f64 / (elapsed - started).as_secs_f64(),
         peak_rss: hub.peak_rss(),
+        cpu_per_delivery,
     }];
 
     if backend == "postgres" {
         receiver.reset();
         eprintln!("{backend}: thin ping to {subscribers}");
+        let cpu_before = hub.cpu_time();
         let response = publisher
             .post(&hub.url)
             .header("content-type", "application/x-www-form-urlencoded")
@@ -254,6 +283,7 @@ async fn fan_out(
             .fetched()
             .ok_or("the thin ping's topic was never fetched")?;
         let first = receiver.first_delivery().map(|at| at - fetched);
+        let cpu_per_delivery = settled_cpu(&hub, cpu_before, subscribers).await;
         lines.push(Line {
             measurement: format!(
                 "thin ping, {backend}: deliveries/s from the topic fetch to the last delivery"
@@ -263,6 +293,7 @@ async fn fan_out(
             elapsed: elapsed - fetched,
             rate: subscribers as f64 / (elapsed - fetched).as_secs_f64(),
             peak_rss: hub.peak_rss(),
+            cpu_per_delivery,
         });
     }
     hub.stop();
@@ -336,6 +367,7 @@ async fn subscribe(
         elapsed,
         rate: subscribers as f64 / elapsed.as_secs_f64(),
         peak_rss,
+        cpu_per_delivery: None,
     })
 }
 

@@ -98,6 +98,10 @@ impl<'a> CompletionColumns<'a> {
                 Outcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
                 Outcome::Dropped { reason } => ("dropped", Some(reason.as_str()), None),
                 Outcome::Skipped { reason } => ("skipped", Some(reason.as_str()), None),
+                Outcome::Postponed {
+                    error,
+                    next_attempt_at,
+                } => ("postponed", error.as_deref(), Some(*next_attempt_at)),
             };
             columns.event_ids.push(completion.event_id);
             columns.subscribers.push(&completion.subscriber);

@@ -96,6 +96,14 @@ pub(super) fn completions_json(completions: &[&Completion]) -> Result<String, Ev
                 Outcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
                 Outcome::Dropped { reason } => ("dropped", Some(reason.as_str()), None),
                 Outcome::Skipped { reason } => ("skipped", Some(reason.as_str()), None),
+                Outcome::Postponed {
+                    error,
+                    next_attempt_at,
+                } => (
+                    "postponed",
+                    error.as_deref(),
+                    Some(next_attempt_at.timestamp_micros()),
+                ),
             };
             (
                 completion.event_id.simple().to_string(),

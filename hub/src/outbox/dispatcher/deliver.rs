@@ -101,6 +101,7 @@ impl Dispatcher {
             Verdict::Delivered | Verdict::Gone => RowOutcome::Delivered,
             Verdict::Retry { error, wait } => RowOutcome::Retry { error, wait },
             Verdict::Exhausted { error } => RowOutcome::Exhausted { error },
+            Verdict::Postponed { error, wait } => RowOutcome::Postponed { error, wait },
         };
         if let Some(history) = &mut history {
             history.error = match &outcome {
