@@ -18,8 +18,21 @@ use websub_tests::{Answer, INTERNAL_KEY, TestSubscriber};
 
 const TOPIC: &str = "http://127.0.0.1:9/topics/hosts";
 
-fn database_url(dir: &std::path::Path) -> String {
-    format!("sqlite://{}?mode=rwc", dir.join("hub.db").display())
+/// websubd on SQLite in a scratch directory named after `name`, callbacks
+/// on loopback allowed, with `settings` besides; and its database URL.
+async fn start_hub(name: &str, settings: &[&str]) -> (Websubd, String) {
+    let dir = scratch_dir(name);
+    let database = format!("sqlite://{}?mode=rwc", dir.join("hub.db").display());
+    let mut args = vec![
+        "--database-url",
+        &database,
+        "--allow-private-network",
+        "--internal-api-key",
+        INTERNAL_KEY,
+    ];
+    args.extend_from_slice(settings);
+    let hub = Websubd::spawn(&dir, free_port(), &args).ready().await;
+    (hub, database)
 }
 
 /// Two subscribers, the one whose callbacks sort first (the order the
@@ -52,8 +65,6 @@ async fn a_slow_host_with_many_records_does_not_hold_up_the_hosts_after_it() {
     let (slow, fast) = two_subscribers().await;
     slow.answer_every_delivery(Answer::status(204).after(Duration::from_millis(300)));
     fast.answer_every_delivery(Answer::status(204));
-    let dir = scratch_dir("slow-host");
-    let database = database_url(&dir);
     // The slow host's 200 records come first. Two at a time, 300 ms each,
     // it needs 30 s; a scheduler whose claimed records queue behind it in
     // one line would reach the fast host's only after most of that.
@@ -61,15 +72,9 @@ async fn a_slow_host_with_many_records_does_not_hold_up_the_hosts_after_it() {
         .map(|index| slow.callback(&format!("s{index:03}")))
         .collect();
     callbacks.extend((0..20).map(|index| fast.callback(&format!("f{index:02}"))));
-    let hub = Websubd::spawn(
-        &dir,
-        free_port(),
+    let (hub, database) = start_hub(
+        "slow-host",
         &[
-            "--database-url",
-            &database,
-            "--allow-private-network",
-            "--internal-api-key",
-            INTERNAL_KEY,
             "--delivery-concurrency",
             "64",
             "--delivery-per-host",
@@ -78,7 +83,6 @@ async fn a_slow_host_with_many_records_does_not_hold_up_the_hosts_after_it() {
             "10",
         ],
     )
-    .ready()
     .await;
     save_subscriptions(&database, TOPIC, callbacks).await;
 
@@ -110,8 +114,6 @@ async fn records_a_dead_host_cannot_take_in_time_are_postponed_not_failed() {
     let (dead, healthy) = two_subscribers().await;
     dead.answer_every_delivery(Answer::never());
     healthy.answer_every_delivery(Answer::status(204));
-    let dir = scratch_dir("dead-host");
-    let database = database_url(&dir);
     let dead_names: Vec<String> = (0..4).map(|index| format!("d{index}")).collect();
     let mut callbacks: Vec<String> = dead_names.iter().map(|name| dead.callback(name)).collect();
     callbacks.extend((0..4).map(|index| healthy.callback(&format!("h{index}"))));
@@ -120,15 +122,9 @@ async fn records_a_dead_host_cannot_take_in_time_are_postponed_not_failed() {
     // visibility timeout they may wait 2 s, so they go back to the log.
     // No retries: a record counted as failed without its own attempt
     // would be exhausted with no request to show for it.
-    let hub = Websubd::spawn(
-        &dir,
-        free_port(),
+    let (hub, database) = start_hub(
+        "dead-host",
         &[
-            "--database-url",
-            &database,
-            "--allow-private-network",
-            "--internal-api-key",
-            INTERNAL_KEY,
             "--delivery-per-host",
             "1",
             "--delivery-timeout",
@@ -141,7 +137,6 @@ async fn records_a_dead_host_cannot_take_in_time_are_postponed_not_failed() {
             "200ms",
         ],
     )
-    .ready()
     .await;
     save_subscriptions(&database, TOPIC, callbacks).await;
 
@@ -241,27 +236,18 @@ async fn idle_connections_to_callback_hosts_are_bounded_as_a_whole() {
     for _ in 0..6 {
         hosts.push(CountingHost::start().await);
     }
-    let dir = scratch_dir("idle-bound");
-    let database = database_url(&dir);
     // Room for two idle connections in all, one per host: after a fan-out
     // to six hosts, four hosts' connections are closed although each is
     // well within the 90 s a connection may stay idle.
-    let hub = Websubd::spawn(
-        &dir,
-        free_port(),
+    let (hub, database) = start_hub(
+        "idle-bound",
         &[
-            "--database-url",
-            &database,
-            "--allow-private-network",
-            "--internal-api-key",
-            INTERNAL_KEY,
             "--delivery-per-host",
             "1",
             "--delivery-idle-connections",
             "2",
         ],
     )
-    .ready()
     .await;
     let callbacks = hosts
         .iter()
