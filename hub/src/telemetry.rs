@@ -19,7 +19,8 @@ use crate::outbox::{OUTBOX_BACKLOG, OUTBOX_LISTENER_CONNECTED, OUTBOX_OLDEST_UND
 use crate::api::{HTTP_REQUEST_SECONDS, HTTP_REQUESTS_TOTAL, SHED_TOTAL};
 use crate::delivery::health::{ENDPOINTS_DISABLED, ENDPOINTS_DISABLED_TOTAL};
 use crate::delivery::metrics::{
-    ATTEMPT_SECONDS, DELIVERIES_IN_FLIGHT, DELIVERIES_TOTAL, DELIVERY_LATENCY_SECONDS,
+    ATTEMPT_SECONDS, DELIVERIES_IN_FLIGHT, DELIVERIES_TOTAL, DELIVERIES_WAITING_FOR_HOST,
+    DELIVERY_LATENCY_SECONDS,
 };
 use crate::intake::{EVENTS_RECORDED_TOTAL, FETCHES_TOTAL};
 use crate::lease::EXPIRED_METRIC;
@@ -212,10 +213,6 @@ pub fn describe() {
         }
     }
 }
-
-/// `websub_deliveries_waiting_for_host{channel="websub"}`: claimed records
-/// waiting in their callback host's queue.
-pub const DELIVERIES_WAITING_FOR_HOST: &str = "websub_deliveries_waiting_for_host";
 
 /// `websub_delivery_backlog{channel="websub"}`: WebSub delivery records due,
 /// retrying or in flight.

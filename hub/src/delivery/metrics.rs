@@ -18,6 +18,10 @@ pub const DELIVERY_LATENCY_SECONDS: &str = "websub_delivery_latency_seconds";
 /// `websub_deliveries_in_flight{channel}`: attempts on the wire.
 pub const DELIVERIES_IN_FLIGHT: &str = "websub_deliveries_in_flight";
 
+/// `websub_deliveries_waiting_for_host{channel}`: claimed records waiting
+/// in their callback host's queue for a free slot of the host.
+pub const DELIVERIES_WAITING_FOR_HOST: &str = "websub_deliveries_waiting_for_host";
+
 /// The `outcome` label of an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tally {

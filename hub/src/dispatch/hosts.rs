@@ -32,7 +32,7 @@ use websub_store::Subscription;
 
 use super::cache::Outgoing;
 use crate::delivery::Channel;
-use crate::telemetry::DELIVERIES_WAITING_FOR_HOST;
+use crate::delivery::metrics::DELIVERIES_WAITING_FOR_HOST;
 
 /// How many rounds of its slots a host's queue holds.
 pub(super) const QUEUE_ROUNDS: usize = 16;
