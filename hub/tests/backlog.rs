@@ -854,6 +854,58 @@ async fn admission_is_bounded_by_waiting_intents(backlog: &dyn Backlog) {
 }
 both!(admission_is_bounded_by_waiting_intents);
 
+/// The count of waiting intents that admission reads follows every change
+/// of a row: admitted, retried, failed for good, requested again after
+/// failing, replaced while waiting, done.
+async fn the_waiting_count_follows_every_change(backlog: &dyn Backlog) {
+    async fn agrees(backlog: &dyn Backlog, expected: u64, after: &str) {
+        let listed = intent_states(backlog, all()).await;
+        let waiting = listed
+            .iter()
+            .filter(|state| state.next_attempt_at.is_some())
+            .count();
+        let counted = backlog.waiting().await.expect("waiting").verifications;
+        assert_eq!(counted, expected, "after {after}: {listed:?}");
+        assert_eq!(u64::try_from(waiting).ok(), Some(expected), "after {after}");
+    }
+    let t = topic("count");
+    agrees(backlog, 0, "nothing").await;
+    for i in 0..3 {
+        admit(
+            backlog,
+            subscribe(&t, &callback(&format!("count-{i}"))),
+            at(i),
+        )
+        .await;
+    }
+    agrees(backlog, 3, "three admitted").await;
+    let claimed = claim_intents(backlog, at(3)).await;
+    agrees(backlog, 3, "claimed").await;
+    let retried = IntentResult::Retry {
+        at: at(5),
+        error: "timed out".to_owned(),
+    };
+    finish_intent(backlog, &claimed[0], retried).await;
+    agrees(backlog, 3, "one retried").await;
+    let failed = IntentResult::Failed {
+        error: "denied".to_owned(),
+    };
+    finish_intent(backlog, &claimed[1], failed).await;
+    agrees(backlog, 2, "one failed for good").await;
+    admit(backlog, claimed[1].request.clone(), at(6)).await;
+    agrees(backlog, 3, "the failed one requested again").await;
+    admit(backlog, claimed[2].request.clone(), at(7)).await;
+    agrees(backlog, 3, "a waiting one replaced").await;
+    // Late enough that the replaced one's claim has gone stale too.
+    let due = claim_intents(backlog, at(1000)).await;
+    assert_eq!(due.len(), 3, "{due:?}");
+    for intent in &due {
+        finish_intent(backlog, intent, IntentResult::Done).await;
+    }
+    agrees(backlog, 0, "all done").await;
+}
+both!(the_waiting_count_follows_every_change);
+
 /// A newer request for a waiting pair replaces it: one row, the newer's
 /// fields, the newer's id when claimed.
 async fn a_newer_request_replaces_a_waiting_intent(backlog: &dyn Backlog) {

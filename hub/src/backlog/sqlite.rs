@@ -70,18 +70,19 @@ const FETCHES: &str = "SELECT topic, requested_at, attempts, next_attempt_at, la
 const REQUEST_INTENT: &str = "INSERT INTO websub_verifications \
          (topic, callback, id, mode, secret, lease_seconds, owner, requested_at, next_attempt_at) \
      SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8 \
-     WHERE (SELECT count(*) FROM websub_verifications WHERE next_attempt_at IS NOT NULL) < ?9 \
+     WHERE (SELECT count FROM websub_verifications_waiting) < ?9 \
      ON CONFLICT (topic, callback) DO UPDATE SET \
          id = excluded.id, mode = excluded.mode, secret = excluded.secret, \
          lease_seconds = excluded.lease_seconds, owner = excluded.owner, \
          requested_at = excluded.requested_at, attempts = 0, \
          next_attempt_at = excluded.next_attempt_at, last_error = NULL";
 
-const WAITING_INTENTS: &str =
-    "SELECT count(*) FROM websub_verifications WHERE next_attempt_at IS NOT NULL";
+// Kept by triggers (migration "verifications_waiting"): one row, not a
+// count of every waiting request, for each request admitted.
+const WAITING_INTENTS: &str = "SELECT count FROM websub_verifications_waiting";
 
 const WAITING: &str = "SELECT \
-     (SELECT count(*) FROM websub_verifications WHERE next_attempt_at IS NOT NULL), \
+     (SELECT count FROM websub_verifications_waiting), \
      (SELECT count(*) FROM websub_fetches WHERE next_attempt_at IS NOT NULL)";
 
 const CLAIM_INTENTS: &str = "UPDATE websub_verifications SET processing_since = ?1 \
