@@ -134,9 +134,9 @@ pub struct DeliveryPolicy {
     pub concurrency: usize,
     /// Deliveries in flight at once to one callback host.
     pub per_host: usize,
-    /// Idle keep-alive connections to callback hosts kept in all, up to
-    /// `per_host` to a host: the hosts used least recently close theirs
-    /// first (see [`crate::delivery::pool`]).
+    /// Idle keep-alive connections kept in all to callback hosts with no
+    /// delivery under way, up to `per_host` to a host: the hosts idle
+    /// longest close theirs first (see [`crate::delivery::pool`]).
     pub idle_connections: usize,
     /// Delivery records claimed per round trip to the event log.
     pub batch_size: usize,
@@ -216,13 +216,15 @@ impl Default for DeliveryPolicy {
             retry: RetryPolicy::default(),
             // Thousands in flight cost little (a task, a connection, some
             // 30 KiB each) and are what slow subscribers need: at 200 ms
-            // an answer, 4 096 make 20 000 deliveries a second. 32 per host
-            // protect each subscriber host while still letting a platform
-            // that hosts many callbacks take 160 a second at 200 ms. See
-            // docs/benchmarks.md (slow).
+            // an answer, 4 096 make 20 000 deliveries a second. 8 per host
+            // (a browser opens 6) protect each subscriber host while
+            // letting a platform that hosts many callbacks take 40 a
+            // second at 200 ms, 160 at 50 ms; 512 idle connections keep the
+            // hosts used last warm. See docs/benchmarks.md (slow) for what
+            // they cost.
             concurrency: 4096,
-            per_host: 32,
-            idle_connections: 2048,
+            per_host: 8,
+            idle_connections: 512,
             batch_size: 500,
             visibility_timeout: Duration::from_secs(60),
             disable_endpoint_after: crate::delivery::health::DEFAULT_DISABLE_AFTER,

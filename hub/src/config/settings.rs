@@ -74,9 +74,9 @@ pub struct Settings {
     /// Deliveries in flight at once to one callback host.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub delivery_per_host: Option<usize>,
-    /// Idle keep-alive connections to callback hosts kept in all (up to
-    /// delivery-per-host per host); the hosts used least recently close
-    /// theirs first.
+    /// Idle keep-alive connections kept in all to callback hosts with no
+    /// delivery under way (up to delivery-per-host per host); the hosts
+    /// idle longest close theirs first.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub delivery_idle_connections: Option<usize>,
     /// Deliveries to one endpoint that exhaust their retries in a row before

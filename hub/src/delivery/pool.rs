@@ -4,13 +4,16 @@
 //! that has delivered to a hundred thousand hosts would keep one or more
 //! idle connections to each until they time out, and run out of file
 //! descriptors long before. So each callback host gets a client (and a
-//! pool) of its own, and only the hosts used most recently keep theirs:
-//! when a host beyond that number is contacted, the client of the host
-//! used least recently is dropped, and with it that host's idle
-//! connections. Open connections are thus at most the attempts in flight
-//! plus `hosts × idle_per_host`. The clients share one TLS configuration,
-//! so one set of roots and one session cache serve every host, and a host
-//! evicted and contacted again resumes its TLS session.
+//! pool) of its own. A host with deliveries under way holds its client
+//! ([`HostClients::checkout`]); once it has none, the client joins the
+//! idle ones ([`HostClients::checkin`]), of which only the hosts used most
+//! recently keep theirs: the client of the host idle longest is dropped,
+//! and with it that host's idle connections. Open connections are thus
+//! those of the attempts under way, plus idle ones: at most
+//! `idle_per_host` for each host at work and for each of the `hosts` idle
+//! clients. The clients share one TLS configuration, so one set of roots
+//! and one session cache serve every host, and a host evicted and
+//! contacted again resumes its TLS session.
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -60,6 +63,9 @@ struct Shared {
     tls: rustls::ClientConfig,
     idle: IdleLimits,
     clients: Mutex<LruCache<Box<str>, reqwest::Client>>,
+    /// A client for when a host's own cannot be built (reqwest refused a
+    /// configuration it accepted at start): a delivery still goes out.
+    spare: reqwest::Client,
 }
 
 impl std::fmt::Debug for HostClients {
@@ -81,9 +87,9 @@ impl HostClients {
         idle: IdleLimits,
     ) -> Result<Self, NetError> {
         let tls = callback_tls(trust)?;
-        // Built once now so that a configuration reqwest refuses is an
-        // error at start, not at the first delivery.
-        callback_client(policy, timeout, tls.clone(), idle.per_host)?;
+        // Built now so that a configuration reqwest refuses is an error at
+        // start, not at the first delivery.
+        let spare = callback_client(policy, timeout, tls.clone(), idle.per_host)?;
         let hosts = NonZeroUsize::new(idle.hosts).unwrap_or(NonZeroUsize::MIN);
         Ok(Self {
             inner: Arc::new(Shared {
@@ -92,6 +98,7 @@ impl HostClients {
                 tls,
                 idle,
                 clients: Mutex::new(LruCache::new(hosts)),
+                spare,
             }),
         })
     }
@@ -121,7 +128,35 @@ impl HostClients {
         Ok(client)
     }
 
-    /// Hosts holding a client now.
+    /// The client of `host` (a `host:port`) for a run of deliveries to it:
+    /// taken out of the idle ones, or a new one. Hand it back with
+    /// [`Self::checkin`] when the run ends.
+    pub fn checkout(&self, host: &str) -> reqwest::Client {
+        if let Some(client) = self.lock().pop(host) {
+            return client;
+        }
+        let shared = &self.inner;
+        callback_client(
+            &shared.policy,
+            shared.timeout,
+            shared.tls.clone(),
+            shared.idle.per_host,
+        )
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, host, "no client of its own for a callback host; sharing one");
+            shared.spare.clone()
+        })
+    }
+
+    /// `host` has no deliveries under way any more: its client joins the
+    /// idle ones, and the one idle longest is dropped if there are too many.
+    pub fn checkin(&self, host: &str, client: reqwest::Client) {
+        let evicted = self.lock().push(host.into(), client);
+        // Dropped outside the lock: closing idle connections is I/O.
+        drop(evicted);
+    }
+
+    /// Hosts holding an idle client now.
     pub fn hosts(&self) -> usize {
         self.lock().len()
     }
@@ -203,5 +238,31 @@ mod tests {
         assert!(kept.contains("127.0.0.1:1"));
         assert!(kept.contains("127.0.0.3:1"));
         assert!(!kept.contains("127.0.0.2:1"));
+    }
+
+    #[tokio::test]
+    async fn a_host_at_work_holds_its_client_outside_the_idle_ones() {
+        let policy = NetPolicy {
+            allow_private_network: true,
+        };
+        let idle = IdleLimits {
+            per_host: 1,
+            hosts: 1,
+        };
+        let clients = HostClients::new(&policy, Duration::from_secs(2), &Trust::system(), idle)
+            .expect("clients");
+        let busy = clients.checkout("127.0.0.1:1");
+        assert_eq!(clients.hosts(), 0, "a host at work is not idle");
+        clients.checkin("127.0.0.1:1", busy);
+        assert_eq!(clients.hosts(), 1);
+        // A second host ends its work: the one idle longer is dropped.
+        let other = clients.checkout("127.0.0.2:1");
+        clients.checkin("127.0.0.2:1", other);
+        assert_eq!(clients.hosts(), 1);
+        assert!(clients.lock().contains("127.0.0.2:1"));
+        // Taken again, the idle client is the one handed out.
+        let again = clients.checkout("127.0.0.2:1");
+        assert_eq!(clients.hosts(), 0);
+        drop(again);
     }
 }

@@ -22,6 +22,9 @@
 //!   queue.
 //!
 //! Neither counts as a failed attempt.
+//!
+//! A host at work holds its HTTP client, which its runners share; when its
+//! work ends the client goes back to the idle ones ([`HostClients`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -33,6 +36,7 @@ use websub_store::Subscription;
 use super::cache::Outgoing;
 use crate::delivery::Channel;
 use crate::delivery::metrics::DELIVERIES_WAITING_FOR_HOST;
+use crate::delivery::pool::HostClients;
 
 /// How many rounds of its slots a host's queue holds.
 pub(super) const QUEUE_ROUNDS: usize = 16;
@@ -62,8 +66,9 @@ impl Job {
 /// What becomes of a record handed to its host.
 #[derive(Debug)]
 pub(super) enum Admission {
-    /// The host has a free runner: start one with the record.
-    Run(Arc<str>, Job),
+    /// The host has a free runner: start one with the record, sending
+    /// with the host's client.
+    Run(Arc<str>, Job, reqwest::Client),
     /// It waits in the host's queue.
     Queued,
     /// The queue is full: the record goes back to the log, due after
@@ -74,6 +79,7 @@ pub(super) enum Admission {
 #[derive(Debug)]
 struct Host {
     name: Arc<str>,
+    client: reqwest::Client,
     runners: usize,
     waiting: VecDeque<Job>,
     /// When the host got work: before any attempt has ended, the time
@@ -86,9 +92,10 @@ struct Host {
 }
 
 impl Host {
-    fn new(name: Arc<str>) -> Self {
+    fn new(name: Arc<str>, client: reqwest::Client) -> Self {
         Self {
             name,
+            client,
             runners: 1,
             waiting: VecDeque::new(),
             since: Instant::now(),
@@ -127,6 +134,7 @@ impl Host {
 pub(super) struct HostQueues {
     per_host: usize,
     max_wait: Duration,
+    clients: HostClients,
     hosts: Mutex<HashMap<Arc<str>, Host>>,
     /// [`DELIVERIES_WAITING_FOR_HOST`].
     waiting: metrics::Gauge,
@@ -134,11 +142,12 @@ pub(super) struct HostQueues {
 
 impl HostQueues {
     /// Queues with up to `per_host` runners per host, a record waiting at
-    /// most `max_wait`.
-    pub(super) fn new(per_host: usize, max_wait: Duration) -> Self {
+    /// most `max_wait`, sending with the hosts' `clients`.
+    pub(super) fn new(per_host: usize, max_wait: Duration, clients: HostClients) -> Self {
         Self {
             per_host,
             max_wait,
+            clients,
             hosts: Mutex::new(HashMap::new()),
             waiting: metrics::gauge!(DELIVERIES_WAITING_FOR_HOST, "channel" => Channel::WebSub.label()),
         }
@@ -152,22 +161,46 @@ impl HostQueues {
     /// Hands `job` to `host`: see [`Admission`].
     pub(super) fn admit(&self, host: &str, job: Job) -> Admission {
         let mut hosts = self.lock();
-        let Some(queue) = hosts.get_mut(host) else {
-            let name: Arc<str> = Arc::from(host);
-            hosts.insert(name.clone(), Host::new(name.clone()));
-            return Admission::Run(name, job);
+        if !hosts.contains_key(host) {
+            // Building a client takes longer than the lock should be held.
+            drop(hosts);
+            let client = self.clients.checkout(host);
+            hosts = self.lock();
+            if !hosts.contains_key(host) {
+                let name: Arc<str> = Arc::from(host);
+                hosts.insert(name.clone(), Host::new(name.clone(), client.clone()));
+                return Admission::Run(name, job, client);
+            }
+            // Another record of the host came first: this client is spare.
+            drop(hosts);
+            self.clients.checkin(host, client);
+            hosts = self.lock();
+        }
+        let per_host = self.per_host;
+        let admission = match hosts.get_mut(host) {
+            // Only `next` removes a host, when its last runner stops; then
+            // this record starts the host again.
+            None => Err(job),
+            Some(queue) if queue.runners < per_host => {
+                queue.runners += 1;
+                Ok(Admission::Run(
+                    queue.name.clone(),
+                    job,
+                    queue.client.clone(),
+                ))
+            }
+            Some(queue) if queue.waiting.len() >= per_host.saturating_mul(QUEUE_ROUNDS) => {
+                let wait = queue.pace_overflow(per_host, Instant::now());
+                Ok(Admission::Overflow(job, wait))
+            }
+            Some(queue) => {
+                queue.waiting.push_back(job);
+                self.waiting.increment(1.0);
+                Ok(Admission::Queued)
+            }
         };
-        if queue.runners < self.per_host {
-            queue.runners += 1;
-            return Admission::Run(queue.name.clone(), job);
-        }
-        if queue.waiting.len() >= self.per_host.saturating_mul(QUEUE_ROUNDS) {
-            let wait = queue.pace_overflow(self.per_host, Instant::now());
-            return Admission::Overflow(job, wait);
-        }
-        queue.waiting.push_back(job);
-        self.waiting.increment(1.0);
-        Admission::Queued
+        drop(hosts);
+        admission.unwrap_or_else(|job| self.admit(host, job))
     }
 
     /// A runner of `host` is free after an attempt that took `took` (none
@@ -193,8 +226,11 @@ impl HostQueues {
             }
         }
         queue.runners -= 1;
-        if queue.runners == 0 {
-            hosts.remove(host);
+        if queue.runners == 0
+            && let Some(done) = hosts.remove(host)
+        {
+            drop(hosts);
+            self.clients.checkin(host, done.client);
         }
         None
     }
@@ -210,9 +246,14 @@ impl HostQueues {
 mod tests {
     use super::*;
 
+    fn test_client() -> reqwest::Client {
+        crate::net::install_crypto_provider();
+        reqwest::Client::new()
+    }
+
     #[test]
     fn records_put_off_are_paced_by_the_hosts_attempts() {
-        let mut host = Host::new(Arc::from("h:1"));
+        let mut host = Host::new(Arc::from("h:1"), test_client());
         host.observe(Duration::from_millis(800));
         let now = Instant::now();
         // 4 at a time, 800 ms each: one record every 200 ms.
@@ -226,7 +267,7 @@ mod tests {
 
     #[test]
     fn the_average_follows_the_attempts() {
-        let mut host = Host::new(Arc::from("h:1"));
+        let mut host = Host::new(Arc::from("h:1"), test_client());
         host.observe(Duration::from_millis(80));
         assert_eq!(host.mean_attempt, Some(Duration::from_millis(80)));
         host.observe(Duration::from_millis(160));

@@ -39,7 +39,6 @@ use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
 use crate::delivery::health::{SKIPPED_REASON, Tallied};
 use crate::delivery::pool::{HostClients, authority};
 use crate::delivery::recorder::{self, Batching, OutcomeStore};
-use crate::delivery::verdict::LOCAL_FAILURE_WAIT;
 use crate::delivery::{Channel, Endpoints, Judge, Verdict};
 use crate::events::{Attempt, Claimed, Completion, EventLog, EventLogError, Outcome};
 use crate::protocol::iri_to_uri;
@@ -58,7 +57,6 @@ pub struct Distributor {
 struct DistributorState {
     events: Arc<dyn EventLog>,
     store: Arc<dyn SubscriptionStore>,
-    clients: HostClients,
     hub_url: String,
     policy: DeliveryPolicy,
     poll_interval: Duration,
@@ -119,7 +117,6 @@ impl Distributor {
                 endpoints,
                 events,
                 store,
-                clients,
                 hub_url,
                 policy,
                 poll_interval,
@@ -131,7 +128,7 @@ impl Distributor {
                 bodies: EventCache::new(256),
                 subscribers: SubscriberCache::default(),
                 judge: Judge::new(Channel::WebSub, policy.retry),
-                queues: HostQueues::new(policy.per_host, host_wait(&policy)),
+                queues: HostQueues::new(policy.per_host, host_wait(&policy), clients),
             }),
         }
     }
@@ -336,8 +333,8 @@ impl Distributor {
             queued: Instant::now(),
         };
         match self.inner.queues.admit(authority(&keyed.callback), job) {
-            Admission::Run(host, job) => {
-                let runner = self.clone().run_host(pipeline.clone(), host, job);
+            Admission::Run(host, job, client) => {
+                let runner = self.clone().run_host(pipeline.clone(), host, job, client);
                 pipeline.attempts.spawn(runner);
             }
             Admission::Queued => {}
@@ -351,7 +348,13 @@ impl Distributor {
     /// One runner of `host`: attempts `job`, then the host's next records
     /// until its queue is empty. Records that waited too long, or are still
     /// waiting at shutdown, go back to the log postponed.
-    async fn run_host(self, pipeline: Pipeline, host: Arc<str>, mut job: Job) {
+    async fn run_host(
+        self,
+        pipeline: Pipeline,
+        host: Arc<str>,
+        mut job: Job,
+        client: reqwest::Client,
+    ) {
         let mut stale = Vec::new();
         loop {
             let (completion, took) = if pipeline.shutdown.is_cancelled() {
@@ -361,7 +364,7 @@ impl Distributor {
                 // measurable CPU at tens of thousands of deliveries a second.
                 let span = debug_span!("deliver", topic = %job.subscription.topic, callback = %job.subscription.callback, event = %job.outgoing.event.id);
                 let started = Instant::now();
-                let completion = self.attempt(&job).instrument(span).await;
+                let completion = self.attempt(&job, &client).instrument(span).await;
                 (completion, Some(started.elapsed()))
             };
             self.finish(&pipeline, completion, job);
@@ -452,7 +455,7 @@ impl Distributor {
         Ok(Some(outgoing))
     }
 
-    async fn attempt(&self, job: &Job) -> Completion {
+    async fn attempt(&self, job: &Job, client: &reqwest::Client) -> Completion {
         let Job {
             subscription,
             outgoing,
@@ -476,13 +479,6 @@ impl Distributor {
         if job.is_stale(self.inner.queues.max_wait()) {
             return self.postponed(job, None, self.inner.queues.max_wait());
         }
-        let client = match self.inner.clients.for_url(&subscription.callback) {
-            Ok(client) => client,
-            Err(error) => {
-                warn!(%error, "no client for the callback's host; trying again soon");
-                return self.postponed(job, Some(error.to_string()), LOCAL_FAILURE_WAIT);
-            }
-        };
         let (answer, attempted) = match &outgoing.headers {
             Ok(headers) => {
                 let request = Request {
@@ -497,7 +493,7 @@ impl Distributor {
                 let at = self.inner.clock.now();
                 let in_flight = self.inner.judge.attempting();
                 let attempted =
-                    attempt::post(&client, request, self.inner.policy.timeout, None).await;
+                    attempt::post(client, request, self.inner.policy.timeout, None).await;
                 let history = Attempt {
                     at,
                     duration_micros: i64::try_from(in_flight.elapsed().as_micros())
