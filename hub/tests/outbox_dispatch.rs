@@ -1196,6 +1196,17 @@ async fn a_webhook_failing_in_a_row_is_disabled_its_rows_skipped_and_its_attempt
         (kept[0].status, kept[0].error.as_deref()),
         (Some(204), None)
     );
+    // The row skipped while disabled stays skipped: only a resend sends it.
+    let still = db.delivery(third, "flaky").await.expect("row");
+    assert_eq!(
+        (still.retry_count, still.next_attempt_at, still.processed_at),
+        (0, None, None)
+    );
+    assert_eq!(
+        receiver.received_at("/flaky").len(),
+        sent + 1,
+        "only the new event was sent"
+    );
 
     // Sent again: the rows of every event since the start are re-opened and
     // delivered; the history keeps each round's attempts.

@@ -373,7 +373,9 @@ impl Queries {
         // subscriber's share is cut to its room ($8, $9: name and rows, $10
         // for the rest): the rows past it stay as they are, unlocked at the
         // end of the statement. Exhausted rows (retry_count past $1) are
-        // never due.
+        // never due, nor are rows skipped while their webhook was disabled
+        // (no retry, no time due, the skip's reason): they wait for a
+        // resend, not for the webhook to be enabled.
         let claim = format!(
             "WITH due AS ( \
                  SELECT d.event_id, d.subscriber, d.next_attempt_at \
@@ -388,6 +390,8 @@ impl Queries {
                         OR (d.subscriber, o.event_name) IN ( \
                             SELECT s, e FROM unnest($4::text[], $5::text[]) AS r (s, e))) \
                    AND NOT (d.subscriber = ANY($7::text[])) \
+                   AND NOT (d.next_attempt_at IS NULL AND d.retry_count = 0 \
+                            AND d.last_error IS NOT DISTINCT FROM '{SKIPPED_REASON}') \
                  ORDER BY d.next_attempt_at \
                  LIMIT $6 \
                  FOR UPDATE OF d SKIP LOCKED \
