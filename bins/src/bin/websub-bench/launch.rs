@@ -89,7 +89,13 @@ pub(crate) fn loopback_client(in_flight: usize) -> Result<reqwest::Client, Failu
 
 /// Serves `app` on a free port of 127.0.0.1; returns its base URL.
 pub(crate) async fn serve(app: Router) -> Result<String, Failure> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    serve_on(app, std::net::Ipv4Addr::LOCALHOST).await
+}
+
+/// Serves `app` on a free port of the loopback `address`; returns its base
+/// URL.
+pub(crate) async fn serve_on(app: Router, address: std::net::Ipv4Addr) -> Result<String, Failure> {
+    let listener = tokio::net::TcpListener::bind((address, 0)).await?;
     let base = format!("http://{}", listener.local_addr()?);
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;

@@ -1,11 +1,13 @@
 //! `websub-bench sustained`: load held for a while rather than one burst.
-//! T topics with S subscribers each (saved straight into the store), fat
+//! T topics with S subscribers each (saved straight into the store; the
+//! S-th subscriber of every topic on the S-th loopback host), fat
 //! pings at a fixed rate to topics taken in turn for D seconds, through a
 //! real `websubd` with retention on. Every ping carries the moment it was
 //! sent, so the receiver measures each delivery's publish-to-receipt
 //! latency; the table gives the deliveries per second held, the latency
 //! percentiles, and the event log's size on disk at the end.
 
+use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,7 +19,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use websub_hub::net;
 
-use crate::launch::{HubFlags, fat_ping, loopback_client, save_subscriptions, serve};
+use crate::launch::{HubFlags, fat_ping, loopback_client, save_subscriptions, serve_on};
 use crate::progress::Progress;
 use crate::{Failure, micros, percentile};
 
@@ -42,6 +44,10 @@ pub(crate) struct SustainedArgs {
     hub: HubFlags,
 }
 
+/// The first subscriber host: 127.0.5.1, clear of `slow`'s hosts and of
+/// 127.0.0.1, where websubd listens.
+const FIRST_HOST: u32 = u32::from_be_bytes([127, 0, 5, 1]);
+
 /// What the receiver keeps: a count, and one latency per delivery.
 #[derive(Clone)]
 struct Receipts {
@@ -62,7 +68,13 @@ pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
     let app = Router::new()
         .route("/cb/{name}", post(receive))
         .with_state(receipts.clone());
-    let base = serve(app).await?;
+    // Each of a topic's subscribers is a host of its own, as subscribers
+    // are: one origin for all would meet the per-host limit, not the hub's.
+    let mut bases = Vec::with_capacity(args.subscribers);
+    for subscriber in 0..args.subscribers {
+        let offset = u32::try_from(subscriber)?;
+        bases.push(serve_on(app.clone(), Ipv4Addr::from(FIRST_HOST + offset)).await?);
+    }
 
     let scratch =
         std::env::temp_dir().join(format!("websub-bench-sustained-{}", std::process::id()));
@@ -78,9 +90,10 @@ pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
     );
     let subscribers = args.subscribers;
     save_subscriptions(&database_url, args.topics * subscribers, {
-        let base = base.clone();
+        let bases = bases.clone();
         move |index| {
             let (topic, subscriber) = (index / subscribers, index % subscribers);
+            let base = &bases[subscriber];
             (topic_of(topic), format!("{base}/cb/t{topic}-s{subscriber}"))
         }
     })
