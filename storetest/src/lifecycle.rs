@@ -1,0 +1,133 @@
+//! Saving, reading and deleting one pair: replacement, absence, independence of pairs.
+
+use chrono::Duration;
+use websub_store::Subscription;
+
+use crate::helpers::*;
+
+/// A re-save overwrites every field, including clearing optional ones.
+pub async fn save_replaces_every_field(store: SharedStore) {
+    let original = leased(&unique_topic(), &unique_callback());
+    must_save(&store, &original).await;
+
+    let later = original.verified_at + Duration::seconds(90);
+    let changed = Subscription {
+        topic: original.topic.clone(),
+        callback: original.callback.clone(),
+        secret: Some("another secret".to_owned()),
+        lease_seconds: Some(60),
+        created_at: original.created_at + Duration::microseconds(1),
+        verified_at: later,
+        expires_at: Some(later + Duration::seconds(60)),
+        owner: Some(unique_owner()),
+    };
+    must_save(&store, &changed).await;
+    assert_eq!(
+        must_get(&store, &original.topic, &original.callback).await,
+        changed
+    );
+
+    let cleared = Subscription {
+        secret: None,
+        lease_seconds: None,
+        expires_at: None,
+        owner: None,
+        ..changed.clone()
+    };
+    must_save(&store, &cleared).await;
+    assert_eq!(
+        must_get(&store, &original.topic, &original.callback).await,
+        cleared
+    );
+}
+
+/// Saving one pair twice leaves one subscription, not two, and no error.
+pub async fn save_twice_leaves_one_subscription(store: SharedStore) {
+    let subscription = leased(&unique_topic(), &unique_callback());
+    must_save(&store, &subscription).await;
+    must_save(&store, &subscription).await;
+    let listed = store
+        .list_by_topic(&subscription.topic)
+        .await
+        .expect("list_by_topic");
+    assert_eq!(listed.len(), 1, "a re-save created a second subscription");
+    let owner = subscription.owner.as_deref().expect("owner set");
+    assert_eq!(count_of(&store, owner).await, 1);
+}
+
+/// `get` of a pair never saved is `UnknownSubscription`.
+pub async fn get_missing_is_unknown_subscription(store: SharedStore) {
+    let (topic, callback) = (unique_topic(), unique_callback());
+    assert_unknown(store.get(&topic, &callback).await, &topic, &callback);
+    // A known topic with an unknown callback is still unknown.
+    must_save(&store, &leased(&topic, &unique_callback())).await;
+    assert_unknown(store.get(&topic, &callback).await, &topic, &callback);
+}
+
+/// `get` after `delete` is `UnknownSubscription`.
+pub async fn get_after_delete_is_unknown_subscription(store: SharedStore) {
+    let subscription = leased(&unique_topic(), &unique_callback());
+    must_save(&store, &subscription).await;
+    must_delete(&store, &subscription.topic, &subscription.callback).await;
+    assert_unknown(
+        store.get(&subscription.topic, &subscription.callback).await,
+        &subscription.topic,
+        &subscription.callback,
+    );
+    assert!(callbacks_of(&store, &subscription.topic).await.is_empty());
+}
+
+/// Deleting a pair that was never saved succeeds.
+pub async fn delete_missing_is_ok(store: SharedStore) {
+    must_delete(&store, &unique_topic(), &unique_callback()).await;
+}
+
+/// Deleting twice succeeds both times.
+pub async fn delete_twice_is_ok(store: SharedStore) {
+    let subscription = leased(&unique_topic(), &unique_callback());
+    must_save(&store, &subscription).await;
+    must_delete(&store, &subscription.topic, &subscription.callback).await;
+    must_delete(&store, &subscription.topic, &subscription.callback).await;
+    let owner = subscription.owner.as_deref().expect("owner set");
+    assert_eq!(count_of(&store, owner).await, 0);
+}
+
+/// One callback subscribed to several topics holds independent subscriptions.
+pub async fn same_callback_on_many_topics_is_independent(store: SharedStore) {
+    let callback = unique_callback();
+    let topics: Vec<String> = (0..4).map(|_| unique_topic()).collect();
+    for (index, topic) in topics.iter().enumerate() {
+        let mut subscription = leased(topic, &callback);
+        subscription.secret = Some(format!("secret-{index}"));
+        must_save(&store, &subscription).await;
+    }
+    must_delete(&store, &topics[0], &callback).await;
+    assert_unknown(
+        store.get(&topics[0], &callback).await,
+        &topics[0],
+        &callback,
+    );
+    for (index, topic) in topics.iter().enumerate().skip(1) {
+        let found = must_get(&store, topic, &callback).await;
+        assert_eq!(found.secret, Some(format!("secret-{index}")));
+        assert_eq!(callbacks_of(&store, topic).await, vec![callback.clone()]);
+    }
+}
+
+/// One topic with several callbacks holds independent subscriptions.
+pub async fn same_topic_with_many_callbacks_is_independent(store: SharedStore) {
+    let topic = unique_topic();
+    let mut callbacks: Vec<String> = (0..5).map(|_| unique_callback()).collect();
+    for callback in &callbacks {
+        must_save(&store, &leased(&topic, callback)).await;
+    }
+    callbacks.sort();
+    assert_eq!(callbacks_of(&store, &topic).await, callbacks);
+
+    let removed = callbacks.remove(2);
+    must_delete(&store, &topic, &removed).await;
+    assert_eq!(callbacks_of(&store, &topic).await, callbacks);
+    for callback in &callbacks {
+        must_get(&store, &topic, callback).await;
+    }
+}
