@@ -109,13 +109,7 @@ impl HostClients {
         if let Some(client) = self.lock().get(host) {
             return Ok(client.clone());
         }
-        let shared = &self.inner;
-        let client = callback_client(
-            &shared.policy,
-            shared.timeout,
-            shared.tls.clone(),
-            shared.idle.per_host,
-        )?;
+        let client = self.build()?;
         let evicted = {
             let mut clients = self.lock();
             if let Some(raced) = clients.get(host) {
@@ -135,6 +129,14 @@ impl HostClients {
         if let Some(client) = self.lock().pop(host) {
             return client;
         }
+        self.build().unwrap_or_else(|error| {
+            tracing::warn!(%error, host, "no client of its own for a callback host; sharing one");
+            self.inner.spare.clone()
+        })
+    }
+
+    /// A new client for one host, on the shared TLS configuration.
+    fn build(&self) -> Result<reqwest::Client, NetError> {
         let shared = &self.inner;
         callback_client(
             &shared.policy,
@@ -142,10 +144,6 @@ impl HostClients {
             shared.tls.clone(),
             shared.idle.per_host,
         )
-        .unwrap_or_else(|error| {
-            tracing::warn!(%error, host, "no client of its own for a callback host; sharing one");
-            shared.spare.clone()
-        })
     }
 
     /// `host` has no deliveries under way any more: its client joins the
