@@ -396,11 +396,15 @@ impl Distributor {
             subscriber: job.subscription.callback.clone(),
             outcome: Outcome::Postponed {
                 error,
-                next_attempt_at: self.inner.clock.now()
-                    + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+                next_attempt_at: self.due_after(wait),
             },
             attempt: None,
         }
+    }
+
+    /// When a record put off for `wait` from now is due again.
+    fn due_after(&self, wait: Duration) -> chrono::DateTime<chrono::Utc> {
+        self.inner.clock.now() + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX)
     }
 
     /// The subscribers of `topic`, from a short-lived cache unless
@@ -533,14 +537,12 @@ impl Distributor {
             }
             Verdict::Retry { error, wait } => Outcome::Retry {
                 error,
-                next_attempt_at: self.inner.clock.now()
-                    + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+                next_attempt_at: self.due_after(wait),
             },
             Verdict::Exhausted { error } => Outcome::Exhausted { error },
             Verdict::Postponed { error, wait } => Outcome::Postponed {
                 error: Some(error),
-                next_attempt_at: self.inner.clock.now()
-                    + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX),
+                next_attempt_at: self.due_after(wait),
             },
         };
         Completion {
