@@ -390,8 +390,7 @@ impl Queries {
                         OR (d.subscriber, o.event_name) IN ( \
                             SELECT s, e FROM unnest($4::text[], $5::text[]) AS r (s, e))) \
                    AND NOT (d.subscriber = ANY($7::text[])) \
-                   AND NOT (d.next_attempt_at IS NULL AND d.retry_count = 0 \
-                            AND d.last_error IS NOT DISTINCT FROM '{SKIPPED_REASON}') \
+                   AND NOT {skipped} \
                  ORDER BY d.next_attempt_at \
                  LIMIT $6 \
                  FOR UPDATE OF d SKIP LOCKED \
@@ -406,7 +405,8 @@ impl Queries {
              RETURNING d.event_id, d.subscriber, d.retry_count, d.processing_since, \
                  o.event_name, o.resource_type, o.resource_id, o.event_type, o.app, \
                  o.payload::text AS payload, o.created_at",
-            within_room("due", "ORDER BY x.next_attempt_at", 8)
+            within_room("due", "ORDER BY x.next_attempt_at", 8),
+            skipped = skipped_row("d"),
         );
 
         // Outcomes, one array element each. A delivery closes the row
@@ -664,6 +664,17 @@ pub(crate) async fn bounded<T>(
                 format!("the database did not answer within {limit:?}"),
             )))
         })
+}
+
+/// Whether the delivery row `alias` was skipped while its webhook was
+/// disabled: never tried, no time due, the skip's reason kept. One
+/// definition for the claim, which leaves such rows to a resend, and for
+/// the operator's listing.
+pub(crate) fn skipped_row(alias: &str) -> String {
+    format!(
+        "({alias}.next_attempt_at IS NULL AND {alias}.retry_count = 0 \
+         AND {alias}.last_error IS NOT DISTINCT FROM '{SKIPPED_REASON}')"
+    )
 }
 
 fn claimed_row(row: &PgRow) -> Result<ClaimedRow, sqlx::Error> {

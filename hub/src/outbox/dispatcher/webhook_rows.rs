@@ -10,12 +10,11 @@ use sqlx::{AssertSqlSafe, Row};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::delivery::health::SKIPPED_REASON;
 use crate::events::DeliveryState;
 
 use super::Dispatcher;
 use super::signals::Scan;
-use crate::outbox::sql::bounded;
+use crate::outbox::sql::{bounded, skipped_row};
 
 /// One webhook delivery row, as an operator lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
@@ -73,7 +72,7 @@ impl Dispatcher {
                  SELECT d.event_id, o.event_name, d.subscriber, o.created_at, \
                         CASE WHEN d.processed_at IS NOT NULL THEN 'delivered' \
                              WHEN d.next_attempt_at IS NOT NULL THEN 'pending' \
-                             WHEN d.last_error = $6 AND d.retry_count = 0 THEN 'skipped' \
+                             WHEN {skipped} THEN 'skipped' \
                              ELSE 'failed' END AS state, \
                         d.retry_count, d.last_error, d.processed_at, d.next_attempt_at \
                  FROM {deliveries} AS d JOIN {outbox} AS o ON o.id = d.event_id \
@@ -81,7 +80,8 @@ impl Dispatcher {
                    AND ($2::timestamp IS NULL OR o.created_at >= $2) \
                    AND ($3::timestamp IS NULL OR o.created_at < $3)) AS listed \
              WHERE ($4::text IS NULL OR state = $4) \
-             ORDER BY created_at DESC, event_id, subscriber LIMIT $5"
+             ORDER BY created_at DESC, event_id, subscriber LIMIT $5",
+            skipped = skipped_row("d"),
         );
         let rows = sqlx::query(AssertSqlSafe(sql))
             .bind(filter.subscriber)
@@ -89,7 +89,6 @@ impl Dispatcher {
             .bind(filter.until.map(|until| until.naive_utc()))
             .bind(filter.state.map(DeliveryState::as_str))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .bind(SKIPPED_REASON)
             .fetch_all(&inner.pool);
         let rows = bounded(inner.config.query_timeout, rows).await?;
         let utc = |time: Option<NaiveDateTime>| time.map(|time| time.and_utc());
