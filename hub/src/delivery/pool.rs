@@ -214,17 +214,19 @@ mod tests {
         assert_eq!(IdleLimits::of_budget(10, 0).per_host, 1);
     }
 
-    #[tokio::test]
-    async fn only_the_hosts_used_last_keep_a_client() {
+    /// Clients for loopback hosts keeping `per_host` idle connections to
+    /// each of `hosts` hosts.
+    fn loopback_clients(per_host: usize, hosts: usize) -> HostClients {
         let policy = NetPolicy {
             allow_private_network: true,
         };
-        let idle = IdleLimits {
-            per_host: 2,
-            hosts: 2,
-        };
-        let clients = HostClients::new(&policy, Duration::from_secs(2), &Trust::system(), idle)
-            .expect("clients");
+        let idle = IdleLimits { per_host, hosts };
+        HostClients::new(&policy, Duration::from_secs(2), &Trust::system(), idle).expect("clients")
+    }
+
+    #[tokio::test]
+    async fn only_the_hosts_used_last_keep_a_client() {
+        let clients = loopback_clients(2, 2);
         for host in ["http://127.0.0.1:1/a", "http://127.0.0.2:1/b"] {
             clients.for_url(host).expect("a client");
         }
@@ -240,15 +242,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_host_at_work_holds_its_client_outside_the_idle_ones() {
-        let policy = NetPolicy {
-            allow_private_network: true,
-        };
-        let idle = IdleLimits {
-            per_host: 1,
-            hosts: 1,
-        };
-        let clients = HostClients::new(&policy, Duration::from_secs(2), &Trust::system(), idle)
-            .expect("clients");
+        let clients = loopback_clients(1, 1);
         let busy = clients.checkout("127.0.0.1:1");
         assert_eq!(clients.hosts(), 0, "a host at work is not idle");
         clients.checkin("127.0.0.1:1", busy);
