@@ -2241,3 +2241,142 @@ async fn webhook_attempts_are_kept_and_go_by_age(log: &dyn EventLog) {
     );
 }
 both!(webhook_attempts_are_kept_and_go_by_age);
+
+/// Lanes: the log derives each record's lane as `lane_of` does, claims per
+/// lane only what is asked, in due order, and lists the lanes with due
+/// records; waiting records are written unclaimed; a claim is released.
+async fn records_are_claimed_per_lane(log: &dyn EventLog) {
+    use websub_hub::dispatch::lane_of;
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    let run = Uuid::new_v4().simple();
+    let big = format!("big-{run}.example:8443");
+    let odd: Vec<String> = vec![
+        format!("https://user:pw@odd-{run}.example/cb"),
+        format!("http://odd-{run}.example?x=1/2"),
+        format!("https://odd-{run}.example#frag"),
+        format!("https://a@b@odd-{run}.example/x"),
+        format!("http://[::1]:81{}/cb", run.to_string().len()),
+    ];
+    let many: Vec<String> = (0..50).map(|i| format!("https://{big}/cb/{i}")).collect();
+    let small: Vec<String> = (0..3)
+        .map(|i| format!("https://small-{i}-{run}.example/cb"))
+        .collect();
+    let claimed_now = [small[0].as_str()];
+    log.expand_claimed(event.id, &claimed_now, t0)
+        .await
+        .expect("claimed part");
+    let waiting: Vec<&str> = many
+        .iter()
+        .chain(&small[1..])
+        .chain(&odd)
+        .map(String::as_str)
+        .collect();
+    let created = log
+        .expand_waiting(event.id, &waiting, t0)
+        .await
+        .expect("waiting part");
+    assert_eq!(created, waiting.len() as u64);
+    assert_eq!(
+        log.expand_waiting(event.id, &waiting, t0)
+            .await
+            .expect("again"),
+        0,
+        "idempotent"
+    );
+
+    let lanes = log.due_lanes(100_000).await.expect("due lanes");
+    let listed: HashSet<&str> = lanes.iter().map(|(lane, _)| lane.as_str()).collect();
+    for subscriber in many.iter().chain(&small).chain(&odd) {
+        assert!(
+            listed.contains(lane_of(subscriber)),
+            "{} lists {subscriber}'s lane {}: {listed:?}",
+            backend(log),
+            lane_of(subscriber)
+        );
+    }
+    assert!(lanes.iter().all(|(_, due)| *due == t0));
+
+    // The big lane gives only what is asked; the small ones theirs; the
+    // record claimed at expansion is not claimed again.
+    let small_lanes: Vec<&str> = small.iter().map(|s| lane_of(s)).collect();
+    let mut asks = vec![(big.as_str(), 20)];
+    asks.extend(small_lanes.iter().map(|lane| (*lane, 5)));
+    let claimed = log
+        .claim_lanes(&asks, t0, VISIBILITY)
+        .await
+        .expect("claim lanes");
+    let of_big = claimed
+        .iter()
+        .filter(|c| lane_of(&c.subscriber) == big)
+        .count();
+    assert_eq!(of_big, 20);
+    let of_small: HashSet<&str> = claimed
+        .iter()
+        .filter(|c| small_lanes.contains(&lane_of(&c.subscriber)))
+        .map(|c| c.subscriber.as_str())
+        .collect();
+    assert_eq!(
+        of_small,
+        HashSet::from([small[1].as_str(), small[2].as_str()])
+    );
+    assert!(
+        claimed
+            .iter()
+            .all(|c| c.event_id == event.id && c.retry_count == 0)
+    );
+    let rest = log
+        .claim_lanes(&[(big.as_str(), 1_000)], t0, VISIBILITY)
+        .await
+        .expect("the rest");
+    assert_eq!(
+        rest.len(),
+        30,
+        "claimed once: the first 20 are not claimed again"
+    );
+    let odd_lanes: HashSet<&str> = odd.iter().map(|s| lane_of(s)).collect();
+    let mut got = HashSet::new();
+    for lane in odd_lanes {
+        let claimed = log
+            .claim_lanes(&[(lane, 10)], t0, VISIBILITY)
+            .await
+            .expect("odd lane");
+        got.extend(claimed.into_iter().map(|c| c.subscriber));
+    }
+    for subscriber in &odd {
+        assert!(
+            got.contains(subscriber),
+            "{}: {subscriber} in lane {}",
+            backend(log),
+            lane_of(subscriber)
+        );
+    }
+
+    // A retry due later shows as the lane's due time; not claimable before.
+    let retried = completion(
+        event.id,
+        &many[0],
+        Outcome::Retry {
+            error: "HTTP 503 Service Unavailable".to_owned(),
+            next_attempt_at: t0 + secs(30),
+        },
+    );
+    log.complete(&[retried], t0).await.expect("complete");
+    let early = log
+        .claim_lanes(&[(big.as_str(), 10)], t0 + secs(1), VISIBILITY)
+        .await
+        .expect("early");
+    assert!(early.iter().all(|c| c.subscriber != many[0]));
+
+    // Released: every claim is claimable again at once.
+    let released = log.release_claims().await.expect("release");
+    if backend(log) == "sqlite" {
+        assert!(released >= 52, "released {released}");
+        let again = log
+            .claim_lanes(&[(big.as_str(), 1_000)], t0 + secs(1), VISIBILITY)
+            .await
+            .expect("again");
+        assert_eq!(again.len(), 49);
+    }
+}
+both!(records_are_claimed_per_lane);

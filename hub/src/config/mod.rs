@@ -132,8 +132,12 @@ pub struct DeliveryPolicy {
     pub retry: RetryPolicy,
     /// Deliveries in flight at once, over all callbacks.
     pub concurrency: usize,
-    /// Deliveries in flight at once to one callback host.
+    /// The most deliveries in flight at once to one callback host. Each
+    /// host's limit starts at [`crate::dispatch::INITIAL_LIMIT`] and adapts
+    /// to how the host answers, between `per_host_min` and this.
     pub per_host: usize,
+    /// The least a callback host's in-flight limit falls to.
+    pub per_host_min: usize,
     /// Idle keep-alive connections kept in all to callback hosts with no
     /// delivery under way, up to `per_host` to a host: the hosts idle
     /// longest close theirs first (see [`crate::delivery::pool`]).
@@ -216,14 +220,15 @@ impl Default for DeliveryPolicy {
             retry: RetryPolicy::default(),
             // Thousands in flight cost little (a task, a connection, some
             // 30 KiB each) and are what slow subscribers need: at 200 ms
-            // an answer, 4 096 make 20 000 deliveries a second. 8 per host
-            // (a browser opens 6) protect each subscriber host while
-            // letting a platform that hosts many callbacks take 40 a
-            // second at 200 ms, 160 at 50 ms; 512 idle connections keep the
-            // hosts used last warm. See docs/benchmarks.md (slow) for what
-            // they cost.
+            // an answer, 4 096 make 20 000 deliveries a second. A host
+            // starts at 8 in flight (a browser opens 6) and earns up to 32
+            // by answering quickly and without errors, enough to keep a
+            // fast receiver busy on loopback; one that slows down or fails
+            // falls back towards 1. 512 idle connections keep the hosts used
+            // last warm. See docs/benchmarks.md for what they cost.
             concurrency: 4096,
-            per_host: 8,
+            per_host: 32,
+            per_host_min: 1,
             idle_connections: 512,
             batch_size: 500,
             visibility_timeout: Duration::from_secs(60),
@@ -355,6 +360,13 @@ impl HubConfig {
         }
         if delivery.per_host == 0 {
             return Err(invalid("delivery-per-host", 0, "must be positive"));
+        }
+        if delivery.per_host_min == 0 || delivery.per_host_min > delivery.per_host {
+            return Err(invalid(
+                "delivery-per-host-min",
+                delivery.per_host_min,
+                "must be positive and at most delivery-per-host",
+            ));
         }
         if delivery.idle_connections == 0 {
             return Err(invalid("delivery-idle-connections", 0, "must be positive"));

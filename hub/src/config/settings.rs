@@ -71,9 +71,13 @@ pub struct Settings {
     /// Deliveries in flight at once, over all callbacks.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub delivery_concurrency: Option<usize>,
-    /// Deliveries in flight at once to one callback host.
+    /// The most deliveries in flight at once to one callback host: each
+    /// host's limit starts at 8 and adapts to how it answers, up to this.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub delivery_per_host: Option<usize>,
+    /// The least a callback host's adaptive in-flight limit falls to.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub delivery_per_host_min: Option<usize>,
     /// Idle keep-alive connections kept in all to callback hosts with no
     /// delivery under way (up to delivery-per-host per host); the hosts
     /// idle longest close theirs first.
@@ -215,6 +219,7 @@ impl Settings {
             delivery_max_backoff,
             delivery_concurrency,
             delivery_per_host,
+            delivery_per_host_min,
             delivery_idle_connections,
             disable_endpoint_after,
             delivery_batch_size,
@@ -275,6 +280,7 @@ impl Settings {
         )?;
         set(&mut delivery.concurrency, delivery_concurrency);
         set(&mut delivery.per_host, delivery_per_host);
+        set(&mut delivery.per_host_min, delivery_per_host_min);
         set(&mut delivery.idle_connections, delivery_idle_connections);
         set(&mut delivery.disable_endpoint_after, disable_endpoint_after);
         set(&mut delivery.batch_size, delivery_batch_size);
@@ -402,6 +408,7 @@ impl From<&HubConfig> for Settings {
             retry,
             concurrency,
             per_host,
+            per_host_min,
             idle_connections,
             batch_size,
             visibility_timeout,
@@ -432,6 +439,7 @@ impl From<&HubConfig> for Settings {
             delivery_max_backoff: duration(max_backoff),
             delivery_concurrency: Some(*concurrency),
             delivery_per_host: Some(*per_host),
+            delivery_per_host_min: Some(*per_host_min),
             delivery_idle_connections: Some(*idle_connections),
             disable_endpoint_after: Some(*disable_endpoint_after),
             delivery_batch_size: Some(*batch_size),
@@ -564,6 +572,7 @@ pub(super) mod tests {
                 },
                 concurrency: 100,
                 per_host: 9,
+                per_host_min: 3,
                 idle_connections: 99,
                 batch_size: 42,
                 visibility_timeout: Duration::from_secs(90),

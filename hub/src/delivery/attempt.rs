@@ -107,7 +107,14 @@ pub struct Attempted {
     pub status: Option<u16>,
     /// The first [`RESPONSE_EXCERPT_BYTES`] of its body.
     pub response: Bytes,
+    /// How long a `429` or `503` asked the hub to wait (`Retry-After`, in
+    /// seconds or as a date), at most [`MAX_RETRY_AFTER`].
+    pub retry_after: Option<Duration>,
 }
+
+/// The longest `Retry-After` honoured: a receiver cannot park its
+/// deliveries for longer than this per answer.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
 impl Attempted {
     /// An attempt that ended without an answer.
@@ -116,6 +123,7 @@ impl Attempted {
             answer: Answer::Failed(error),
             status: None,
             response: Bytes::new(),
+            retry_after: None,
         }
     }
 }
@@ -162,10 +170,11 @@ pub async fn post(
         },
     };
     match answered {
-        Ok((status, response)) => Attempted {
+        Ok((status, response, retry_after)) => Attempted {
             answer: classify(status),
             status: Some(status.as_u16()),
             response,
+            retry_after,
         },
         Err(error) if error.is_timeout() => Attempted::unanswered("timed out".to_owned()),
         Err(error) if lacks_local_resource(&error) => Attempted {
@@ -175,6 +184,7 @@ pub async fn post(
             )),
             status: None,
             response: Bytes::new(),
+            retry_after: None,
         },
         Err(error) => Attempted::unanswered(format!("request failed: {}", error_chain(&error))),
     }
@@ -194,9 +204,21 @@ pub fn lacks_local_resource(error: &(dyn std::error::Error + 'static)) -> bool {
 /// Sends and drains: a small answer is read so the connection goes back to
 /// the pool (an empty one, a 204 say, is complete already), its beginning
 /// kept; the request's timeout covers the reading too.
-async fn exchange(request: reqwest::RequestBuilder) -> Result<(StatusCode, Bytes), reqwest::Error> {
+async fn exchange(
+    request: reqwest::RequestBuilder,
+) -> Result<(StatusCode, Bytes, Option<Duration>), reqwest::Error> {
     let mut response = request.send().await?;
     let status = response.status();
+    let retry_after =
+        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| retry_after(value, chrono::Utc::now()))
+        } else {
+            None
+        };
     let mut kept = Vec::new();
     if response.content_length() != Some(0) {
         let mut read = 0;
@@ -211,7 +233,23 @@ async fn exchange(request: reqwest::RequestBuilder) -> Result<(StatusCode, Bytes
             }
         }
     }
-    Ok((status, Bytes::from(kept)))
+    Ok((status, Bytes::from(kept), retry_after))
+}
+
+/// A `Retry-After` value (RFC 9110: seconds, or an HTTP date) as a wait
+/// from `now`, at most [`MAX_RETRY_AFTER`]; `None` when unreadable.
+pub fn retry_after(value: &str, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+    let value = value.trim();
+    let wait = match value.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => {
+            let at = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+            (at.with_timezone(&chrono::Utc) - now)
+                .to_std()
+                .unwrap_or_default()
+        }
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
 }
 
 /// What a status means for a delivery.
@@ -265,6 +303,25 @@ mod tests {
         );
         let unknown = StatusCode::from_u16(599).expect("a status");
         assert_eq!(status_error(unknown), "HTTP 599");
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates_within_bounds() {
+        let now = chrono::DateTime::parse_from_rfc3339("2015-10-21T07:28:00Z")
+            .expect("a time")
+            .with_timezone(&chrono::Utc);
+        assert_eq!(retry_after("7", now), Some(Duration::from_secs(7)));
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now),
+            Some(Duration::ZERO),
+            "a date past is no wait"
+        );
+        assert_eq!(retry_after("86400", now), Some(MAX_RETRY_AFTER));
+        assert_eq!(retry_after("soon", now), None);
     }
 
     #[test]

@@ -1,8 +1,24 @@
 //! Endpoint health: deliveries that exhausted their retries are counted
 //! against their endpoint (a callback URL, a webhook's name), and an
-//! endpoint that exhausts a configured number in a row is disabled. While
-//! disabled, its deliveries are recorded as skipped rather than sent (never
-//! lost: a replay sends them again), until an operator enables it.
+//! endpoint that exhausts a configured number in a row is disabled (outbox
+//! webhooks, when their feed asks for it). While disabled, its deliveries
+//! are recorded as skipped rather than sent (never lost: a replay sends
+//! them again), until an operator enables it.
+//!
+//! Beside the tally, each endpoint of a channel that has one has a
+//! **breaker** ([`Gate`]), kept by each process for the attempts it makes:
+//!
+//! - **closed**: deliveries go out; a success clears the failures.
+//! - **open**, after `open_after` failed attempts in a row: deliveries
+//!   wait, postponed without spending a retry, and failures of attempts
+//!   already under way are held the same way. The next real delivery
+//!   probes the endpoint, first [`FIRST_PROBE`] after opening, then at
+//!   twice the interval each time up to [`LONGEST_PROBE`].
+//! - **recovered**: the first successful probe closes it; what waited is
+//!   due at once, with the deliveries that ran out of retries while it was
+//!   failing (see [`EventLog::release_endpoint`]).
+//! - **disabled**: open for `disable_after` (days by default), the
+//!   endpoint is disabled as an operator would, until one enables it.
 //!
 //! The tally lives in the event log, so every replica sees one state and a
 //! restart keeps it. Each process keeps a copy of the troubled endpoints
@@ -10,8 +26,8 @@
 //! skip, and whether a delivery clears failures, costs a set lookup, and a
 //! fan-out to healthy endpoints never writes to the tally at all.
 
-use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -43,6 +59,109 @@ pub const DEFAULT_DISABLE_AFTER: u32 = 5;
 
 /// The reason recorded on a skipped delivery.
 pub const SKIPPED_REASON: &str = "endpoint disabled";
+
+/// Failed attempts in a row that open an endpoint's breaker, unless
+/// configured otherwise.
+pub const DEFAULT_OPEN_AFTER: u32 = 5;
+
+/// How long an endpoint's breaker stays open before the endpoint is
+/// disabled, unless configured otherwise.
+pub const DEFAULT_DISABLE_OPEN_AFTER: Duration = Duration::from_secs(3 * 86_400);
+
+/// The first probe of an open endpoint comes this long after it opened.
+pub const FIRST_PROBE: Duration = Duration::from_secs(2);
+
+/// Probes of an open endpoint come at most this far apart.
+pub const LONGEST_PROBE: Duration = Duration::from_secs(300);
+
+/// `websub_endpoint_changes_total{channel, to}`: endpoints that changed
+/// state (`to`: `open`, `recovered`, `disabled`).
+pub const ENDPOINT_CHANGES_TOTAL: &str = "websub_endpoint_changes_total";
+
+/// `websub_endpoints_open{channel}`: endpoints whose breaker is open now,
+/// in this process.
+pub const ENDPOINTS_OPEN: &str = "websub_endpoints_open";
+
+/// What a delivery to an endpoint may do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Go out: the breaker is closed.
+    Send,
+    /// Go out as the probe of an open breaker.
+    Probe,
+    /// Wait, postponed until this time, without spending a retry.
+    Hold(DateTime<Utc>),
+}
+
+/// How an attempt through [`Endpoints::gate`] came out, for the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tried {
+    /// The endpoint answered as it should (delivered, or gone).
+    Succeeded,
+    /// The endpoint failed the attempt (an error status, a timeout, a
+    /// refused connection).
+    Failed,
+}
+
+/// What the breaker made of an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Breaker {
+    /// Closed, and stays so.
+    Closed,
+    /// Open: a failure is held until this time rather than counted.
+    Open(DateTime<Utc>),
+    /// This attempt opened it: held until this time.
+    Opened(DateTime<Utc>),
+    /// This probe closed it; it had been failing since this time.
+    Recovered(DateTime<Utc>),
+}
+
+/// The breaker state of one endpoint, in this process.
+#[derive(Debug, Clone)]
+struct Circuit {
+    failures: u32,
+    failing_since: DateTime<Utc>,
+    open: Option<Opened>,
+}
+
+#[derive(Debug, Clone)]
+struct Opened {
+    at: DateTime<Utc>,
+    probe_at: DateTime<Utc>,
+    interval: Duration,
+    probing: bool,
+}
+
+/// When the breakers open and give up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerPolicy {
+    /// Failed attempts in a row that open a breaker; 0: never.
+    pub open_after: u32,
+    /// How long a breaker stays open before its endpoint is disabled;
+    /// zero: never.
+    pub disable_after: Duration,
+}
+
+impl BreakerPolicy {
+    /// No breaker: every failure is counted against its delivery's retries.
+    pub const NONE: Self = Self {
+        open_after: 0,
+        disable_after: Duration::ZERO,
+    };
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> Self {
+        Self {
+            open_after: DEFAULT_OPEN_AFTER,
+            disable_after: DEFAULT_DISABLE_OPEN_AFTER,
+        }
+    }
+}
+
+fn later(at: DateTime<Utc>, wait: Duration) -> DateTime<Utc> {
+    at + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX)
+}
 
 /// A recorded outcome, as the tally counts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +203,10 @@ struct EndpointsState {
     channel: Channel,
     disable_after: u32,
     troubled: RwLock<Troubled>,
+    breaker: BreakerPolicy,
+    /// Endpoints with failures in a row, in this process; bounded by
+    /// [`TROUBLED_LIMIT`].
+    circuits: Mutex<HashMap<String, Circuit>>,
 }
 
 #[derive(Debug, Default)]
@@ -97,14 +220,169 @@ impl Endpoints {
     /// disabled after `disable_after` exhausted deliveries in a row (never,
     /// when 0).
     pub fn new(events: Arc<dyn EventLog>, channel: Channel, disable_after: u32) -> Self {
+        Self::with_breakers(events, channel, disable_after, BreakerPolicy::NONE)
+    }
+
+    /// The same, with a breaker per endpoint under `breaker`.
+    pub fn with_breakers(
+        events: Arc<dyn EventLog>,
+        channel: Channel,
+        disable_after: u32,
+        breaker: BreakerPolicy,
+    ) -> Self {
         Self {
             inner: Arc::new(EndpointsState {
                 events,
                 channel,
                 disable_after,
                 troubled: RwLock::default(),
+                breaker,
+                circuits: Mutex::default(),
             }),
         }
+    }
+
+    /// What a delivery to `endpoint` may do at `now`: see [`Gate`]. A
+    /// [`Gate::Probe`] must be followed by [`Self::tried`].
+    pub fn gate(&self, endpoint: &str, now: DateTime<Utc>) -> Gate {
+        if self.inner.breaker.open_after == 0 {
+            return Gate::Send;
+        }
+        let mut circuits = self.circuits();
+        let Some(open) = circuits
+            .get_mut(endpoint)
+            .and_then(|circuit| circuit.open.as_mut())
+        else {
+            return Gate::Send;
+        };
+        if open.probing || now < open.probe_at {
+            return Gate::Hold(open.probe_at.max(later(now, open.interval)));
+        }
+        open.probing = true;
+        Gate::Probe
+    }
+
+    /// Tells the breaker of `endpoint` how an attempt let through by
+    /// [`Self::gate`] (`probe` if it was the probe) came out at `now`.
+    pub fn tried(&self, endpoint: &str, probe: bool, tried: Tried, now: DateTime<Utc>) -> Breaker {
+        let policy = self.inner.breaker;
+        if policy.open_after == 0 {
+            return Breaker::Closed;
+        }
+        let mut circuits = self.circuits();
+        let change = match (tried, circuits.get_mut(endpoint)) {
+            (Tried::Succeeded, None) => return Breaker::Closed,
+            (Tried::Succeeded, Some(circuit)) => {
+                // An attempt that was under way when the breaker opened
+                // says as much as a probe.
+                let since = circuit.failing_since;
+                let was_open = circuit.open.is_some();
+                circuits.remove(endpoint);
+                if was_open {
+                    Breaker::Recovered(since)
+                } else {
+                    return Breaker::Closed;
+                }
+            }
+            (Tried::Failed, None) => {
+                if circuits.len() >= TROUBLED_LIMIT {
+                    return Breaker::Closed;
+                }
+                let circuit = circuits.entry(endpoint.to_owned()).or_insert(Circuit {
+                    failures: 0,
+                    failing_since: now,
+                    open: None,
+                });
+                Self::failed(circuit, policy, probe, now)
+            }
+            (Tried::Failed, Some(circuit)) => Self::failed(circuit, policy, probe, now),
+        };
+        let open = circuits
+            .values()
+            .filter(|circuit| circuit.open.is_some())
+            .count();
+        drop(circuits);
+        metrics::gauge!(ENDPOINTS_OPEN, "channel" => self.inner.channel.label()).set(open as f64);
+        let channel = self.inner.channel.label();
+        match change {
+            Breaker::Opened(probe_at) => {
+                warn!(channel, endpoint, %probe_at, "endpoint keeps failing: its deliveries wait, and the next one probes it");
+                metrics::counter!(ENDPOINT_CHANGES_TOTAL, "channel" => channel, "to" => "open")
+                    .increment(1);
+            }
+            Breaker::Recovered(since) => {
+                info!(channel, endpoint, failing_since = %since, "endpoint recovered: what waited is sent");
+                metrics::counter!(ENDPOINT_CHANGES_TOTAL, "channel" => channel, "to" => "recovered")
+                    .increment(1);
+            }
+            Breaker::Closed | Breaker::Open(_) => {}
+        }
+        change
+    }
+
+    fn failed(
+        circuit: &mut Circuit,
+        policy: BreakerPolicy,
+        probe: bool,
+        now: DateTime<Utc>,
+    ) -> Breaker {
+        circuit.failures = circuit.failures.saturating_add(1);
+        match &mut circuit.open {
+            Some(open) => {
+                if probe {
+                    open.probing = false;
+                    open.interval = (open.interval * 2).min(LONGEST_PROBE);
+                    open.probe_at = later(now, open.interval);
+                }
+                Breaker::Open(open.probe_at.max(now))
+            }
+            None if circuit.failures >= policy.open_after => {
+                let probe_at = later(now, FIRST_PROBE);
+                circuit.open = Some(Opened {
+                    at: now,
+                    probe_at,
+                    interval: FIRST_PROBE,
+                    probing: false,
+                });
+                Breaker::Opened(probe_at)
+            }
+            None => Breaker::Closed,
+        }
+    }
+
+    /// The endpoints whose breaker has been open longer than the policy
+    /// allows at `now`: each is forgotten here, for the caller to disable.
+    pub fn open_too_long(&self, now: DateTime<Utc>) -> Vec<(String, DateTime<Utc>)> {
+        let limit = self.inner.breaker.disable_after;
+        if limit.is_zero() {
+            return Vec::new();
+        }
+        let mut circuits = self.circuits();
+        let expired: Vec<(String, DateTime<Utc>)> = circuits
+            .iter()
+            .filter_map(|(endpoint, circuit)| {
+                let open = circuit.open.as_ref()?;
+                (later(open.at, limit) <= now).then(|| (endpoint.clone(), circuit.failing_since))
+            })
+            .collect();
+        for (endpoint, _) in &expired {
+            circuits.remove(endpoint);
+        }
+        expired
+    }
+
+    /// Whether `endpoint`'s breaker is open in this process.
+    pub fn is_open(&self, endpoint: &str) -> bool {
+        self.circuits()
+            .get(endpoint)
+            .is_some_and(|circuit| circuit.open.is_some())
+    }
+
+    fn circuits(&self) -> std::sync::MutexGuard<'_, HashMap<String, Circuit>> {
+        self.inner
+            .circuits
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Whether deliveries to `endpoint` are to be skipped.
@@ -252,6 +530,7 @@ impl Endpoints {
     /// Enables `endpoint` again, its failures cleared. Returns whether it was
     /// disabled or failing before.
     pub async fn enable(&self, endpoint: &str, now: DateTime<Utc>) -> Result<bool, EventLogError> {
+        self.circuits().remove(endpoint);
         let changed = self
             .inner
             .events

@@ -1,6 +1,7 @@
 //! Expansion: an event of the log becomes one delivery record per
-//! subscription of its topic, written in parts already claimed and handed
-//! straight to the attempts.
+//! subscription of its topic, written in parts: the records whose lanes
+//! have room already claimed and handed straight to the attempts, the rest
+//! unclaimed, for their lanes to claim as they free room.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use websub_store::{Subscription, SubscriptionStore};
 use crate::events::{Completion, LoggedEvent, Outcome};
 
 use super::cache::Outgoing;
-use super::{DispatchError, Distributor, LEASE_EXPIRED, Pipeline, permit_count};
+use super::{DispatchError, Distributor, LEASE_EXPIRED, Pipeline, lane_of};
 
 impl Distributor {
     /// Expands every recorded but unexpanded event and starts the first
@@ -120,18 +121,17 @@ impl Distributor {
         Ok(Some(created))
     }
 
-    /// Writes one page of an event's subscribers as claimed records, a part
-    /// at a time, and starts their attempts. Returns how many records were
-    /// created, or `None` on shutdown.
+    /// Writes one page of an event's subscribers, a part at a time: the
+    /// records whose lanes have room (and the scheduler too) claimed, and
+    /// their attempts started; the others unclaimed, due now, and their
+    /// lanes told. Returns how many records were created, or `None` on
+    /// shutdown.
     ///
-    /// A part is written while the previous one is still queued, then waits
-    /// for room in the pipeline: the write's latency (on SQLite, the wait
-    /// for the file's one writer) overlaps with the attempts already queued
-    /// instead of leaving the network idle, and a claimed record waits at
-    /// most for one part's worth of attempts to finish before its own starts.
-    /// A part written is a part delivered, shutdown or not: the pipeline
-    /// drains meanwhile, and its records are not left to wait for the
-    /// visibility timeout.
+    /// Expansion never waits for a lane: a host with a hundred thousand
+    /// subscriptions is written out at the log's pace and sent at its own,
+    /// and the events after it are expanded meanwhile. A part written is a
+    /// part delivered, shutdown or not: the pipeline drains meanwhile, and
+    /// its records are not left to wait for the visibility timeout.
     pub(super) async fn deliver_page(
         &self,
         outgoing: &Arc<Outgoing>,
@@ -146,67 +146,104 @@ impl Distributor {
                 return Ok(None);
             }
             let part: Vec<Subscription> = rest.by_ref().take(pipeline.batch).collect();
-            let callbacks: Vec<&str> = part
-                .iter()
-                .map(|subscription| subscription.callback.as_str())
-                .collect();
             let now = self.inner.clock.now();
+            let lanes = &self.inner.lanes;
+            // Each record with room in its lane and in the scheduler is
+            // written claimed, holding both until it is handed over.
+            let mut claimed = Vec::with_capacity(part.len());
+            let mut waiting = Vec::new();
+            for subscription in part {
+                let lane = lane_of(&subscription.callback);
+                let permit = if subscription.is_expired(now) {
+                    // Written claimed and closed at once, without a slot.
+                    None
+                } else if lanes.try_reserve(lane) {
+                    match pipeline.pending.clone().try_acquire_owned() {
+                        Ok(permit) => Some(permit),
+                        Err(_) => {
+                            lanes.unreserve(lane, 1);
+                            waiting.push(subscription);
+                            continue;
+                        }
+                    }
+                } else {
+                    waiting.push(subscription);
+                    continue;
+                };
+                claimed.push((subscription, permit));
+            }
             let started = std::time::Instant::now();
-            let inserted = self
+            let callbacks: Vec<&str> = claimed
+                .iter()
+                .map(|(subscription, _)| subscription.callback.as_str())
+                .collect();
+            let inserted = match self
                 .inner
                 .events
                 .expand_claimed(outgoing.event.id, &callbacks, now)
-                .await?;
-            debug!(records = part.len(), created = inserted.len(), took = ?started.elapsed(), "wrote a claimed part");
+                .await
+            {
+                Ok(inserted) => inserted,
+                Err(error) => {
+                    for (subscription, permit) in &claimed {
+                        if permit.is_some() {
+                            lanes.unreserve(lane_of(&subscription.callback), 1);
+                        }
+                    }
+                    return Err(error.into());
+                }
+            };
+            if !waiting.is_empty() {
+                let callbacks: Vec<&str> = waiting
+                    .iter()
+                    .map(|subscription| subscription.callback.as_str())
+                    .collect();
+                created += self
+                    .inner
+                    .events
+                    .expand_waiting(outgoing.event.id, &callbacks, now)
+                    .await?;
+                for callback in callbacks {
+                    lanes.mark_due(lane_of(callback), now);
+                }
+                self.inner.room.notify_one();
+            }
+            debug!(claimed = claimed.len(), waiting = waiting.len(), created = inserted.len(), took = ?started.elapsed(), "wrote a part");
             created += inserted.len() as u64;
             // Usually every record is new; otherwise only the new ones are
             // this process's to deliver.
             let ours: Option<HashSet<String>> =
-                (inserted.len() < part.len()).then(|| inserted.into_iter().collect());
-            let mut deliverable = Vec::with_capacity(part.len());
-            for subscription in part {
-                if ours
+                (inserted.len() < claimed.len()).then(|| inserted.into_iter().collect());
+            for (subscription, permit) in claimed {
+                let mine = ours
                     .as_ref()
-                    .is_some_and(|ours| !ours.contains(&subscription.callback))
-                {
+                    .is_none_or(|ours| ours.contains(&subscription.callback));
+                let Some(permit) = permit else {
+                    if mine {
+                        let _ = pipeline.completed.send(Completion {
+                            event_id: outgoing.event.id,
+                            subscriber: subscription.callback,
+                            outcome: Outcome::Dropped {
+                                reason: LEASE_EXPIRED.to_owned(),
+                            },
+                            attempt: None,
+                        });
+                    }
                     continue;
-                }
-                if subscription.is_expired(now) {
-                    let _ = pipeline.completed.send(Completion {
-                        event_id: outgoing.event.id,
-                        subscriber: subscription.callback,
-                        outcome: Outcome::Dropped {
-                            reason: LEASE_EXPIRED.to_owned(),
-                        },
-                        attempt: None,
-                    });
-                    continue;
-                }
-                deliverable.push(subscription);
-            }
-            if deliverable.is_empty() {
-                continue;
-            }
-            let Ok(mut permits) = pipeline
-                .pending
-                .clone()
-                .acquire_many_owned(permit_count(deliverable.len()))
-                .await
-            else {
-                return Ok(None);
-            };
-            for subscription in deliverable {
-                let Some(permit) = permits.split(1) else {
-                    // One permit per record of the part was taken.
-                    break;
                 };
-                self.enqueue(
-                    pipeline,
-                    permit,
-                    outgoing.clone(),
-                    Arc::new(subscription),
-                    0,
-                );
+                // Handed over before its slot is given back, so the lane is
+                // never seen idle in between.
+                let lane = lane_of(&subscription.callback).to_owned();
+                if mine {
+                    self.enqueue(
+                        pipeline,
+                        permit,
+                        outgoing.clone(),
+                        Arc::new(subscription),
+                        0,
+                    );
+                }
+                lanes.unreserve(&lane, 1);
             }
         }
         Ok(Some(created))

@@ -3,23 +3,25 @@
 //! hands each attempt to the delivery core ([`crate::delivery`]), which
 //! POSTs it and judges the answer; the outcome — delivered, retried with
 //! backoff, exhausted, or dropped — is written back through the core's
-//! recorder. Fairness here is per callback host: many subscriptions share a
-//! host, and one slow host must not take every slot.
+//! recorder. The callback host is the unit of scheduling: each has a lane
+//! ([`lanes`]) with its own claims, queue and adaptive in-flight limit, so
+//! many subscriptions share a host and one slow host never takes every slot.
 //!
 //! Delivery is at least once. A record is claimed before its attempt and
-//! completed after it; a process killed in between leaves a claim that
-//! becomes claimable again after the visibility timeout. A first attempt
-//! needs no separate claim: the expander writes its record already claimed
-//! and hands it straight to the attempts, while retries (and records another
-//! process left) are claimed from the log. One slow or dead subscriber never
-//! delays another: attempts run concurrently, bounded overall and per
-//! callback host ([`hosts`]), and each carries its own timeout. A record
-//! its host cannot take in time goes back to the log, postponed without
-//! counting as a failure, so a dead host holds no more than its own share.
+//! completed after it; a process killed in between leaves a claim that is
+//! taken over: at once by its successor on a log only one process uses
+//! (SQLite), after the visibility timeout otherwise. A first attempt needs
+//! no separate claim when its lane has room: the expander writes its record
+//! already claimed and hands it straight to the attempts; the records a
+//! lane has no room for are written unclaimed and claimed for that lane as
+//! it frees room, in due order, with retries and the records another
+//! process left. Nothing is written back to make room. One slow or dead
+//! subscriber never delays another: attempts run concurrently, bounded
+//! overall and per lane, and each carries its own timeout.
 
 mod cache;
 mod expand;
-mod hosts;
+mod lanes;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,7 +39,7 @@ use crate::clock::Clock;
 use crate::config::DeliveryPolicy;
 use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
 use crate::delivery::health::{SKIPPED_REASON, Tallied};
-use crate::delivery::pool::{HostClients, authority};
+use crate::delivery::pool::HostClients;
 use crate::delivery::recorder::{self, Batching, OutcomeStore};
 use crate::delivery::{Channel, Endpoints, Judge, Verdict};
 use crate::events::{Attempt, Claimed, Completion, EventLog, EventLogError, Outcome};
@@ -45,7 +47,8 @@ use crate::protocol::iri_to_uri;
 
 pub use cache::SUBSCRIBERS_TTL;
 use cache::{EventCache, Outgoing, SubscriberCache, Subscribers};
-use hosts::{Admission, HostQueues, Job};
+use lanes::{Admission, Ask, Job, Lanes, Next, Reply};
+pub use lanes::{INITIAL_LIMIT, lane_of};
 
 /// The WebSub scheduler. Cheap to clone; clones share state.
 #[derive(Debug, Clone)]
@@ -72,17 +75,16 @@ struct DistributorState {
     subscribers: SubscriberCache,
     judge: Judge,
     endpoints: Endpoints,
-    queues: HostQueues,
+    lanes: Lanes,
 }
 
 /// What the claim loop and the expander share to start attempts.
 #[derive(Debug, Clone)]
 struct Pipeline {
     /// One permit per record claimed and not yet through its attempt: the
-    /// attempts in flight plus the records waiting in their hosts' queues,
-    /// so the network never waits for the log, and a host that takes long
-    /// leaves room for the records of the others. A record waits at most
-    /// [`host_wait`], far inside the visibility timeout.
+    /// attempts in flight plus the records waiting in their lanes' queues,
+    /// a bound over all lanes besides each lane's own. A record waits at
+    /// most [`host_wait`], far inside the visibility timeout.
     pending: Arc<Semaphore>,
     attempts: TaskTracker,
     /// Once cancelled, records still waiting go back to the log instead of
@@ -128,7 +130,12 @@ impl Distributor {
                 bodies: EventCache::new(256),
                 subscribers: SubscriberCache::default(),
                 judge: Judge::new(Channel::WebSub, policy.retry),
-                queues: HostQueues::new(policy.per_host, host_wait(&policy), clients),
+                lanes: Lanes::new(
+                    policy.per_host_min,
+                    policy.per_host,
+                    host_wait(&policy),
+                    clients,
+                ),
             }),
         }
     }
@@ -142,6 +149,12 @@ impl Distributor {
     /// The health of the callbacks this scheduler delivers to.
     pub fn endpoints(&self) -> &Endpoints {
         &self.inner.endpoints
+    }
+
+    /// The in-flight limit the lane of `callback` has reached now, while
+    /// it has work; `None` for a lane with none.
+    pub fn lane_limit(&self, callback: &str) -> Option<usize> {
+        self.inner.lanes.limit(lane_of(callback))
     }
 
     /// Forgets the cached subscribers of `topic`: a subscription to it was
@@ -172,49 +185,43 @@ impl Distributor {
                 .run_expander(pipeline.clone(), shutdown.clone()),
         );
         let health = tokio::spawn(self.inner.endpoints.clone().keep_fresh(shutdown.clone()));
+        match self.inner.events.release_claims().await {
+            Ok(0) => {}
+            Ok(released) => info!(released, "took over the claims of the process before"),
+            Err(error) => warn!(%error, "taking over the claims of the process before failed"),
+        }
         self.expand_soon();
+        let mut walked: Option<Instant> = None;
         while !shutdown.is_cancelled() {
-            let room = pipeline.pending.available_permits();
-            if room < pipeline.batch {
+            if walked.is_none_or(|at| at.elapsed() >= self.inner.poll_interval) {
+                self.walk_lanes().await;
+                walked = Some(Instant::now());
+            }
+            let now = self.inner.clock.now();
+            let budget = pipeline.pending.available_permits();
+            let asks = if budget == 0 {
+                Vec::new()
+            } else {
+                self.inner.lanes.reserve(now, budget)
+            };
+            if asks.is_empty() {
+                let sleep = self
+                    .inner
+                    .lanes
+                    .next_due(now)
+                    .and_then(|due| (due - now).to_std().ok())
+                    .map_or(self.inner.poll_interval, |until| {
+                        until.min(self.inner.poll_interval)
+                    });
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     () = self.inner.room.notified() => {}
+                    () = self.inner.wake.notified() => self.expand_soon(),
+                    () = tokio::time::sleep(sleep) => self.expand_soon(),
                 }
                 continue;
             }
-            let limit = room.min(self.inner.policy.batch_size);
-            let claimed = match self
-                .inner
-                .events
-                .claim(
-                    limit,
-                    self.inner.clock.now(),
-                    self.inner.policy.visibility_timeout,
-                )
-                .await
-            {
-                Ok(claimed) => claimed,
-                Err(error) => {
-                    warn!(%error, "claiming deliveries failed; retrying at the next poll");
-                    Vec::new()
-                }
-            };
-            let more_due = claimed.len() == limit;
-            debug!(claimed = claimed.len(), limit, "claimed");
-            if !claimed.is_empty()
-                && let Err(error) = self.start_attempts(claimed, &pipeline).await
-            {
-                warn!(%error, "preparing deliveries failed; they are retried after the visibility timeout");
-            }
-            if !more_due {
-                // Fewer records were due than there was room for: wait for
-                // news instead of asking the log again at once.
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = self.inner.wake.notified() => self.expand_soon(),
-                    () = tokio::time::sleep(self.inner.poll_interval) => self.expand_soon(),
-                }
-            }
+            self.claim_for(asks, now, &pipeline).await;
         }
         if let Err(error) = expander.await {
             warn!(%error, "the expander stopped abnormally");
@@ -230,6 +237,57 @@ impl Distributor {
         drop(completed);
         if let Err(error) = recorder.await {
             warn!(%error, "the outcome recorder stopped abnormally");
+        }
+    }
+
+    /// Claims the records `asks` want and starts their attempts.
+    async fn claim_for(
+        &self,
+        asks: Vec<Ask>,
+        now: chrono::DateTime<chrono::Utc>,
+        pipeline: &Pipeline,
+    ) {
+        let wanted: Vec<(&str, usize)> = asks.iter().map(|ask| (&*ask.lane, ask.count)).collect();
+        let claimed = self
+            .inner
+            .events
+            .claim_lanes(&wanted, now, self.inner.policy.visibility_timeout)
+            .await;
+        let claimed = match claimed {
+            Ok(claimed) => {
+                let mut got: HashMap<&str, usize> = HashMap::new();
+                for claim in &claimed {
+                    *got.entry(lane_of(&claim.subscriber)).or_default() += 1;
+                }
+                self.inner.lanes.claimed(&asks, Some(&got));
+                claimed
+            }
+            Err(error) => {
+                warn!(%error, "claiming deliveries failed; retrying at the next poll");
+                self.inner.lanes.claimed(&asks, None);
+                tokio::time::sleep(self.inner.poll_interval).await;
+                return;
+            }
+        };
+        debug!(claimed = claimed.len(), lanes = asks.len(), "claimed");
+        if !claimed.is_empty()
+            && let Err(error) = self.start_attempts(claimed, pipeline).await
+        {
+            warn!(%error, "preparing deliveries failed; they are retried after the visibility timeout");
+        }
+    }
+
+    /// Reads which lanes hold due records in the log: what this process did
+    /// not write itself (records of a process that died, of another
+    /// replica, retries from before a restart).
+    async fn walk_lanes(&self) {
+        match self.inner.events.due_lanes(WALKED_LANES).await {
+            Ok(found) => {
+                for (lane, due) in found {
+                    self.inner.lanes.mark_due(&lane, due);
+                }
+            }
+            Err(error) => warn!(%error, "reading the lanes with due deliveries failed"),
         }
     }
 
@@ -314,8 +372,8 @@ impl Distributor {
         Ok(())
     }
 
-    /// Hands one record to its host's queue, holding `permit` until its
-    /// outcome is sent; starts a runner for the host if it has room for one.
+    /// Hands one record to its lane, holding `permit` until its outcome is
+    /// sent; starts a runner for the lane if it has a free slot.
     fn enqueue(
         &self,
         pipeline: &Pipeline,
@@ -332,50 +390,63 @@ impl Distributor {
             permit,
             queued: Instant::now(),
         };
-        match self.inner.queues.admit(authority(&keyed.callback), job) {
-            Admission::Run(host, job, client) => {
-                let runner = self.clone().run_host(pipeline.clone(), host, job, client);
+        match self.inner.lanes.admit(lane_of(&keyed.callback), job) {
+            Admission::Run(lane, job, client) => {
+                let runner = self.clone().run_lane(pipeline.clone(), lane, job, client);
                 pipeline.attempts.spawn(runner);
             }
             Admission::Queued => {}
-            Admission::Overflow(job, wait) => {
+            Admission::Paused(job, wait) => {
                 let completion = self.postponed(&job, None, wait);
                 self.finish(pipeline, completion, job);
             }
         }
     }
 
-    /// One runner of `host`: attempts `job`, then the host's next records
-    /// until its queue is empty. Records that waited too long, or are still
-    /// waiting at shutdown, go back to the log postponed.
-    async fn run_host(
+    /// One runner of `lane`: attempts `job`, then the lane's next records
+    /// while its limit allows. Records that waited too long, or are still
+    /// waiting at shutdown or while the lane is paused, go back to the log
+    /// postponed.
+    async fn run_lane(
         self,
         pipeline: Pipeline,
-        host: Arc<str>,
+        lane: Arc<str>,
         mut job: Job,
         client: reqwest::Client,
     ) {
         let mut stale = Vec::new();
         loop {
-            let (completion, took) = if pipeline.shutdown.is_cancelled() {
+            let (completion, reply) = if pipeline.shutdown.is_cancelled() {
                 (self.postponed(&job, None, Duration::ZERO), None)
             } else {
                 // Debug level: an enabled span per delivery costs
                 // measurable CPU at tens of thousands of deliveries a second.
                 let span = debug_span!("deliver", topic = %job.subscription.topic, callback = %job.subscription.callback, event = %job.outgoing.event.id);
-                let started = Instant::now();
-                let completion = self.attempt(&job, &client).instrument(span).await;
-                (completion, Some(started.elapsed()))
+                let (completion, reply, pause) = self.attempt(&job, &client).instrument(span).await;
+                if let Some(pause) = pause {
+                    self.inner.lanes.pause(&lane, pause);
+                }
+                (completion, reply)
             };
             self.finish(&pipeline, completion, job);
-            let next = self.inner.queues.next(&host, took, &mut stale);
-            for waited in stale.drain(..) {
-                let completion = self.postponed(&waited, None, self.inner.queues.max_wait());
-                self.finish(&pipeline, completion, waited);
+            let (next, refill) = self.inner.lanes.next(&lane, reply, &mut stale);
+            if !stale.is_empty() {
+                let wait = self
+                    .inner
+                    .lanes
+                    .paused_for(&lane)
+                    .unwrap_or(STALE_RECORD_WAIT);
+                for waited in stale.drain(..) {
+                    let completion = self.postponed(&waited, None, wait);
+                    self.finish(&pipeline, completion, waited);
+                }
+            }
+            if refill || pipeline.pending.available_permits() == pipeline.batch {
+                self.inner.room.notify_one();
             }
             match next {
-                Some(next) => job = next,
-                None => return,
+                Next::Attempt(next) => job = next,
+                Next::Stop => return,
             }
         }
     }
@@ -384,7 +455,6 @@ impl Distributor {
     fn finish(&self, pipeline: &Pipeline, completion: Completion, job: Job) {
         let _ = pipeline.completed.send(completion);
         drop(job.permit);
-        self.inner.room.notify_one();
     }
 
     /// `job` goes back to the log, due again after `wait`, its retries not
@@ -459,7 +529,14 @@ impl Distributor {
         Ok(Some(outgoing))
     }
 
-    async fn attempt(&self, job: &Job, client: &reqwest::Client) -> Completion {
+    /// Makes one attempt of `job`. Returns its completion, how the host
+    /// took it (for the lane's limit), and how long the host asked the lane
+    /// to pause (`Retry-After` on a `429` or `503`).
+    async fn attempt(
+        &self,
+        job: &Job,
+        client: &reqwest::Client,
+    ) -> (Completion, Option<Reply>, Option<Duration>) {
         let Job {
             subscription,
             outgoing,
@@ -468,7 +545,7 @@ impl Distributor {
         } = job;
         let retry_count = *retry_count;
         if self.inner.endpoints.is_disabled(&subscription.callback) {
-            return Completion {
+            let completion = Completion {
                 event_id: outgoing.event.id,
                 subscriber: subscription.callback.clone(),
                 outcome: Outcome::Skipped {
@@ -476,14 +553,15 @@ impl Distributor {
                 },
                 attempt: None,
             };
+            return (completion, None, None);
         }
         let Ok(_http_slot) = self.inner.http_slots.acquire().await else {
-            return self.postponed(job, None, Duration::ZERO);
+            return (self.postponed(job, None, Duration::ZERO), None, None);
         };
-        if job.is_stale(self.inner.queues.max_wait()) {
-            return self.postponed(job, None, self.inner.queues.max_wait());
+        if job.is_stale(self.inner.lanes.max_wait()) {
+            return (self.postponed(job, None, STALE_RECORD_WAIT), None, None);
         }
-        let (answer, attempted) = match &outgoing.headers {
+        let (answer, attempted, reply, retry_after) = match &outgoing.headers {
             Ok(headers) => {
                 let request = Request {
                     url: &subscription.callback,
@@ -498,17 +576,28 @@ impl Distributor {
                 let in_flight = self.inner.judge.attempting();
                 let attempted =
                     attempt::post(client, request, self.inner.policy.timeout, None).await;
+                let took = in_flight.elapsed();
+                let reply = match (&attempted.answer, attempted.status) {
+                    (Answer::Local(_), _) => None,
+                    (_, Some(status)) if status == 429 || status >= 500 => Some(Reply::Overloaded),
+                    (_, Some(_)) => Some(Reply::Answered(took)),
+                    (_, None) => Some(Reply::Overloaded),
+                };
                 let history = Attempt {
                     at,
-                    duration_micros: i64::try_from(in_flight.elapsed().as_micros())
-                        .unwrap_or(i64::MAX),
+                    duration_micros: i64::try_from(took.as_micros()).unwrap_or(i64::MAX),
                     status: attempted.status,
                     error: None,
                     response: attempted.response,
                 };
-                (attempted.answer, Some((in_flight, history)))
+                (
+                    attempted.answer,
+                    Some((in_flight, history)),
+                    reply,
+                    attempted.retry_after,
+                )
             }
-            Err(error) => (Answer::Failed(error.clone()), None),
+            Err(error) => (Answer::Failed(error.clone()), None, None, None),
         };
         let judge = &self.inner.judge;
         let (verdict, history) = match attempted {
@@ -537,7 +626,8 @@ impl Distributor {
             }
             Verdict::Retry { error, wait } => Outcome::Retry {
                 error,
-                next_attempt_at: self.due_after(wait),
+                // The host asked for a pause: the retry waits it out too.
+                next_attempt_at: self.due_after(wait.max(retry_after.unwrap_or_default())),
             },
             Verdict::Exhausted { error } => Outcome::Exhausted { error },
             Verdict::Postponed { error, wait } => Outcome::Postponed {
@@ -545,12 +635,13 @@ impl Distributor {
                 next_attempt_at: self.due_after(wait),
             },
         };
-        Completion {
+        let completion = Completion {
             event_id: outgoing.event.id,
             subscriber: subscription.callback.clone(),
             outcome,
             attempt: history,
-        }
+        };
+        (completion, reply, retry_after)
     }
 }
 
@@ -570,6 +661,20 @@ impl OutcomeStore for LogOutcomes {
             .complete(batch, now)
             .await
             .map_err(|error| error.to_string())?;
+        // Written: a claim may find them now.
+        for completion in batch {
+            if let Outcome::Retry {
+                next_attempt_at, ..
+            }
+            | Outcome::Postponed {
+                next_attempt_at, ..
+            } = completion.outcome
+            {
+                inner
+                    .lanes
+                    .mark_due(lane_of(&completion.subscriber), next_attempt_at);
+            }
+        }
         inner
             .endpoints
             .tally(batch.iter().filter_map(Tallied::of), now)
@@ -624,13 +729,12 @@ pub fn link_header(hub_url: &str, topic: &str) -> String {
 /// Why a record of an expired subscription is closed undelivered.
 const LEASE_EXPIRED: &str = "the subscription's lease has expired";
 
-/// How many claimed records may wait in their hosts' queues, besides the
-/// attempts in flight: four rounds of them, so that when the records of a
-/// topic come host by host (as the store lists them), the queues reach far
-/// enough ahead to keep the slots of many hosts busy. A waiting record
-/// costs a few dozen bytes. A host's own queue is bounded besides
-/// ([`hosts::QUEUE_ROUNDS`]), so one host cannot take the room, and what
-/// it cannot take goes back to the log, where other replicas claim it too.
+/// How many claimed records may wait in their lanes' queues, besides the
+/// attempts in flight: four rounds of them, so the queues of many lanes
+/// reach far enough ahead to keep their slots busy. A waiting record costs
+/// a few dozen bytes. A lane's own queue is bounded besides
+/// ([`lanes::QUEUE_ROUNDS`]), so one host cannot take the room: what it
+/// cannot take stays in the log, where other replicas claim it too.
 fn waiting_room(policy: &DeliveryPolicy) -> usize {
     policy.batch_size.max(policy.concurrency.saturating_mul(4))
 }
@@ -648,14 +752,16 @@ fn host_wait(policy: &DeliveryPolicy) -> Duration {
 /// The longest wait for a host's slot, when the claims allow it.
 const HOST_WAIT: Duration = Duration::from_secs(20);
 
+/// When a record that waited too long in its lane's queue (its host slowed
+/// down) is due again.
+const STALE_RECORD_WAIT: Duration = Duration::from_secs(1);
+
+/// The most lanes one walk of the log reads.
+const WALKED_LANES: usize = 100_000;
+
 /// The most records of one topic in a claimed batch whose subscriptions
 /// are read one by one rather than listed with the whole topic.
 const POINT_READS: usize = 64;
-
-/// A permit count for the semaphore API; batches are far below `u32::MAX`.
-fn permit_count(records: usize) -> u32 {
-    u32::try_from(records).unwrap_or(u32::MAX)
-}
 
 /// How WebSub outcomes are written: in a fan-out of tens of thousands of
 /// deliveries a second, a batched update on PostgreSQL takes tens of

@@ -350,6 +350,56 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         now: DateTime<Utc>,
     ) -> Result<Vec<String>, EventLogError>;
 
+    /// Writes delivery records for some of an event's subscribers, due at
+    /// `due` and not claimed: the records a busy lane cannot take now,
+    /// which [`EventLog::claim_lanes`] hands out as it can. Like
+    /// [`EventLog::expand_claimed`], it leaves the event unexpanded and an
+    /// existing record as it is. Returns how many records it created; an
+    /// event not in the log is [`EventLogError::UnknownEvent`].
+    async fn expand_waiting(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        due: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
+    /// Claims, for each `(lane, count)` asked for, up to `count` due records
+    /// of that lane (see `crate::dispatch::lane_of`), most overdue first,
+    /// as [`EventLog::claim`] does for the whole log: concurrent claimers
+    /// never receive the same record, and a claim older than `visibility`
+    /// is taken over.
+    async fn claim_lanes(
+        &self,
+        lanes: &[(&str, usize)],
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Claimed>, EventLogError>;
+
+    /// The lanes holding records not yet processed and not exhausted, each
+    /// with its earliest `next_attempt_at` (records in flight included), at
+    /// most `limit` lanes in lane order. A scheduler finds here the work it
+    /// did not write itself: retries come due, records of a process that
+    /// died, records another replica left.
+    async fn due_lanes(&self, limit: usize) -> Result<Vec<(String, DateTime<Utc>)>, EventLogError>;
+
+    /// Hands back every claim in the log at once: for a log only one
+    /// process can use (SQLite), whose claims at start-up can only be its
+    /// dead predecessor's. Returns how many records were released.
+    async fn release_claims(&self) -> Result<u64, EventLogError>;
+
+    /// An endpoint (a subscriber) that was failing since `failing_since`
+    /// answered again: its records waiting for a later attempt are due at
+    /// `now`, and those that ran out of retries with an attempt since
+    /// `failing_since` are due at `now` with their retries counted afresh.
+    /// Records in flight are left to their attempts. Returns how many
+    /// records were released.
+    async fn release_endpoint(
+        &self,
+        subscriber: &str,
+        failing_since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
     /// Events recorded but not yet expanded (a crash between the two), oldest
     /// first, at most `limit`.
     async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError>;

@@ -87,8 +87,9 @@ pub struct FeedConfig {
     /// Delivery rows claimed per round trip at most (100).
     pub delivery_batch_size: Option<usize>,
     /// Deliveries to one webhook that exhaust their retries in a row before
-    /// it is disabled (5; 0 never disables), as the hub's
-    /// `disable_endpoint_after`.
+    /// it is disabled and its rows are skipped (0, the default, never
+    /// disables: every row is tried to its own retry limit, as the
+    /// messaging contract has it).
     pub disable_endpoint_after: Option<u32>,
     /// A delivery claimed by a process that died is claimed again after this
     /// (`60s`; must exceed `delivery_timeout`).

@@ -248,9 +248,9 @@ impl Feed {
         }
         let dispatcher = Dispatcher::new(pool, dispatcher_config)?.with_operations(
             events.clone(),
-            config
-                .disable_endpoint_after
-                .unwrap_or(crate::delivery::health::DEFAULT_DISABLE_AFTER),
+            // The seed's contract: every row to its own retry limit, nothing
+            // skipped, unless the feed asks to disable failing webhooks.
+            config.disable_endpoint_after.unwrap_or(0),
         );
         let bridge = WebSubBridge::new(events, wake, public_url.clone(), template.clone())
             .recording_on(hub_runtime.clone());

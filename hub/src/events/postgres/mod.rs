@@ -374,6 +374,101 @@ impl EventLog for PostgresEventLog {
         Ok(created)
     }
 
+    async fn expand_waiting(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        due: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let subscribers = super::sorted_unique(subscribers.iter().copied());
+        if subscribers.is_empty() {
+            let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
+                .bind(event_id)
+                .fetch_one(&self.pool)
+                .await?;
+            return if exists {
+                Ok(0)
+            } else {
+                Err(EventLogError::UnknownEvent(event_id))
+            };
+        }
+        let mut created = 0;
+        for chunk in subscribers.chunks(EXPAND_CHUNK) {
+            // The insert's statement trigger fails it when the event is gone.
+            created += sqlx::query(EXPAND_AGAIN)
+                .bind(event_id)
+                .bind(due)
+                .bind(chunk)
+                .execute(&self.pool)
+                .await
+                .map_err(|error| missing_event(error, event_id))?
+                .rows_affected();
+        }
+        Ok(created)
+    }
+
+    async fn claim_lanes(
+        &self,
+        lanes: &[(&str, usize)],
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Claimed>, EventLogError> {
+        let (names, counts): (Vec<&str>, Vec<i64>) = lanes
+            .iter()
+            .filter(|(_, count)| *count > 0)
+            .map(|(lane, count)| (*lane, i64::try_from(*count).unwrap_or(i64::MAX)))
+            .unzip();
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        sqlx::query(CLAIM_LANES)
+            .bind(now)
+            .bind(super::stale_bound(now, visibility))
+            .bind(names)
+            .bind(counts)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(claimed_from_row)
+            .collect()
+    }
+
+    async fn due_lanes(&self, limit: usize) -> Result<Vec<(String, DateTime<Utc>)>, EventLogError> {
+        sqlx::query(DUE_LANES)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                let lane: String = row.try_get("lane").map_err(super::invalid)?;
+                let due: DateTime<Utc> = row.try_get("due").map_err(super::invalid)?;
+                Ok((lane, due))
+            })
+            .collect()
+    }
+
+    async fn release_claims(&self) -> Result<u64, EventLogError> {
+        // Replicas share this log: a claim found at start may be a live
+        // replica's. Theirs move by the visibility timeout.
+        Ok(0)
+    }
+
+    async fn release_endpoint(
+        &self,
+        subscriber: &str,
+        failing_since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        Ok(sqlx::query(RELEASE_ENDPOINT)
+            .bind(crate::dispatch::lane_of(subscriber))
+            .bind(subscriber)
+            .bind(now)
+            .bind(failing_since)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
     async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
         sqlx::query(UNEXPANDED)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))

@@ -146,3 +146,35 @@ pub(super) const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id,
      SELECT id, $2, $4 FROM websub_events \
      WHERE topic = $1 AND created_at >= $3 AND original_id IS NULL \
      ON CONFLICT DO NOTHING";
+
+pub(super) const CLAIM_LANES: &str =
+    "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_lanes($1, $2, $3, $4)";
+
+// A loose scan of the lane index, as the SQLite log's: each step seeks the
+// next lane, so the cost is the number of lanes, not of records.
+pub(super) const DUE_LANES: &str = "WITH RECURSIVE lanes (lane) AS ( \
+         SELECT (SELECT lane FROM websub_deliveries WHERE processed_at IS NULL \
+                 AND lane IS NOT NULL ORDER BY lane LIMIT 1) \
+         UNION ALL \
+         SELECT (SELECT d.lane FROM websub_deliveries AS d WHERE d.processed_at IS NULL \
+                 AND d.lane > lanes.lane ORDER BY d.lane LIMIT 1) \
+         FROM lanes WHERE lanes.lane IS NOT NULL) \
+     SELECT lane::TEXT AS lane, due FROM ( \
+         SELECT lane, (SELECT min(d.next_attempt_at) FROM websub_deliveries AS d \
+                       WHERE d.processed_at IS NULL AND d.lane = lanes.lane \
+                         AND d.next_attempt_at IS NOT NULL) AS due \
+         FROM lanes WHERE lane IS NOT NULL) AS found \
+     WHERE due IS NOT NULL LIMIT $1";
+
+// As the SQLite log's: the lane index narrows to the subscriber's host.
+pub(super) const RELEASE_ENDPOINT: &str = "UPDATE websub_deliveries AS d SET \
+         retry_count = CASE WHEN d.next_attempt_at IS NULL THEN 0 ELSE d.retry_count END, \
+         outcome = CASE WHEN d.next_attempt_at IS NULL THEN 'retry' ELSE d.outcome END, \
+         next_attempt_at = $3 \
+     WHERE d.lane = $1 AND d.subscriber = $2 AND d.processed_at IS NULL \
+       AND d.processing_since IS NULL \
+       AND (d.next_attempt_at > $3 \
+            OR (d.next_attempt_at IS NULL AND EXISTS ( \
+                SELECT 1 FROM websub_attempts AS a \
+                WHERE a.event_id = d.event_id AND a.subscriber = d.subscriber \
+                  AND a.attempted_at >= $4)))";

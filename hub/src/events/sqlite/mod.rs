@@ -330,6 +330,110 @@ impl EventLog for SqliteEventLog {
         Ok(created)
     }
 
+    async fn expand_waiting(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        due: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let subscribers = super::sorted_unique(subscribers.iter().copied());
+        let chunks = subscribers
+            .chunks(EXPAND_CHUNK)
+            .map(serde_json::to_string)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+        let mut writer = self.writer().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
+            .bind(event_id)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !exists {
+            return Err(EventLogError::UnknownEvent(event_id));
+        }
+        let mut created = 0;
+        for json in chunks {
+            created += sqlx::query(EXPAND_WAITING)
+                .bind(event_id)
+                .bind(due.timestamp_micros())
+                .bind(json)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(created)
+    }
+
+    async fn claim_lanes(
+        &self,
+        lanes: &[(&str, usize)],
+        now: DateTime<Utc>,
+        visibility: Duration,
+    ) -> Result<Vec<Claimed>, EventLogError> {
+        if lanes.iter().all(|(_, count)| *count == 0) {
+            return Ok(Vec::new());
+        }
+        let stale = super::stale_bound(now, visibility).map(|bound| bound.timestamp_micros());
+        // One transaction for every lane: one wait for the write lock.
+        let mut writer = self.writer().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let mut claimed = Vec::new();
+        for (lane, count) in lanes.iter().filter(|(_, count)| *count > 0) {
+            let rows = sqlx::query(CLAIM_LANE)
+                .bind(now.timestamp_micros())
+                .bind(stale)
+                .bind(i64::try_from(*count).unwrap_or(i64::MAX))
+                .bind(*lane)
+                .fetch_all(&mut *tx)
+                .await?;
+            for row in &rows {
+                claimed.push(claimed_from_row(row)?);
+            }
+        }
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn due_lanes(&self, limit: usize) -> Result<Vec<(String, DateTime<Utc>)>, EventLogError> {
+        sqlx::query(DUE_LANES)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                let lane: String = row.try_get("lane").map_err(super::invalid)?;
+                let due: i64 = row.try_get("due").map_err(super::invalid)?;
+                Ok((lane, from_micros(due)?))
+            })
+            .collect()
+    }
+
+    async fn release_claims(&self) -> Result<u64, EventLogError> {
+        let mut writer = self.writer().await?;
+        Ok(sqlx::query(RELEASE_CLAIMS)
+            .execute(&mut *writer)
+            .await?
+            .rows_affected())
+    }
+
+    async fn release_endpoint(
+        &self,
+        subscriber: &str,
+        failing_since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let mut writer = self.writer().await?;
+        Ok(sqlx::query(RELEASE_ENDPOINT)
+            .bind(crate::dispatch::lane_of(subscriber))
+            .bind(subscriber)
+            .bind(now.timestamp_micros())
+            .bind(failing_since.timestamp_micros())
+            .execute(&mut *writer)
+            .await?
+            .rows_affected())
+    }
+
     async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
         sqlx::query(UNEXPANDED)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))

@@ -169,3 +169,53 @@ pub(super) const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id,
      SELECT id, ?2, ?4 FROM websub_events \
      WHERE topic = ?1 AND created_at >= ?3 AND original_id IS NULL \
      ON CONFLICT DO NOTHING";
+
+// Records a busy lane cannot take now: due at `?2`, not claimed.
+pub(super) const EXPAND_WAITING: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
+     SELECT ?1, value, ?2 FROM json_each(?3) WHERE true \
+     ON CONFLICT DO NOTHING";
+
+// CLAIM, for one lane: the lane index gives its due records in due order.
+pub(super) const CLAIM_LANE: &str = "UPDATE websub_deliveries SET processing_since = ?1 \
+     WHERE rowid IN ( \
+         SELECT rowid FROM websub_deliveries \
+         WHERE lane = ?4 AND processed_at IS NULL AND next_attempt_at <= ?1 \
+           AND (processing_since IS NULL OR processing_since < ?2) \
+         ORDER BY next_attempt_at \
+         LIMIT ?3) \
+     RETURNING event_id, \
+         (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
+         subscriber, retry_count";
+
+// A loose scan of the lane index: each step seeks the next lane, so the
+// cost is the number of lanes, not of records. Exhausted records (no
+// `next_attempt_at`) keep a lane in the walk but give it no due time.
+pub(super) const DUE_LANES: &str = "WITH RECURSIVE lanes (lane) AS ( \
+         SELECT (SELECT lane FROM websub_deliveries WHERE processed_at IS NULL \
+                 AND lane IS NOT NULL ORDER BY lane LIMIT 1) \
+         UNION ALL \
+         SELECT (SELECT d.lane FROM websub_deliveries AS d WHERE d.processed_at IS NULL \
+                 AND d.lane > lanes.lane ORDER BY d.lane LIMIT 1) \
+         FROM lanes WHERE lanes.lane IS NOT NULL) \
+     SELECT lane, due FROM ( \
+         SELECT lane, (SELECT min(d.next_attempt_at) FROM websub_deliveries AS d \
+                       WHERE d.processed_at IS NULL AND d.lane = lanes.lane \
+                         AND d.next_attempt_at IS NOT NULL) AS due \
+         FROM lanes WHERE lane IS NOT NULL) \
+     WHERE due IS NOT NULL LIMIT ?1";
+
+pub(super) const RELEASE_CLAIMS: &str = "UPDATE websub_deliveries SET processing_since = NULL \
+     WHERE processing_since IS NOT NULL AND processed_at IS NULL";
+
+// The lane index narrows to the subscriber's host; exhausted records keep
+// their attempts, which say whether they failed during the outage.
+pub(super) const RELEASE_ENDPOINT: &str = "UPDATE websub_deliveries SET \
+         retry_count = CASE WHEN next_attempt_at IS NULL THEN 0 ELSE retry_count END, \
+         outcome = CASE WHEN next_attempt_at IS NULL THEN 'retry' ELSE outcome END, \
+         next_attempt_at = ?3 \
+     WHERE lane = ?1 AND subscriber = ?2 AND processed_at IS NULL AND processing_since IS NULL \
+       AND (next_attempt_at > ?3 \
+            OR (next_attempt_at IS NULL AND EXISTS ( \
+                SELECT 1 FROM websub_attempts AS a \
+                WHERE a.event_id = websub_deliveries.event_id \
+                  AND a.subscriber = websub_deliveries.subscriber AND a.attempted_at >= ?4)))";
