@@ -274,6 +274,8 @@ async fn an_operator_enables_a_disabled_callback_and_replays_it_in_the_browser()
             INTERNAL_KEY,
             "--disable-endpoint-after",
             "2",
+            "--endpoint-open-after",
+            "0",
         ],
     )
     .await;

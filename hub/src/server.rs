@@ -196,7 +196,12 @@ impl Hub {
             feeds.changed(topic);
         }));
         let woken = dispatcher.clone();
-        subscriptions.catch_up_with(CatchUp::new(events.clone(), move || woken.wake()));
+        let unsubscribed = dispatcher.clone();
+        subscriptions.catch_up_with(
+            CatchUp::new(events.clone(), move || woken.wake()).on_unsubscribe(
+                move |topic, callback, since| unsubscribed.set_unsubscribed(topic, callback, since),
+            ),
+        );
         let intake = Intake::new(
             events.clone(),
             store.clone(),

@@ -17,7 +17,9 @@ use crate::events::EventLog;
 use crate::outbox::{OUTBOX_BACKLOG, OUTBOX_LISTENER_CONNECTED, OUTBOX_OLDEST_UNDELIVERED_SECONDS};
 
 use crate::api::{HTTP_REQUEST_SECONDS, HTTP_REQUESTS_TOTAL, SHED_TOTAL};
-use crate::delivery::health::{ENDPOINTS_DISABLED, ENDPOINTS_DISABLED_TOTAL};
+use crate::delivery::health::{
+    ENDPOINT_CHANGES_TOTAL, ENDPOINTS_DISABLED, ENDPOINTS_DISABLED_TOTAL, ENDPOINTS_OPEN,
+};
 use crate::delivery::metrics::{
     ATTEMPT_SECONDS, DELIVERIES_IN_FLIGHT, DELIVERIES_TOTAL, DELIVERIES_WAITING_FOR_HOST,
     DELIVERY_LATENCY_SECONDS,
@@ -67,14 +69,27 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         DELIVERIES_WAITING_FOR_HOST,
         Kind::Gauge,
-        "Claimed deliveries waiting for a free slot of their callback host (at most \
-         delivery-per-host in flight to one host), by channel.",
+        "Claimed deliveries waiting in their callback host's lane for a free slot (its \
+         adaptive in-flight limit), by channel.",
+    ),
+    (
+        ENDPOINT_CHANGES_TOTAL,
+        Kind::Counter,
+        "Endpoints whose breaker changed state, by channel and new state: open (failing in \
+         a row: deliveries wait while the next one probes), recovered (a probe succeeded: \
+         what waited is sent), disabled (open too long).",
+    ),
+    (
+        ENDPOINTS_OPEN,
+        Kind::Gauge,
+        "Endpoints whose breaker is open now in this process, by channel.",
     ),
     (
         ENDPOINTS_DISABLED_TOTAL,
         Kind::Counter,
         "Endpoints disabled, by channel and by who disabled them: the hub after deliveries \
-         exhausted their retries too many times in a row (failures), or an operator.",
+         exhausted their retries too many times in a row (failures) or after a long outage \
+         (outage), or an operator.",
     ),
     (
         ENDPOINTS_DISABLED,

@@ -23,6 +23,8 @@ async fn hub_on(backend: Backend) -> Option<TestHub> {
     config.delivery.retry.max_retries = 1;
     config.delivery.retry.max_backoff = Duration::from_millis(50);
     config.delivery.disable_endpoint_after = 2;
+    // No breaker: these deliveries run out of retries at once.
+    config.delivery.breaker.open_after = 0;
     config.retention = Some(Duration::from_secs(3600));
     Some(TestHub::start(config).await)
 }

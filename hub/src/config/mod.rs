@@ -18,6 +18,7 @@ use url::Url;
 
 use crate::delivery::RetryPolicy;
 use crate::delivery::client::Trust;
+pub use crate::delivery::health::BreakerPolicy;
 use crate::feed::{FeedConfig, TopicTemplate};
 pub use crate::setting::{ConfigError, format_duration, parse_duration};
 use crate::setting::{invalid, secs};
@@ -148,8 +149,11 @@ pub struct DeliveryPolicy {
     /// delivery becomes claimable again.
     pub visibility_timeout: Duration,
     /// Deliveries to one endpoint that exhaust their retries in a row before
-    /// it is disabled; 0 never disables.
+    /// it is disabled; 0 never disables this way.
     pub disable_endpoint_after: u32,
+    /// When a callback's breaker opens, and when a callback whose breaker
+    /// stayed open is disabled.
+    pub breaker: BreakerPolicy,
 }
 
 /// Verification of intent.
@@ -232,7 +236,8 @@ impl Default for DeliveryPolicy {
             idle_connections: 512,
             batch_size: 500,
             visibility_timeout: Duration::from_secs(60),
-            disable_endpoint_after: crate::delivery::health::DEFAULT_DISABLE_AFTER,
+            disable_endpoint_after: 0,
+            breaker: BreakerPolicy::default(),
         }
     }
 }

@@ -83,11 +83,21 @@ pub struct Settings {
     /// idle longest close theirs first.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub delivery_idle_connections: Option<usize>,
-    /// Deliveries to one endpoint that exhaust their retries in a row before
-    /// the endpoint is disabled (its new deliveries are then skipped until
-    /// an operator enables it); 0 never disables.
+    /// Deliveries to one callback that exhaust their retries in a row before
+    /// the callback is disabled (its new deliveries are then skipped until
+    /// an operator enables it); 0, the default, never disables this way.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub disable_endpoint_after: Option<u32>,
+    /// Failed attempts in a row to one callback that open its breaker: its
+    /// deliveries then wait, without spending retries, while the next one
+    /// probes it; 0 never opens one.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub endpoint_open_after: Option<u32>,
+    /// How long a callback's breaker stays open (the callback failing all
+    /// along) before the callback is disabled and its deliveries skipped
+    /// until an operator enables it; 0 never disables.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
+    pub endpoint_disable_after: Option<String>,
     /// Delivery records claimed per round trip to the event log (1 to
     /// 10000).
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
@@ -222,6 +232,8 @@ impl Settings {
             delivery_per_host_min,
             delivery_idle_connections,
             disable_endpoint_after,
+            endpoint_open_after,
+            endpoint_disable_after,
             delivery_batch_size,
             visibility_timeout,
             poll_interval,
@@ -283,6 +295,12 @@ impl Settings {
         set(&mut delivery.per_host_min, delivery_per_host_min);
         set(&mut delivery.idle_connections, delivery_idle_connections);
         set(&mut delivery.disable_endpoint_after, disable_endpoint_after);
+        set(&mut delivery.breaker.open_after, endpoint_open_after);
+        set_duration(
+            &mut delivery.breaker.disable_after,
+            "endpoint-disable-after",
+            endpoint_disable_after,
+        )?;
         set(&mut delivery.batch_size, delivery_batch_size);
         set_duration(
             &mut delivery.visibility_timeout,
@@ -413,6 +431,7 @@ impl From<&HubConfig> for Settings {
             batch_size,
             visibility_timeout,
             disable_endpoint_after,
+            breaker,
         } = delivery;
         let RetryPolicy {
             max_retries,
@@ -442,6 +461,8 @@ impl From<&HubConfig> for Settings {
             delivery_per_host_min: Some(*per_host_min),
             delivery_idle_connections: Some(*idle_connections),
             disable_endpoint_after: Some(*disable_endpoint_after),
+            endpoint_open_after: Some(breaker.open_after),
+            endpoint_disable_after: duration(&breaker.disable_after),
             delivery_batch_size: Some(*batch_size),
             visibility_timeout: duration(visibility_timeout),
             poll_interval: duration(poll_interval),
@@ -577,6 +598,10 @@ pub(super) mod tests {
                 batch_size: 42,
                 visibility_timeout: Duration::from_secs(90),
                 disable_endpoint_after: 7,
+                breaker: crate::config::BreakerPolicy {
+                    open_after: 7,
+                    disable_after: Duration::from_secs(3600),
+                },
             },
             verification: VerificationPolicy {
                 timeout: Duration::from_secs(3),

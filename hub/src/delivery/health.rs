@@ -53,10 +53,6 @@ pub const HEALTH_REFRESH: Duration = Duration::from_secs(5);
 /// at once and the rest are only seen in the tally.
 const TROUBLED_LIMIT: usize = 100_000;
 
-/// Exhausted deliveries in a row before an endpoint is disabled, unless
-/// configured otherwise.
-pub const DEFAULT_DISABLE_AFTER: u32 = 5;
-
 /// The reason recorded on a skipped delivery.
 pub const SKIPPED_REASON: &str = "endpoint disabled";
 
@@ -101,6 +97,8 @@ pub enum Tried {
     /// The endpoint failed the attempt (an error status, a timeout, a
     /// refused connection).
     Failed,
+    /// Nothing to tell of the endpoint (the hub lacked a resource).
+    Neither,
 }
 
 /// What the breaker made of an attempt.
@@ -255,8 +253,13 @@ impl Endpoints {
         else {
             return Gate::Send;
         };
-        if open.probing || now < open.probe_at {
-            return Gate::Hold(open.probe_at.max(later(now, open.interval)));
+        if open.probing {
+            // Until the probe's answer is in, the next chance is a round
+            // later.
+            return Gate::Hold(later(now, open.interval));
+        }
+        if now < open.probe_at {
+            return Gate::Hold(open.probe_at);
         }
         open.probing = true;
         Gate::Probe
@@ -271,6 +274,12 @@ impl Endpoints {
         }
         let mut circuits = self.circuits();
         let change = match (tried, circuits.get_mut(endpoint)) {
+            (Tried::Neither, circuit) => {
+                if probe && let Some(open) = circuit.and_then(|circuit| circuit.open.as_mut()) {
+                    open.probing = false;
+                }
+                return Breaker::Closed;
+            }
             (Tried::Succeeded, None) => return Breaker::Closed,
             (Tried::Succeeded, Some(circuit)) => {
                 // An attempt that was under way when the breaker opened
@@ -352,7 +361,7 @@ impl Endpoints {
 
     /// The endpoints whose breaker has been open longer than the policy
     /// allows at `now`: each is forgotten here, for the caller to disable.
-    pub fn open_too_long(&self, now: DateTime<Utc>) -> Vec<(String, DateTime<Utc>)> {
+    fn open_too_long(&self, now: DateTime<Utc>) -> Vec<(String, DateTime<Utc>)> {
         let limit = self.inner.breaker.disable_after;
         if limit.is_zero() {
             return Vec::new();
@@ -503,6 +512,35 @@ impl Endpoints {
         reason: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, EventLogError> {
+        self.disable_by(endpoint, reason, "operator", now).await
+    }
+
+    /// Disables every endpoint whose breaker has stayed open longer than
+    /// the policy allows at `now` (see [`Self::open_too_long`]).
+    pub async fn disable_long_outages(&self, now: DateTime<Utc>) {
+        for (endpoint, since) in self.open_too_long(now) {
+            let reason = format!("failing since {}", since.to_rfc3339());
+            match self.disable_by(&endpoint, &reason, "outage", now).await {
+                Ok(_) => {
+                    warn!(channel = self.inner.channel.label(), endpoint, %since, "endpoint disabled after a long outage; its deliveries are skipped until an operator enables it");
+                    metrics::counter!(ENDPOINT_CHANGES_TOTAL,
+                        "channel" => self.inner.channel.label(), "to" => "disabled")
+                    .increment(1);
+                }
+                Err(error) => {
+                    warn!(%error, endpoint, "disabling an endpoint after a long outage failed")
+                }
+            }
+        }
+    }
+
+    async fn disable_by(
+        &self,
+        endpoint: &str,
+        reason: &str,
+        by: &'static str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EventLogError> {
         let changed = self
             .inner
             .events
@@ -511,10 +549,10 @@ impl Endpoints {
         if changed {
             info!(
                 channel = self.inner.channel.label(),
-                endpoint, reason, "endpoint disabled by an operator"
+                endpoint, reason, by, "endpoint disabled"
             );
             metrics::counter!(ENDPOINTS_DISABLED_TOTAL,
-                "channel" => self.inner.channel.label(), "by" => "operator")
+                "channel" => self.inner.channel.label(), "by" => by)
             .increment(1);
         }
         let count = {

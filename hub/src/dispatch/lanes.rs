@@ -57,9 +57,9 @@ const SLOW_SLACK: Duration = Duration::from_millis(20);
 /// counts as slowing down.
 const SLOW_FACTOR: u32 = 4;
 
-/// Every this many answers the fastest one seen is forgotten a little
-/// (an eighth), so a host that got slower for good is learnt again.
-const FORGET_EVERY: u32 = 128;
+/// The fastest answer is the least of this window and the one before: a
+/// host that got slower for good is learnt again within two windows.
+const FASTEST_WINDOW: Duration = Duration::from_secs(10);
 
 /// The lane of a callback: its authority as written, less any credentials
 /// (up to the first `@`). The event log derives the same from every record
@@ -132,9 +132,11 @@ pub(super) struct Limit {
     value: f64,
     floor: f64,
     cap: f64,
-    /// The fastest answer seen (slowly forgotten).
+    /// The fastest answer of this window, since `window_start`.
     fastest: Option<Duration>,
-    answers: u32,
+    /// The fastest answer of the window before.
+    fastest_before: Option<Duration>,
+    window_start: Instant,
     last_cut: Option<Instant>,
 }
 
@@ -147,7 +149,8 @@ impl Limit {
             floor: floor as f64,
             cap: cap as f64,
             fastest: None,
-            answers: 0,
+            fastest_before: None,
+            window_start: Instant::now(),
             last_cut: None,
         }
     }
@@ -164,14 +167,13 @@ impl Limit {
         match reply {
             Reply::Overloaded => self.cut(0.5, now),
             Reply::Answered(took) => {
-                self.answers = self.answers.wrapping_add(1);
-                let fastest = match self.fastest {
-                    Some(fastest) if self.answers % FORGET_EVERY == 0 => fastest + fastest / 8,
-                    Some(fastest) => fastest,
-                    None => took,
+                if now.saturating_duration_since(self.window_start) >= FASTEST_WINDOW {
+                    self.fastest_before = self.fastest.take();
+                    self.window_start = now;
                 }
-                .min(took);
-                self.fastest = Some(fastest);
+                self.fastest = Some(self.fastest.map_or(took, |fastest| fastest.min(took)));
+                let fastest = self.fastest_before.map_or(took, |before| before.min(took));
+                let fastest = self.fastest.map_or(fastest, |now| now.min(fastest));
                 if took > fastest * SLOW_FACTOR + SLOW_SLACK {
                     self.cut(0.75, now);
                 } else {
@@ -187,6 +189,7 @@ impl Limit {
     fn cut(&mut self, factor: f64, now: Instant) {
         let round = self
             .fastest
+            .or(self.fastest_before)
             .unwrap_or(Duration::from_millis(50))
             .max(Duration::from_millis(50));
         if self
@@ -577,10 +580,24 @@ mod tests {
         let mut limit = Limit::new(2, 32);
         let mut now = Instant::now();
         limit.observe(Reply::Answered(Duration::from_millis(5)), now);
-        for _ in 0..20 {
-            now += Duration::from_secs(1);
+        for _ in 0..8 {
+            now += Duration::from_millis(500);
             limit.observe(Reply::Answered(Duration::from_millis(500)), now);
         }
         assert_eq!(limit.current(), 2);
+    }
+
+    #[test]
+    fn a_host_slower_for_good_is_learnt_again() {
+        let mut limit = Limit::new(1, 32);
+        let mut now = Instant::now();
+        limit.observe(Reply::Answered(Duration::from_millis(5)), now);
+        // Two windows of slow answers: the fast one is forgotten, and the
+        // limit grows again at the new pace.
+        for _ in 0..100 {
+            now += Duration::from_millis(500);
+            limit.observe(Reply::Answered(Duration::from_millis(500)), now);
+        }
+        assert!(limit.current() > 1, "{}", limit.current());
     }
 }

@@ -38,7 +38,7 @@ use websub_store::{Subscription, SubscriptionStore};
 use crate::clock::Clock;
 use crate::config::DeliveryPolicy;
 use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
-use crate::delivery::health::{SKIPPED_REASON, Tallied};
+use crate::delivery::health::{Breaker, Gate, SKIPPED_REASON, Tallied, Tried};
 use crate::delivery::pool::HostClients;
 use crate::delivery::recorder::{self, Batching, OutcomeStore};
 use crate::delivery::{Channel, Endpoints, Judge, Verdict};
@@ -76,7 +76,25 @@ struct DistributorState {
     judge: Judge,
     endpoints: Endpoints,
     lanes: Lanes,
+    unsubscribed: Unsubscribed,
 }
+
+/// Unsubscribe answers of late, per (topic, callback): an attempt of an
+/// event recorded since is dropped, whatever a cache or a queue still
+/// holds. Entries go after [`UNSUBSCRIBED_KEPT`], at most
+/// [`UNSUBSCRIBED_LIMIT`] of them.
+#[derive(Debug, Default)]
+struct Unsubscribed {
+    any: std::sync::atomic::AtomicBool,
+    answered: std::sync::Mutex<HashMap<(String, String), chrono::DateTime<chrono::Utc>>>,
+}
+
+/// How long an unsubscribe answer is remembered: far longer than a record
+/// waits in a queue or a subscriber list in the cache.
+const UNSUBSCRIBED_KEPT: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+
+/// The most unsubscribe answers remembered at once.
+const UNSUBSCRIBED_LIMIT: usize = 10_000;
 
 /// What the claim loop and the expander share to start attempts.
 #[derive(Debug, Clone)]
@@ -109,10 +127,11 @@ impl Distributor {
         poll_interval: Duration,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        let endpoints = Endpoints::new(
+        let endpoints = Endpoints::with_breakers(
             events.clone(),
             Channel::WebSub,
             policy.disable_endpoint_after,
+            policy.breaker,
         );
         Self {
             inner: Arc::new(DistributorState {
@@ -130,6 +149,7 @@ impl Distributor {
                 bodies: EventCache::new(256),
                 subscribers: SubscriberCache::default(),
                 judge: Judge::new(Channel::WebSub, policy.retry),
+                unsubscribed: Unsubscribed::default(),
                 lanes: Lanes::new(
                     policy.per_host_min,
                     policy.per_host,
@@ -155,6 +175,64 @@ impl Distributor {
     /// it has work; `None` for a lane with none.
     pub fn lane_limit(&self, callback: &str) -> Option<usize> {
         self.inner.lanes.limit(lane_of(callback))
+    }
+
+    /// `callback` answered its unsubscribe verification from `topic` at
+    /// `since` (`None`: it is subscribed again): attempts of the topic's
+    /// events recorded since are dropped from now on.
+    pub fn set_unsubscribed(
+        &self,
+        topic: &str,
+        callback: &str,
+        since: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        let unsubscribed = &self.inner.unsubscribed;
+        let mut answered = unsubscribed
+            .answered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let key = (topic.to_owned(), callback.to_owned());
+        match since {
+            None => {
+                answered.remove(&key);
+            }
+            Some(since) => {
+                let now = self.inner.clock.now();
+                answered.retain(|_, at| *at + UNSUBSCRIBED_KEPT > now);
+                if answered.len() >= UNSUBSCRIBED_LIMIT
+                    && let Some(oldest) = answered
+                        .iter()
+                        .min_by_key(|(_, at)| **at)
+                        .map(|(key, _)| key.clone())
+                {
+                    answered.remove(&oldest);
+                }
+                answered.insert(key, since);
+            }
+        }
+        unsubscribed
+            .any
+            .store(!answered.is_empty(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether an event of `topic` recorded at `recorded` was published
+    /// after `callback` answered its unsubscribe verification.
+    fn published_after_unsubscribe(
+        &self,
+        topic: &str,
+        callback: &str,
+        recorded: chrono::DateTime<chrono::Utc>,
+    ) -> bool {
+        let unsubscribed = &self.inner.unsubscribed;
+        if !unsubscribed.any.load(std::sync::atomic::Ordering::Acquire) {
+            return false;
+        }
+        unsubscribed
+            .answered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&(topic.to_owned(), callback.to_owned()))
+            .is_some_and(|since| recorded >= *since)
     }
 
     /// Forgets the cached subscribers of `topic`: a subscription to it was
@@ -279,8 +357,13 @@ impl Distributor {
 
     /// Reads which lanes hold due records in the log: what this process did
     /// not write itself (records of a process that died, of another
-    /// replica, retries from before a restart).
+    /// replica, retries from before a restart). Disables, on the way, the
+    /// callbacks whose breaker stayed open too long.
     async fn walk_lanes(&self) {
+        self.inner
+            .endpoints
+            .disable_long_outages(self.inner.clock.now())
+            .await;
         match self.inner.events.due_lanes(WALKED_LANES).await {
             Ok(found) => {
                 for (lane, due) in found {
@@ -529,6 +612,30 @@ impl Distributor {
         Ok(Some(outgoing))
     }
 
+    /// `callback` answered again after failing since `since`: what waited
+    /// for it, and what ran out of retries meanwhile, is due now.
+    async fn release(&self, callback: &str, since: chrono::DateTime<chrono::Utc>) {
+        let now = self.inner.clock.now();
+        match self
+            .inner
+            .events
+            .release_endpoint(callback, since, now)
+            .await
+        {
+            Ok(released) => {
+                info!(
+                    callback,
+                    released, "sending what waited for a recovered callback"
+                );
+                self.inner.lanes.mark_due(lane_of(callback), now);
+                self.inner.room.notify_one();
+            }
+            Err(error) => {
+                warn!(%error, callback, "releasing the deliveries of a recovered callback failed; they follow at their own times")
+            }
+        }
+    }
+
     /// Makes one attempt of `job`. Returns its completion, how the host
     /// took it (for the lane's limit), and how long the host asked the lane
     /// to pause (`Retry-After` on a `429` or `503`).
@@ -544,6 +651,21 @@ impl Distributor {
             ..
         } = job;
         let retry_count = *retry_count;
+        if self.published_after_unsubscribe(
+            &subscription.topic,
+            &subscription.callback,
+            outgoing.event.created_at,
+        ) {
+            let completion = Completion {
+                event_id: outgoing.event.id,
+                subscriber: subscription.callback.clone(),
+                outcome: Outcome::Dropped {
+                    reason: crate::verify::UNSUBSCRIBED.to_owned(),
+                },
+                attempt: None,
+            };
+            return (completion, None, None);
+        }
         if self.inner.endpoints.is_disabled(&subscription.callback) {
             let completion = Completion {
                 event_id: outgoing.event.id,
@@ -560,6 +682,21 @@ impl Distributor {
         };
         if job.is_stale(self.inner.lanes.max_wait()) {
             return (self.postponed(job, None, STALE_RECORD_WAIT), None, None);
+        }
+        let endpoints = &self.inner.endpoints;
+        let gate = endpoints.gate(&subscription.callback, self.inner.clock.now());
+        if let Gate::Hold(until) = gate {
+            self.inner.judge.postponed();
+            let completion = Completion {
+                event_id: outgoing.event.id,
+                subscriber: subscription.callback.clone(),
+                outcome: Outcome::Postponed {
+                    error: None,
+                    next_attempt_at: until,
+                },
+                attempt: None,
+            };
+            return (completion, None, None);
         }
         let (answer, attempted, reply, retry_after) = match &outgoing.headers {
             Ok(headers) => {
@@ -607,7 +744,29 @@ impl Distributor {
             ),
             None => (judge.verdict(answer, retry_count), None),
         };
+        let tried = match &verdict {
+            Verdict::Delivered | Verdict::Gone => Tried::Succeeded,
+            Verdict::Retry { .. } | Verdict::Exhausted { .. } => Tried::Failed,
+            Verdict::Postponed { .. } => Tried::Neither,
+        };
+        let now = self.inner.clock.now();
+        let breaker = endpoints.tried(&subscription.callback, gate == Gate::Probe, tried, now);
+        if let Breaker::Recovered(since) = breaker {
+            self.release(&subscription.callback, since).await;
+        }
+        let held_until = match breaker {
+            Breaker::Open(until) | Breaker::Opened(until) => Some(until),
+            Breaker::Closed | Breaker::Recovered(_) => None,
+        };
         let outcome = match verdict {
+            // The breaker is open: the failure waits with the rest, its
+            // retries not spent.
+            Verdict::Retry { error, .. } | Verdict::Exhausted { error } if held_until.is_some() => {
+                Outcome::Postponed {
+                    error: Some(error),
+                    next_attempt_at: held_until.unwrap_or(now),
+                }
+            }
             Verdict::Delivered => Outcome::Delivered,
             Verdict::Gone => {
                 info!("callback answered 410 Gone: removing the subscription");

@@ -387,6 +387,19 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// dead predecessor's. Returns how many records were released.
     async fn release_claims(&self) -> Result<u64, EventLogError>;
 
+    /// `subscriber` answered its unsubscribe verification from `topic` at
+    /// `since`: its records of the topic's events recorded since then that
+    /// are not processed yet (in flight included: a late outcome is
+    /// ignored) are closed as dropped, with `reason`. Returns how many.
+    async fn drop_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
     /// An endpoint (a subscriber) that was failing since `failing_since`
     /// answered again: its records waiting for a later attempt are due at
     /// `now`, and those that ran out of retries with an attempt since

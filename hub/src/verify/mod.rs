@@ -335,13 +335,23 @@ struct WorkflowState {
     catch_up: std::sync::OnceLock<CatchUp>,
 }
 
+/// Why a delivery of an event published after its subscription's
+/// unsubscribe answer is closed undelivered.
+pub const UNSUBSCRIBED: &str = "unsubscribed before the event was published";
+
 /// Where a new subscription finds the events published while it was being
-/// verified.
+/// verified, and where an unsubscription drops those published after its
+/// answer.
 #[derive(Clone)]
 pub struct CatchUp {
     events: Arc<dyn EventLog>,
     wake: Arc<dyn Fn() + Send + Sync>,
+    unsubscribed: Arc<UnsubscribedHook>,
 }
+
+/// Told `(topic, callback, Some(answered_at))` when an unsubscribe
+/// verification was answered, `None` when the pair is subscribed again.
+type UnsubscribedHook = dyn Fn(&str, &str, Option<chrono::DateTime<chrono::Utc>>) + Send + Sync;
 
 impl CatchUp {
     /// Catch-up from `events`, calling `wake` (the WebSub scheduler's) when
@@ -350,6 +360,20 @@ impl CatchUp {
         Self {
             events,
             wake: Arc::new(wake),
+            unsubscribed: Arc::new(|_: &str, _: &str, _| {}),
+        }
+    }
+
+    /// The same, telling `hook` (the WebSub scheduler's) of every
+    /// unsubscribe answered, so that nothing it holds for the pair goes
+    /// out, and of every subscription saved again.
+    pub fn on_unsubscribe(
+        self,
+        hook: impl Fn(&str, &str, Option<chrono::DateTime<chrono::Utc>>) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            unsubscribed: Arc::new(hook),
+            ..self
         }
     }
 }
@@ -564,6 +588,9 @@ impl Subscriptions {
         };
         match self.save(&subscription).await {
             Ok(()) => {
+                if let Some(catch_up) = self.inner.catch_up.get() {
+                    (catch_up.unsubscribed)(&subscription.topic, &subscription.callback, None);
+                }
                 self.changed(&subscription.topic);
                 tracing::info!(lease_seconds, "subscribed");
                 self.catch_up(&subscription, requested_at).await?;
@@ -624,12 +651,40 @@ impl Subscriptions {
             .verify(Mode::Unsubscribe, &request.topic, &request.callback, None)
             .await
             .map_err(ProcessError::Verification)?;
+        // From the answer on, nothing recorded goes to this callback: the
+        // scheduler is told before the delete (it may hold the
+        // subscription in a cache or a queue), and the records expanded
+        // meanwhile are closed after it.
+        let answered_at = self.inner.clock.now();
+        let catch_up = self.inner.catch_up.get();
+        if let Some(catch_up) = catch_up {
+            (catch_up.unsubscribed)(&request.topic, &request.callback, Some(answered_at));
+        }
         self.inner
             .store
             .delete(&request.topic, &request.callback)
             .await
             .map_err(ProcessError::Store)?;
         self.changed(&request.topic);
+        if let Some(catch_up) = catch_up {
+            let dropped = catch_up
+                .events
+                .drop_since(
+                    &request.topic,
+                    &request.callback,
+                    answered_at,
+                    UNSUBSCRIBED,
+                    self.inner.clock.now(),
+                )
+                .await
+                .map_err(ProcessError::CatchUp)?;
+            if dropped > 0 {
+                tracing::info!(
+                    dropped,
+                    "deliveries of events published after the unsubscribe answer dropped"
+                );
+            }
+        }
         tracing::info!("unsubscribed");
         Ok(Processed::Unsubscribed)
     }

@@ -453,6 +453,25 @@ impl EventLog for PostgresEventLog {
         Ok(0)
     }
 
+    async fn drop_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        Ok(sqlx::query(DROP_SINCE)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(since)
+            .bind(reason)
+            .bind(now)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
     async fn release_endpoint(
         &self,
         subscriber: &str,

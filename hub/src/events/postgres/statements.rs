@@ -178,3 +178,10 @@ pub(super) const RELEASE_ENDPOINT: &str = "UPDATE websub_deliveries AS d SET \
                 SELECT 1 FROM websub_attempts AS a \
                 WHERE a.event_id = d.event_id AND a.subscriber = d.subscriber \
                   AND a.attempted_at >= $4)))";
+
+// As the SQLite log's.
+pub(super) const DROP_SINCE: &str = "UPDATE websub_deliveries SET \
+         processed_at = $5, next_attempt_at = NULL, processing_since = NULL, \
+         outcome = 'dropped', last_error = $4 \
+     WHERE subscriber = $2 AND processed_at IS NULL \
+       AND event_id IN (SELECT id FROM websub_events WHERE topic = $1 AND created_at >= $3)";

@@ -417,6 +417,26 @@ impl EventLog for SqliteEventLog {
             .rows_affected())
     }
 
+    async fn drop_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let mut writer = self.writer().await?;
+        Ok(sqlx::query(DROP_SINCE)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(since.timestamp_micros())
+            .bind(reason)
+            .bind(now.timestamp_micros())
+            .execute(&mut *writer)
+            .await?
+            .rows_affected())
+    }
+
     async fn release_endpoint(
         &self,
         subscriber: &str,

@@ -219,3 +219,11 @@ pub(super) const RELEASE_ENDPOINT: &str = "UPDATE websub_deliveries SET \
                 SELECT 1 FROM websub_attempts AS a \
                 WHERE a.event_id = websub_deliveries.event_id \
                   AND a.subscriber = websub_deliveries.subscriber AND a.attempted_at >= ?4)))";
+
+// The (topic, created_at) index finds the events; each is one primary-key
+// probe for the subscriber's record.
+pub(super) const DROP_SINCE: &str = "UPDATE websub_deliveries SET \
+         processed_at = ?5, next_attempt_at = NULL, processing_since = NULL, \
+         outcome = 'dropped', last_error = ?4 \
+     WHERE subscriber = ?2 AND processed_at IS NULL \
+       AND event_id IN (SELECT id FROM websub_events WHERE topic = ?1 AND created_at >= ?3)";
