@@ -694,3 +694,61 @@ async fn standard_webhooks_signatures_verify_with_the_published_library() {
     let _ = receiver.kill();
     let _ = receiver.wait();
 }
+
+/// With its defaults, a feed keeps the messaging contract whatever its
+/// webhook does: every row is tried to its own retry limit and kept,
+/// exhausted, with its last error; none is skipped, however many fail in a
+/// row (the hub's breaker and disabling are for WebSub callbacks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_feed_keeps_every_row_to_its_own_retry_limit_by_default() {
+    let Some(shop) = Shop::open().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer(Route::any(), Answer::status(500));
+    let dir = scratch_dir("feed-contract");
+    let webhooks = dir.join("webhooks.toml");
+    write_webhooks(&webhooks, "billing", receiver.url("/down").as_str());
+    let config = shop.config_file(&dir, &webhooks);
+    let mut text = std::fs::read_to_string(&config).expect("read the config");
+    text.push_str("delivery_retries = 1\n");
+    std::fs::write(&config, text).expect("write the config");
+    let config = config.display().to_string();
+    let hub = Websubd::spawn(&dir, free_port(), &["--config", &config])
+        .ready()
+        .await;
+    // Eight rows failing in a row: more than any count that would disable
+    // a webhook.
+    shop.produce(0..8).await;
+    let exhausted = "SELECT count(*) FROM shop.outbox_deliveries \
+         WHERE subscriber = 'billing' AND processed_at IS NULL AND next_attempt_at IS NULL \
+           AND retry_count = 2 AND last_error LIKE 'HTTP 500%'";
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let count: i64 = sqlx::query_scalar(exhausted)
+            .fetch_one(&shop.pool)
+            .await
+            .expect("count exhausted rows");
+        if count == 8 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{count} of 8 rows exhausted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let skipped: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM shop.outbox_deliveries WHERE last_error = 'endpoint disabled'",
+    )
+    .fetch_one(&shop.pool)
+    .await
+    .expect("count skipped rows");
+    assert_eq!(skipped, 0, "nothing skipped");
+    assert_eq!(
+        receiver.count_where(|received| received.path == "/down"),
+        16,
+        "two attempts per row"
+    );
+    drop(hub);
+}
