@@ -180,6 +180,30 @@ async fn expand_in(
     Ok(created)
 }
 
+/// `subscribers` in JSON arrays of at most [`EXPAND_CHUNK`], one statement's
+/// parameter each.
+fn json_chunks(subscribers: &[&str]) -> Result<Vec<String>, EventLogError> {
+    subscribers
+        .chunks(EXPAND_CHUNK)
+        .map(serde_json::to_string)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| EventLogError::Invalid(error.to_string()))
+}
+
+/// An expansion's records need their event: a missing one is
+/// [`EventLogError::UnknownEvent`] rather than a foreign-key failure.
+async fn event_must_exist(tx: &mut SqliteConnection, event_id: Uuid) -> Result<(), EventLogError> {
+    let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
+        .bind(event_id)
+        .fetch_one(&mut *tx)
+        .await?;
+    if exists {
+        Ok(())
+    } else {
+        Err(EventLogError::UnknownEvent(event_id))
+    }
+}
+
 /// The attempts `sql` selects for one delivery, oldest first.
 async fn attempts_in(
     pool: &SqlitePool,
@@ -275,20 +299,10 @@ impl EventLog for SqliteEventLog {
         now: DateTime<Utc>,
     ) -> Result<Vec<String>, EventLogError> {
         let subscribers = super::sorted_unique(subscribers.iter().copied());
-        let chunks = subscribers
-            .chunks(EXPAND_CHUNK)
-            .map(serde_json::to_string)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+        let chunks = json_chunks(&subscribers)?;
         let mut writer = self.writer().await?;
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
-        let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
-            .bind(event_id)
-            .fetch_one(&mut *tx)
-            .await?;
-        if !exists {
-            return Err(EventLogError::UnknownEvent(event_id));
-        }
+        event_must_exist(&mut tx, event_id).await?;
         let mut created = Vec::with_capacity(subscribers.len());
         for (part, json) in subscribers.chunks(EXPAND_CHUNK).zip(chunks) {
             let first = sqlx::query(EXPAND_CLAIMED_FIRST)
@@ -337,20 +351,10 @@ impl EventLog for SqliteEventLog {
         due: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
         let subscribers = super::sorted_unique(subscribers.iter().copied());
-        let chunks = subscribers
-            .chunks(EXPAND_CHUNK)
-            .map(serde_json::to_string)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+        let chunks = json_chunks(&subscribers)?;
         let mut writer = self.writer().await?;
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
-        let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
-            .bind(event_id)
-            .fetch_one(&mut *tx)
-            .await?;
-        if !exists {
-            return Err(EventLogError::UnknownEvent(event_id));
-        }
+        event_must_exist(&mut tx, event_id).await?;
         let mut created = 0;
         for json in chunks {
             created += sqlx::query(EXPAND_WAITING)
