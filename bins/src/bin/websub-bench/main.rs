@@ -33,6 +33,7 @@ mod hub;
 mod launch;
 mod outbox;
 mod progress;
+mod receiver;
 mod slow;
 mod store;
 mod subscribe;

@@ -23,10 +23,10 @@ use websub_hub::net;
 
 use crate::Failure;
 use crate::https::{Connections, HttpsServer, TestCa};
-use crate::hub::Receiver;
 use crate::launch::{
     Hub, INTERNAL_KEY, cpu_time, fat_ping, locate_websubd, loopback_client, save_subscriptions,
 };
+use crate::receiver::Receiver;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct TlsArgs {
