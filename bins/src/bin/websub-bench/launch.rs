@@ -160,6 +160,20 @@ pub(crate) async fn save_subscriptions(
     Ok(())
 }
 
+/// Whether `url` is an http(s) URL whose host is a loopback address (or
+/// `localhost`): the only places a benchmark may send requests to.
+pub(crate) fn is_loopback_url(url: &str) -> bool {
+    let Ok(url) = url::Url::parse(url) else {
+        return false;
+    };
+    match url.host() {
+        Some(url::Host::Ipv4(address)) => address.is_loopback(),
+        Some(url::Host::Ipv6(address)) => address.is_loopback(),
+        Some(url::Host::Domain(name)) => name == "localhost",
+        None => false,
+    }
+}
+
 pub(crate) fn urlencode(value: &str) -> String {
     url::form_urlencoded::byte_serialize(value.as_bytes()).collect()
 }
@@ -192,6 +206,17 @@ impl Hub {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
+        Self::spawn_on(websubd, port, args, Stdio::inherit()).await
+    }
+
+    /// Starts websubd on `port` of 127.0.0.1 with `args`, its log lines
+    /// going to `log`, and waits until it serves.
+    pub(crate) async fn spawn_on(
+        websubd: &PathBuf,
+        port: u16,
+        args: &[&str],
+        log: Stdio,
+    ) -> Result<Self, Failure> {
         let child = Command::new(websubd)
             .env(
                 "RUST_LOG",
@@ -200,9 +225,10 @@ impl Hub {
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(args)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()?;
-        let hub = Self {
+            .stderr(log)
+            .spawn()
+            .map_err(|error| format!("cannot start {}: {error}", websubd.display()))?;
+        let mut hub = Self {
             child,
             url: format!("http://127.0.0.1:{port}/"),
         };
@@ -214,11 +240,19 @@ impl Hub {
             {
                 return Ok(hub);
             }
+            if let Some(status) = hub.child.try_wait()? {
+                return Err(format!("{} exited at start ({status})", websubd.display()).into());
+            }
             if Instant::now() > deadline {
                 return Err("websubd did not become ready within 60 s".into());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The port websubd listens on.
+    pub(crate) fn port(&self) -> Option<u16> {
+        url::Url::parse(&self.url).ok()?.port()
     }
 
     /// Peak resident memory since start (VmHWM).
@@ -248,11 +282,25 @@ impl Hub {
         )
     }
 
+    /// Asks websubd to stop (SIGTERM, so it drains) and waits until it
+    /// has, or for 30 s; then kills it.
     pub(crate) fn stop(mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
+        if let Some(pid) = i32::try_from(self.child.id())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Drop kills it if it is still there.
+    }
+
+    /// Kills websubd at once (SIGKILL), as a crash would.
+    pub(crate) fn kill(self) {
+        drop(self);
     }
 }
 

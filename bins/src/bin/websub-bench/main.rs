@@ -3,9 +3,12 @@
 //! - `websub-bench store`: each subscription backend loaded with N
 //!   subscriptions: save/s, `list_by_topic` and `list_expiring` latency, the
 //!   memory backend's resident memory.
-//! - `websub-bench hub`: the HTTP ceiling of this machine, one publish fanned
-//!   out by a real `websubd` to 10 000 (and 100 000) loopback subscribers on
-//!   SQLite and PostgreSQL, subscribe throughput, and websubd's peak memory.
+//! - `websub-bench hub`: what a user of `websubd` on its defaults sees, with
+//!   nginx as the subscribers and every subscription made through the hub:
+//!   a fan-out to one host, one big host beside many small ones, a host
+//!   down for a minute under steady pings, and websubd killed and restarted
+//!   mid fan-out; each judged against `wrk` into the same nginx, optionally
+//!   beside a baseline binary.
 //! - `websub-bench slow`: one fan-out to 100 000 callbacks over 1 000
 //!   loopback hosts that answer after 200 ms, 1 % of the hosts dead: time
 //!   until every healthy one is delivered, websubd's peak memory, open files
@@ -31,6 +34,7 @@
 mod https;
 mod hub;
 mod launch;
+mod nginx;
 mod outbox;
 mod progress;
 mod receiver;
@@ -38,7 +42,9 @@ mod slow;
 mod store;
 mod subscribe;
 mod sustained;
+mod tally;
 mod tls;
+mod wrk;
 
 use std::time::Duration;
 
@@ -56,7 +62,7 @@ struct Cli {
 enum Command {
     /// Subscription stores: save/s, list_by_topic and list_expiring latency.
     Store(store::StoreArgs),
-    /// The hub end to end: HTTP ceiling, fan-out, subscribe throughput.
+    /// The hub end to end on its defaults, against nginx and wrk's ceiling.
     Hub(hub::HubArgs),
     /// The outbox path: producers' rate, claim ceiling, end-to-end delivery.
     Outbox(outbox::OutboxArgs),
