@@ -141,6 +141,10 @@ pub(crate) struct HubArgs {
     /// not arrived by then counts as lost.
     #[arg(long, default_value_t = 180)]
     deadline: u64,
+    /// Keep the scratch directory (nginx's configuration and logs,
+    /// websubd's logs and databases) after a run that succeeded too.
+    #[arg(long)]
+    keep_logs: bool,
 }
 
 impl HubArgs {
@@ -275,7 +279,11 @@ pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
             return Err(error);
         }
     };
-    std::fs::remove_dir_all(&scratch)?;
+    if args.keep_logs {
+        eprintln!("the logs of nginx and websubd are in {}", scratch.display());
+    } else {
+        std::fs::remove_dir_all(&scratch)?;
+    }
 
     for binary in &binaries {
         println!("websubd ({}): {}", binary.label, binary.path.display());
@@ -923,7 +931,13 @@ async fn outage(run: &Run<'_>, nginx: &Nginx, database_url: &str) -> Result<Row,
             "all of them {:.1} s after its return",
             seconds_between(up_ms, received.last_new_ms).as_secs_f64()
         ),
-        _ => format!("not all {} s after the last ping", args.deadline),
+        Some(received) if received.last_new_ms >= up_ms => {
+            format!("not all by {} s after the last ping", args.deadline)
+        }
+        _ => format!(
+            "none after its return, by {} s after the last ping",
+            args.deadline
+        ),
     };
     let others = tally
         .callbacks
