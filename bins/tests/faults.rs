@@ -330,3 +330,58 @@ async fn a_subscribe_flood_is_shed_and_nothing_accepted_is_lost_on_postgres() {
     };
     a_subscribe_flood_is_shed_and_nothing_accepted_is_lost(url).await;
 }
+
+/// On SQLite, which only one process uses, a restarted websubd takes over
+/// the verifications its killed predecessor had in flight at once, not
+/// after their claims go stale (three verification timeouts and 5 s: 14 s
+/// here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_on_sqlite_takes_over_verifications_in_flight_at_once() {
+    const REQUESTS: usize = 4;
+    let dir = scratch_dir("verifications-takeover");
+    let database_url = format!("sqlite:{}", dir.join("hub.db").display());
+    let subscriber = TestSubscriber::start().await;
+    subscriber.receiver().answer(
+        Route::method(Method::GET),
+        Answer::echo().after(Duration::from_millis(1500)),
+    );
+    let topic = "http://127.0.0.1:9/topics/taken-over";
+    let args = arguments(&database_url, &[]);
+    let port = free_port();
+    let first = Websubd::spawn(&dir, port, &args).ready().await;
+    for index in 0..REQUESTS {
+        let callback = subscriber.callback(&format!("t{index}"));
+        let answer = post_form(
+            &first.url,
+            &[
+                ("hub.mode", "subscribe"),
+                ("hub.topic", topic),
+                ("hub.callback", &callback),
+            ],
+        )
+        .await;
+        assert_eq!(answer.status().as_u16(), 202);
+    }
+    subscriber
+        .wait_for_verifications(REQUESTS, Duration::from_secs(30))
+        .await;
+    first.kill_9();
+    let store = open_store(&database_url).await;
+    assert_eq!(
+        store.list_by_topic(topic).await.expect("list").len(),
+        0,
+        "killed while every verification was in flight"
+    );
+    let restarted = std::time::Instant::now();
+    let _second = Websubd::spawn(&dir, port, &args).ready().await;
+    let deadline = restarted + Duration::from_secs(30);
+    while store.list_by_topic(topic).await.expect("list").len() < REQUESTS {
+        assert!(std::time::Instant::now() < deadline, "not taken over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = restarted.elapsed();
+    assert!(
+        took < Duration::from_secs(8),
+        "the verifications were taken over at once: {took:?}"
+    );
+}

@@ -142,6 +142,20 @@ impl Hub {
         config.delivery = descriptors::fit(config.delivery, descriptors::raise_limit());
         let events = events::connect(&config.database_url).await?;
         let backlog = crate::backlog::connect(&config.database_url).await?;
+        // Before any worker claims: what a killed predecessor held is due
+        // at once (on SQLite; replicas' claims move by their timeouts).
+        match backlog.release_claims().await {
+            Ok(0) => {}
+            Ok(released) => {
+                tracing::info!(
+                    released,
+                    "took over the verifications and fetches of the process before"
+                );
+            }
+            Err(error) => {
+                tracing::warn!(%error, "taking over the verifications and fetches of the process before failed");
+            }
+        }
         let store_url = config
             .store
             .clone()

@@ -295,6 +295,12 @@ pub trait Backlog: Send + Sync + std::fmt::Debug {
     /// before `cutoff` (a request fails within minutes of being made).
     /// Returns how many rows went.
     async fn purge_failed_before(&self, cutoff: DateTime<Utc>) -> Result<u64, BacklogError>;
+
+    /// Hands back every claim at once, on a backlog only one process uses
+    /// (SQLite), whose claims at start-up can only be its dead
+    /// predecessor's; nothing on one replicas share. Returns how many
+    /// verifications and fetches were released.
+    async fn release_claims(&self) -> Result<u64, BacklogError>;
 }
 
 /// Opens the backlog in the database a URL names (`sqlite:PATH` or

@@ -437,4 +437,20 @@ impl Backlog for SqliteBacklog {
             .await?;
         Ok(fetches.rows_affected() + intents.rows_affected())
     }
+
+    async fn release_claims(&self) -> Result<u64, BacklogError> {
+        let fetches = sqlx::query(RELEASE_FETCH_CLAIMS)
+            .execute(&self.pool)
+            .await?;
+        let intents = sqlx::query(RELEASE_INTENT_CLAIMS)
+            .execute(&self.pool)
+            .await?;
+        Ok(fetches.rows_affected() + intents.rows_affected())
+    }
 }
+
+const RELEASE_FETCH_CLAIMS: &str =
+    "UPDATE websub_fetches SET processing_since = NULL WHERE processing_since IS NOT NULL";
+
+const RELEASE_INTENT_CLAIMS: &str =
+    "UPDATE websub_verifications SET processing_since = NULL WHERE processing_since IS NOT NULL";
