@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 use websub_store::{Subscription, SubscriptionStore};
@@ -121,15 +122,16 @@ impl Distributor {
         Ok(Some(created))
     }
 
-    /// Writes one page of an event's subscribers, a part at a time: the
-    /// records whose lanes have room (and the scheduler too) claimed, and
-    /// their attempts started; the others unclaimed, due now, and their
-    /// lanes told. Returns how many records were created, or `None` on
-    /// shutdown.
+    /// Writes one page of an event's subscribers: the records whose lanes
+    /// have room (and the scheduler too) claimed, a part at a time, their
+    /// attempts started as each part is in; then the others unclaimed, due
+    /// now, in one write, and their lanes told. Returns how many records
+    /// were created, or `None` on shutdown.
     ///
     /// Expansion never waits for a lane: a host with a hundred thousand
-    /// subscriptions is written out at the log's pace and sent at its own,
-    /// and the events after it are expanded meanwhile. A part written is a
+    /// subscriptions is written out at the log's pace (a page a statement
+    /// or so) and sent at its own, and the hosts after it in the list, and
+    /// the events after it, are expanded meanwhile. A part written is a
     /// part delivered, shutdown or not: the pipeline drains meanwhile, and
     /// its records are not left to wait for the visibility timeout.
     pub(super) async fn deliver_page(
@@ -139,114 +141,152 @@ impl Distributor {
         pipeline: &Pipeline,
         shutdown: &CancellationToken,
     ) -> Result<Option<u64>, DispatchError> {
-        let mut rest = page.into_iter();
+        let now = self.inner.clock.now();
+        let lanes = &self.inner.lanes;
+        // Each record with room in its lane and in the scheduler is written
+        // claimed, holding both until it is handed over.
+        let mut claimable = Vec::with_capacity(page.len());
+        let mut waiting = Vec::new();
+        for subscription in page {
+            let lane = lane_of(&subscription.callback);
+            let permit = if subscription.is_expired(now) {
+                // Written claimed and closed at once, without a slot.
+                None
+            } else if lanes.try_reserve(lane) {
+                match pipeline.pending.clone().try_acquire_owned() {
+                    Ok(permit) => Some(permit),
+                    Err(_) => {
+                        lanes.unreserve(lane, 1);
+                        waiting.push(subscription);
+                        continue;
+                    }
+                }
+            } else {
+                waiting.push(subscription);
+                continue;
+            };
+            claimable.push((subscription, permit));
+        }
         let mut created = 0;
+        let mut rest = claimable.into_iter();
         while rest.len() > 0 {
             if shutdown.is_cancelled() {
+                for (subscription, permit) in rest {
+                    if permit.is_some() {
+                        lanes.unreserve(lane_of(&subscription.callback), 1);
+                    }
+                }
                 return Ok(None);
             }
-            let part: Vec<Subscription> = rest.by_ref().take(pipeline.batch).collect();
-            let now = self.inner.clock.now();
-            let lanes = &self.inner.lanes;
-            // Each record with room in its lane and in the scheduler is
-            // written claimed, holding both until it is handed over.
-            let mut claimed = Vec::with_capacity(part.len());
-            let mut waiting = Vec::new();
-            for subscription in part {
-                let lane = lane_of(&subscription.callback);
-                let permit = if subscription.is_expired(now) {
-                    // Written claimed and closed at once, without a slot.
-                    None
-                } else if lanes.try_reserve(lane) {
-                    match pipeline.pending.clone().try_acquire_owned() {
-                        Ok(permit) => Some(permit),
-                        Err(_) => {
-                            lanes.unreserve(lane, 1);
-                            waiting.push(subscription);
-                            continue;
-                        }
-                    }
-                } else {
-                    waiting.push(subscription);
-                    continue;
-                };
-                claimed.push((subscription, permit));
-            }
-            let started = std::time::Instant::now();
-            let callbacks: Vec<&str> = claimed
-                .iter()
-                .map(|(subscription, _)| subscription.callback.as_str())
-                .collect();
-            let inserted = match self
-                .inner
-                .events
-                .expand_claimed(outgoing.event.id, &callbacks, now)
-                .await
-            {
-                Ok(inserted) => inserted,
+            let part: Vec<_> = rest.by_ref().take(pipeline.batch).collect();
+            match self.write_claimed(outgoing, part, now, pipeline).await {
+                Ok(written) => created += written,
                 Err(error) => {
-                    for (subscription, permit) in &claimed {
+                    for (subscription, permit) in rest {
                         if permit.is_some() {
                             lanes.unreserve(lane_of(&subscription.callback), 1);
                         }
                     }
-                    return Err(error.into());
+                    return Err(error);
                 }
-            };
-            if !waiting.is_empty() {
-                let callbacks: Vec<&str> = waiting
-                    .iter()
-                    .map(|subscription| subscription.callback.as_str())
-                    .collect();
-                created += self
-                    .inner
-                    .events
-                    .expand_waiting(outgoing.event.id, &callbacks, now)
-                    .await?;
-                for callback in callbacks {
-                    lanes.mark_due(lane_of(callback), now);
-                }
-                self.inner.room.notify_one();
-            }
-            debug!(claimed = claimed.len(), waiting = waiting.len(), created = inserted.len(), took = ?started.elapsed(), "wrote a part");
-            created += inserted.len() as u64;
-            // Usually every record is new; otherwise only the new ones are
-            // this process's to deliver.
-            let ours: Option<HashSet<String>> =
-                (inserted.len() < claimed.len()).then(|| inserted.into_iter().collect());
-            for (subscription, permit) in claimed {
-                let mine = ours
-                    .as_ref()
-                    .is_none_or(|ours| ours.contains(&subscription.callback));
-                let Some(permit) = permit else {
-                    if mine {
-                        let _ = pipeline.completed.send(Completion {
-                            event_id: outgoing.event.id,
-                            subscriber: subscription.callback,
-                            outcome: Outcome::Dropped {
-                                reason: LEASE_EXPIRED.to_owned(),
-                            },
-                            attempt: None,
-                        });
-                    }
-                    continue;
-                };
-                // Handed over before its slot is given back, so the lane is
-                // never seen idle in between.
-                let lane = lane_of(&subscription.callback).to_owned();
-                if mine {
-                    self.enqueue(
-                        pipeline,
-                        permit,
-                        outgoing.clone(),
-                        Arc::new(subscription),
-                        0,
-                    );
-                }
-                lanes.unreserve(&lane, 1);
             }
         }
+        if !waiting.is_empty() {
+            let started = std::time::Instant::now();
+            let callbacks: Vec<&str> = waiting
+                .iter()
+                .map(|subscription| subscription.callback.as_str())
+                .collect();
+            created += self
+                .inner
+                .events
+                .expand_waiting(outgoing.event.id, &callbacks, now)
+                .await?;
+            let mut told: Option<&str> = None;
+            for callback in callbacks {
+                let lane = lane_of(callback);
+                // The list comes lane by lane, mostly: tell each once.
+                if told != Some(lane) {
+                    lanes.mark_due(lane, now);
+                    told = Some(lane);
+                }
+            }
+            self.inner.room.notify_one();
+            debug!(waiting = waiting.len(), took = ?started.elapsed(), "wrote the records that wait");
+        }
         Ok(Some(created))
+    }
+
+    /// Writes `part` claimed and starts the attempts of the records it
+    /// created; gives back the lane slots it held. Returns how many were
+    /// created.
+    async fn write_claimed(
+        &self,
+        outgoing: &Arc<Outgoing>,
+        part: Vec<(Subscription, Option<OwnedSemaphorePermit>)>,
+        now: chrono::DateTime<chrono::Utc>,
+        pipeline: &Pipeline,
+    ) -> Result<u64, DispatchError> {
+        let lanes = &self.inner.lanes;
+        let started = std::time::Instant::now();
+        let callbacks: Vec<&str> = part
+            .iter()
+            .map(|(subscription, _)| subscription.callback.as_str())
+            .collect();
+        let inserted = match self
+            .inner
+            .events
+            .expand_claimed(outgoing.event.id, &callbacks, now)
+            .await
+        {
+            Ok(inserted) => inserted,
+            Err(error) => {
+                for (subscription, permit) in &part {
+                    if permit.is_some() {
+                        lanes.unreserve(lane_of(&subscription.callback), 1);
+                    }
+                }
+                return Err(error.into());
+            }
+        };
+        debug!(claimed = part.len(), created = inserted.len(), took = ?started.elapsed(), "wrote a claimed part");
+        let created = inserted.len() as u64;
+        // Usually every record is new; otherwise only the new ones are
+        // this process's to deliver.
+        let ours: Option<HashSet<String>> =
+            (inserted.len() < part.len()).then(|| inserted.into_iter().collect());
+        for (subscription, permit) in part {
+            let mine = ours
+                .as_ref()
+                .is_none_or(|ours| ours.contains(&subscription.callback));
+            let Some(permit) = permit else {
+                if mine {
+                    let _ = pipeline.completed.send(Completion {
+                        event_id: outgoing.event.id,
+                        subscriber: subscription.callback,
+                        outcome: Outcome::Dropped {
+                            reason: LEASE_EXPIRED.to_owned(),
+                        },
+                        attempt: None,
+                    });
+                }
+                continue;
+            };
+            // Handed over before its slot is given back, so the lane is
+            // never seen idle in between.
+            let lane = lane_of(&subscription.callback).to_owned();
+            if mine {
+                self.enqueue(
+                    pipeline,
+                    permit,
+                    outgoing.clone(),
+                    Arc::new(subscription),
+                    0,
+                );
+            }
+            lanes.unreserve(&lane, 1);
+        }
+        Ok(created)
     }
 
     /// Expands whenever [`expand_soon`](Self::expand_soon) asks, apart from
