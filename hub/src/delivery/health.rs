@@ -70,7 +70,7 @@ pub const FIRST_PROBE: Duration = Duration::from_secs(2);
 /// Probes of an open endpoint come at most this far apart: a probe is one
 /// real delivery, cheap to the endpoint, and an endpoint back from an
 /// outage of any length waits at most this long for what it missed.
-pub const LONGEST_PROBE: Duration = Duration::from_secs(30);
+pub const LONGEST_PROBE: Duration = Duration::from_secs(15);
 
 /// `websub_endpoint_changes_total{channel, to}`: endpoints that changed
 /// state (`to`: `open`, `recovered`, `disabled`).
