@@ -72,6 +72,9 @@ pub const FIRST_PROBE: Duration = Duration::from_secs(2);
 /// outage of any length waits at most this long for what it missed.
 pub const LONGEST_PROBE: Duration = Duration::from_secs(15);
 
+/// How long a delivery waits while its endpoint's probe is under way.
+const HOLD_WHILE_PROBING: Duration = Duration::from_secs(1);
+
 /// `websub_endpoint_changes_total{channel, to}`: endpoints that changed
 /// state (`to`: `open`, `recovered`, `disabled`).
 pub const ENDPOINT_CHANGES_TOTAL: &str = "websub_endpoint_changes_total";
@@ -256,9 +259,10 @@ impl Endpoints {
             return Gate::Send;
         };
         if open.probing {
-            // Until the probe's answer is in, the next chance is a round
-            // later.
-            return Gate::Hold(later(now, open.interval));
+            // The probe's answer may close the breaker any moment: look
+            // again soon rather than a whole round later, or a delivery
+            // held just before the recovery would miss it.
+            return Gate::Hold(later(now, HOLD_WHILE_PROBING));
         }
         if now < open.probe_at {
             return Gate::Hold(open.probe_at);
