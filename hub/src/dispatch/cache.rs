@@ -141,11 +141,23 @@ impl SubscriberCache {
     }
 
     pub(super) fn put(&self, topic: &str, listed: Vec<Subscription>) -> Arc<Subscribers> {
-        let subscribers = Arc::new(Subscribers {
-            by_callback: listed
+        self.put_read(
+            topic,
+            listed
                 .into_iter()
                 .map(|subscription| (subscription.callback.clone(), Arc::new(subscription)))
                 .collect(),
+        )
+    }
+
+    /// Keeps `by_callback`, read just now, as `topic`'s subscribers.
+    pub(super) fn put_read(
+        &self,
+        topic: &str,
+        by_callback: HashMap<String, Arc<Subscription>>,
+    ) -> Arc<Subscribers> {
+        let subscribers = Arc::new(Subscribers {
+            by_callback,
             read_at: std::time::Instant::now(),
         });
         let mut topics = self
