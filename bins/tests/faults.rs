@@ -57,6 +57,30 @@ async fn post_form(hub: &str, form: &[(&str, &str)]) -> reqwest::Response {
         .expect("POST to the hub")
 }
 
+/// Asks `hub` to subscribe `count` callbacks of `subscriber` (named
+/// `prefix0`, `prefix1`, …) to `topic`, each request answered 202.
+async fn subscribe_each(
+    hub: &str,
+    subscriber: &TestSubscriber,
+    topic: &str,
+    prefix: &str,
+    count: usize,
+) {
+    for index in 0..count {
+        let callback = subscriber.callback(&format!("{prefix}{index}"));
+        let answer = post_form(
+            hub,
+            &[
+                ("hub.mode", "subscribe"),
+                ("hub.topic", topic),
+                ("hub.callback", &callback),
+            ],
+        )
+        .await;
+        assert_eq!(answer.status().as_u16(), 202);
+    }
+}
+
 async fn metrics_of(hub: &Websubd) -> String {
     http_client()
         .get(format!("{}metrics", hub.url))
@@ -166,19 +190,7 @@ async fn kill_9_with_verifications_pending_loses_none(database_url: String) {
     let topic = "http://127.0.0.1:9/topics/verified";
     let args = arguments(&database_url, &["--verification-concurrency", "4"]);
     let first = Websubd::spawn(&dir, free_port(), &args).ready().await;
-    for index in 0..REQUESTS {
-        let callback = subscriber.callback(&format!("v{index}"));
-        let answer = post_form(
-            &first.url,
-            &[
-                ("hub.mode", "subscribe"),
-                ("hub.topic", topic),
-                ("hub.callback", &callback),
-            ],
-        )
-        .await;
-        assert_eq!(answer.status().as_u16(), 202);
-    }
+    subscribe_each(&first.url, &subscriber, topic, "v", REQUESTS).await;
     subscriber
         .wait_for_verifications(4, Duration::from_secs(30))
         .await;
@@ -349,19 +361,7 @@ async fn a_restart_on_sqlite_takes_over_verifications_in_flight_at_once() {
     let args = arguments(&database_url, &[]);
     let port = free_port();
     let first = Websubd::spawn(&dir, port, &args).ready().await;
-    for index in 0..REQUESTS {
-        let callback = subscriber.callback(&format!("t{index}"));
-        let answer = post_form(
-            &first.url,
-            &[
-                ("hub.mode", "subscribe"),
-                ("hub.topic", topic),
-                ("hub.callback", &callback),
-            ],
-        )
-        .await;
-        assert_eq!(answer.status().as_u16(), 202);
-    }
+    subscribe_each(&first.url, &subscriber, topic, "t", REQUESTS).await;
     subscriber
         .wait_for_verifications(REQUESTS, Duration::from_secs(30))
         .await;

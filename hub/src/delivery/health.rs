@@ -312,12 +312,18 @@ impl Endpoints {
             }
             (Tried::Failed, Some(circuit)) => Self::failed(circuit, policy, probe, now),
         };
-        let open = circuits
-            .values()
-            .filter(|circuit| circuit.open.is_some())
-            .count();
+        // Counted only when a breaker opens or closes: a failure of an
+        // endpoint already open changes nothing, and walking every circuit
+        // per failed attempt would cost a dead endpoint's whole backlog.
+        if matches!(change, Breaker::Opened(_) | Breaker::Recovered(_)) {
+            let open = circuits
+                .values()
+                .filter(|circuit| circuit.open.is_some())
+                .count();
+            metrics::gauge!(ENDPOINTS_OPEN, "channel" => self.inner.channel.label())
+                .set(open as f64);
+        }
         drop(circuits);
-        metrics::gauge!(ENDPOINTS_OPEN, "channel" => self.inner.channel.label()).set(open as f64);
         let channel = self.inner.channel.label();
         match change {
             Breaker::Opened(probe_at) => {

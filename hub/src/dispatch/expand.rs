@@ -288,17 +288,11 @@ impl Distributor {
             };
             // Handed over before its slot is given back, so the lane is
             // never seen idle in between.
-            let lane = lane_of(&subscription.callback).to_owned();
+            let subscription = Arc::new(subscription);
             if mine {
-                self.enqueue(
-                    pipeline,
-                    permit,
-                    outgoing.clone(),
-                    Arc::new(subscription),
-                    0,
-                );
+                self.enqueue(pipeline, permit, outgoing.clone(), subscription.clone(), 0);
             }
-            lanes.unreserve(&lane, 1);
+            lanes.unreserve(lane_of(&subscription.callback), 1);
         }
         Ok(created)
     }

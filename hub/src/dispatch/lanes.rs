@@ -512,11 +512,6 @@ impl Lanes {
             .map(|until| until - now)
     }
 
-    /// The in-flight limit of `lane` now, if the lane is known.
-    pub(super) fn limit(&self, lane: &str) -> Option<usize> {
-        self.lock().get(lane).map(|lane| lane.limit.current())
-    }
-
     fn entry<'a>(&self, lanes: &'a mut HashMap<Arc<str>, Lane>, lane: &str) -> &'a mut Lane {
         if !lanes.contains_key(lane) {
             let name: Arc<str> = Arc::from(lane);

@@ -22,6 +22,7 @@
 mod cache;
 mod expand;
 mod lanes;
+mod unsubscribed;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -49,6 +50,7 @@ pub use cache::SUBSCRIBERS_TTL;
 use cache::{EventCache, Outgoing, SubscriberCache, Subscribers};
 use lanes::{Admission, Ask, Job, Lanes, Next, Reply};
 pub use lanes::{INITIAL_LIMIT, lane_of};
+use unsubscribed::Unsubscribed;
 
 /// The WebSub scheduler. Cheap to clone; clones share state.
 #[derive(Debug, Clone)]
@@ -78,23 +80,6 @@ struct DistributorState {
     lanes: Lanes,
     unsubscribed: Unsubscribed,
 }
-
-/// Unsubscribe answers of late, per (topic, callback): an attempt of an
-/// event recorded since is dropped, whatever a cache or a queue still
-/// holds. Entries go after [`UNSUBSCRIBED_KEPT`], at most
-/// [`UNSUBSCRIBED_LIMIT`] of them.
-#[derive(Debug, Default)]
-struct Unsubscribed {
-    any: std::sync::atomic::AtomicBool,
-    answered: std::sync::Mutex<HashMap<(String, String), chrono::DateTime<chrono::Utc>>>,
-}
-
-/// How long an unsubscribe answer is remembered: far longer than a record
-/// waits in a queue or a subscriber list in the cache.
-const UNSUBSCRIBED_KEPT: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
-
-/// The most unsubscribe answers remembered at once.
-const UNSUBSCRIBED_LIMIT: usize = 10_000;
 
 /// What the claim loop and the expander share to start attempts.
 #[derive(Debug, Clone)]
@@ -171,12 +156,6 @@ impl Distributor {
         &self.inner.endpoints
     }
 
-    /// The in-flight limit the lane of `callback` has reached now, while
-    /// it has work; `None` for a lane with none.
-    pub fn lane_limit(&self, callback: &str) -> Option<usize> {
-        self.inner.lanes.limit(lane_of(callback))
-    }
-
     /// `callback` answered its unsubscribe verification from `topic` at
     /// `since` (`None`: it is subscribed again): attempts of the topic's
     /// events recorded since are dropped from now on.
@@ -186,53 +165,9 @@ impl Distributor {
         callback: &str,
         since: Option<chrono::DateTime<chrono::Utc>>,
     ) {
-        let unsubscribed = &self.inner.unsubscribed;
-        let mut answered = unsubscribed
-            .answered
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let key = (topic.to_owned(), callback.to_owned());
-        match since {
-            None => {
-                answered.remove(&key);
-            }
-            Some(since) => {
-                let now = self.inner.clock.now();
-                answered.retain(|_, at| *at + UNSUBSCRIBED_KEPT > now);
-                if answered.len() >= UNSUBSCRIBED_LIMIT
-                    && let Some(oldest) = answered
-                        .iter()
-                        .min_by_key(|(_, at)| **at)
-                        .map(|(key, _)| key.clone())
-                {
-                    answered.remove(&oldest);
-                }
-                answered.insert(key, since);
-            }
-        }
-        unsubscribed
-            .any
-            .store(!answered.is_empty(), std::sync::atomic::Ordering::Release);
-    }
-
-    /// Whether an event of `topic` recorded at `recorded` was published
-    /// after `callback` answered its unsubscribe verification.
-    fn published_after_unsubscribe(
-        &self,
-        topic: &str,
-        callback: &str,
-        recorded: chrono::DateTime<chrono::Utc>,
-    ) -> bool {
-        let unsubscribed = &self.inner.unsubscribed;
-        if !unsubscribed.any.load(std::sync::atomic::Ordering::Acquire) {
-            return false;
-        }
-        unsubscribed
-            .answered
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&(topic.to_owned(), callback.to_owned()))
-            .is_some_and(|since| recorded >= *since)
+        self.inner
+            .unsubscribed
+            .set(topic, callback, since, self.inner.clock.now());
     }
 
     /// Forgets the cached subscribers of `topic`: a subscription to it was
@@ -651,7 +586,7 @@ impl Distributor {
             ..
         } = job;
         let retry_count = *retry_count;
-        if self.published_after_unsubscribe(
+        if self.inner.unsubscribed.covers(
             &subscription.topic,
             &subscription.callback,
             outgoing.event.created_at,
