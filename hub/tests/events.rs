@@ -2380,3 +2380,129 @@ async fn records_are_claimed_per_lane(log: &dyn EventLog) {
     }
 }
 both!(records_are_claimed_per_lane);
+
+/// Ordered lines: records written for an ordered subscription form its
+/// callback's lane, apart from the host's; a claim gives the head only, in
+/// recording order, never while it is in flight or not yet due; a retried
+/// head holds the rest; an exhausted one leaves the line; the requests are
+/// kept, listed and withdrawn.
+async fn ordered_lines_give_their_head_only(log: &dyn EventLog) {
+    use websub_hub::dispatch::{lane_of, ordered_lane_of};
+    let t0 = base_time();
+    let topic = topic();
+    let run = Uuid::new_v4().simple();
+    let callback = format!("https://ordered-{run}.example/cb");
+    let free = format!("https://ordered-{run}.example/free");
+    let mut events = Vec::new();
+    for n in 0..4 {
+        let event = record(log, &topic, t0 + secs(n)).await;
+        assert_eq!(
+            log.expand_ordered(event.id, &[callback.as_str()], t0)
+                .await
+                .expect("ordered record"),
+            1
+        );
+        log.expand_waiting(event.id, &[free.as_str()], t0)
+            .await
+            .expect("free record");
+        events.push(event.id);
+    }
+    let line = ordered_lane_of(&callback);
+    let lanes = log.due_lanes(100_000).await.expect("due lanes");
+    assert!(lanes.iter().any(|(lane, _)| lane == line), "{lanes:?}");
+    let host = log
+        .claim_lanes(&[(lane_of(&callback), 100)], t0, VISIBILITY)
+        .await
+        .expect("host lane");
+    assert!(
+        host.iter().all(|claim| claim.subscriber == free),
+        "the host's lane holds none of the line's records: {host:?}"
+    );
+    assert_eq!(host.len(), 4);
+
+    let claim = |at| async move {
+        log.claim_ordered(&[line], at, VISIBILITY)
+            .await
+            .expect("claim ordered")
+    };
+    let head = claim(t0).await;
+    assert_eq!(head.len(), 1);
+    assert_eq!(head[0].event_id, events[0]);
+    assert!(
+        claim(t0).await.is_empty(),
+        "nothing while the head is in flight"
+    );
+
+    // The head fails and is retried later: the rest wait behind it.
+    log.complete(
+        &[completion(
+            events[0],
+            &callback,
+            Outcome::Retry {
+                error: "HTTP 503 Service Unavailable".to_owned(),
+                next_attempt_at: t0 + secs(30),
+            },
+        )],
+        t0,
+    )
+    .await
+    .expect("retry");
+    assert!(
+        claim(t0 + secs(1)).await.is_empty(),
+        "the retried head holds the line"
+    );
+    let again = claim(t0 + secs(30)).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].event_id, again[0].retry_count), (events[0], 1));
+    log.complete(&[completion(events[0], &callback, Outcome::Delivered)], t0)
+        .await
+        .expect("delivered");
+    let next = claim(t0 + secs(30)).await;
+    assert_eq!(next[0].event_id, events[1]);
+
+    // Out of retries: it leaves the line, and the next goes.
+    log.complete(
+        &[completion(
+            events[1],
+            &callback,
+            Outcome::Exhausted {
+                error: "HTTP 500".to_owned(),
+            },
+        )],
+        t0,
+    )
+    .await
+    .expect("exhausted");
+    let next = claim(t0 + secs(30)).await;
+    assert_eq!(next[0].event_id, events[2]);
+    log.complete(&[completion(events[2], &callback, Outcome::Delivered)], t0)
+        .await
+        .expect("delivered");
+    // A claim older than the visibility timeout is taken over.
+    let head = claim(t0 + secs(30)).await;
+    assert_eq!(head[0].event_id, events[3]);
+    let late = t0 + secs(30) + TimeDelta::from_std(VISIBILITY).expect("visibility") + secs(1);
+    assert_eq!(claim(late).await[0].event_id, events[3]);
+
+    // The requests.
+    log.set_ordered(&topic, &callback, true, t0)
+        .await
+        .expect("order");
+    log.set_ordered(&topic, &callback, true, t0 + secs(5))
+        .await
+        .expect("again");
+    let requests = log.ordered_subscriptions(100_000).await.expect("list");
+    let mine: Vec<_> = requests.iter().filter(|r| r.topic == topic).collect();
+    assert_eq!(mine.len(), 1);
+    assert_eq!(
+        (mine[0].callback.as_str(), mine[0].since),
+        (callback.as_str(), t0),
+        "a request asked again keeps its time"
+    );
+    log.set_ordered(&topic, &callback, false, t0)
+        .await
+        .expect("unorder");
+    let requests = log.ordered_subscriptions(100_000).await.expect("list");
+    assert!(requests.iter().all(|r| r.topic != topic));
+}
+both!(ordered_lines_give_their_head_only);

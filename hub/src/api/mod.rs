@@ -16,6 +16,7 @@
 //!   are migrated, [`health`]), `/metrics`.
 
 mod backlog;
+mod delivery_order;
 pub(crate) mod endpoints;
 mod feeds;
 mod health;
@@ -120,6 +121,7 @@ fn operator_routes() -> openapi::ApiRoutes {
         .route(routes!(backlog::fetches))
         .route(routes!(subscription::show))
         .route(routes!(subscription::delete))
+        .route(routes!(delivery_order::operator))
         .route(routes!(feeds::list))
         .route(routes!(retention::purge))
 }
@@ -160,18 +162,17 @@ impl ApiError {
     }
 }
 
+/// The subscription store failed: the cause goes to the log, never to the
+/// client.
 pub(crate) fn store_failed(error: websub_store::StoreError) -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!("the subscription store failed: {error}"),
-    )
+    tracing::warn!(%error, "the subscription store failed");
+    ApiError::unavailable("the subscription store is unavailable; try again later")
 }
 
+/// The event log failed: the cause goes to the log, never to the client.
 pub(crate) fn events_failed(error: crate::events::EventLogError) -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!("the event log failed: {error}"),
-    )
+    tracing::warn!(%error, "the event log failed");
+    ApiError::unavailable("the event log is unavailable; try again later")
 }
 
 /// The backlog failed before a request was accepted.

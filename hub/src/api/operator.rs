@@ -102,11 +102,18 @@ pub(super) struct SubscriptionView {
     pub(super) verified_at: DateTime<Utc>,
     /// When it expires; `null` for a permanent subscription.
     pub(super) expires_at: Option<DateTime<Utc>>,
+    /// Whether its events go out one at a time, strictly in the order the
+    /// hub recorded them (ordered delivery); `false`, the default, lets
+    /// them go out at once.
+    pub(super) ordered: bool,
 }
 
-impl From<Subscription> for SubscriptionView {
-    fn from(subscription: Subscription) -> Self {
+impl SubscriptionView {
+    /// `subscription` as the APIs show it, with whether it asked for
+    /// ordered delivery.
+    pub(super) fn of(subscription: Subscription, state: &ApiState) -> Self {
         Self {
+            ordered: state.dispatcher.is_ordered(&subscription),
             topic: subscription.topic,
             callback: subscription.callback,
             owner: subscription.owner,
@@ -154,7 +161,7 @@ async fn subscriptions(
         .await
         .map_err(store_failed)?
         .into_iter()
-        .map(SubscriptionView::from)
+        .map(|subscription| SubscriptionView::of(subscription, &state))
         .collect();
     listed.sort_by(|a, b| a.callback.cmp(&b.callback));
     Ok(Json(listed))

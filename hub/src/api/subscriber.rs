@@ -17,8 +17,8 @@ use super::openapi::{
     ApiRoutes, BadRequest, NoSubscriberApi, TokenTooLarge, Unauthenticated, Unavailable,
 };
 use super::operator::SubscriptionView;
-use super::store_failed;
 use super::{ApiError, ApiState, caller};
+use super::{events_failed, store_failed};
 use crate::auth::User;
 use crate::events::DeliveryHealth;
 use crate::quota::ErrorBody;
@@ -32,6 +32,7 @@ pub(super) fn routes() -> ApiRoutes {
     ApiRoutes::new()
         .route(routes!(list))
         .route(routes!(remove))
+        .route(routes!(super::delivery_order::own))
         .route(routes!(usage))
         .route(routes!(super::backlog::own_intents))
         .route(routes!(super::own_deliveries::own_deliveries))
@@ -110,14 +111,9 @@ async fn list_own(state: &ApiState, user: &User) -> Result<Vec<OwnSubscription>,
             .events
             .health(&subscription.topic, &subscription.callback, HEALTH_WINDOW)
             .await
-            .map_err(|error| {
-                ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("the event log failed: {error}"),
-                )
-            })?;
+            .map_err(events_failed)?;
         listed.push(OwnSubscription {
-            subscription: SubscriptionView::from(subscription),
+            subscription: SubscriptionView::of(subscription, state),
             delivery: HealthView::from(health),
         });
     }

@@ -32,7 +32,7 @@ pub(super) struct SubscriptionQuery {
 }
 
 impl SubscriptionQuery {
-    fn pair(self) -> Result<(String, String), ApiError> {
+    pub(super) fn pair(self) -> Result<(String, String), ApiError> {
         match (self.topic, self.callback) {
             (Some(topic), Some(callback)) => Ok((topic, callback)),
             _ => Err(ApiError::new(
@@ -53,7 +53,11 @@ pub(super) struct SubscriptionHealth {
 }
 
 /// The subscription, or the 404 that says it is not there.
-async fn find(state: &ApiState, topic: &str, callback: &str) -> Result<Subscription, ApiError> {
+pub(super) async fn find(
+    state: &ApiState,
+    topic: &str,
+    callback: &str,
+) -> Result<Subscription, ApiError> {
     match state.store.get(topic, callback).await {
         Ok(subscription) => Ok(subscription),
         Err(StoreError::UnknownSubscription { .. }) => Err(ApiError::new(
@@ -97,7 +101,7 @@ pub(super) async fn show(
         .await
         .map_err(events_failed)?;
     Ok(Json(SubscriptionHealth {
-        subscription: SubscriptionView::from(subscription),
+        subscription: SubscriptionView::of(subscription, &state),
         delivery: HealthView::from(health),
     }))
 }

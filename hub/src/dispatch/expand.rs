@@ -14,7 +14,7 @@ use websub_store::{Subscription, SubscriptionStore};
 use crate::events::{Completion, LoggedEvent, Outcome};
 
 use super::cache::Outgoing;
-use super::{DispatchError, Distributor, LEASE_EXPIRED, Pipeline, lane_of};
+use super::{DispatchError, Distributor, LEASE_EXPIRED, Pipeline, lane_of, ordered_lane_of};
 
 impl Distributor {
     /// Expands every recorded but unexpanded event and starts the first
@@ -161,11 +161,16 @@ impl Distributor {
         // claimed, holding both until it is handed over.
         let mut claimable = Vec::with_capacity(page.len());
         let mut waiting = Vec::new();
+        let mut ordered = Vec::new();
         for subscription in page {
             let lane = lane_of(&subscription.callback);
             let permit = if subscription.is_expired(now) {
                 // Written claimed and closed at once, without a slot.
                 None
+            } else if self.inner.ordered.is_ordered(&subscription) {
+                // Its line is claimed head first: never written claimed.
+                ordered.push(subscription);
+                continue;
             } else if lanes.try_reserve(lane) {
                 match pipeline.pending.clone().try_acquire_owned() {
                     Ok(permit) => Some(permit),
@@ -227,6 +232,21 @@ impl Distributor {
             }
             self.inner.room.notify_one();
             debug!(waiting = waiting.len(), took = ?started.elapsed(), "wrote the records that wait");
+        }
+        if !ordered.is_empty() {
+            let callbacks: Vec<&str> = ordered
+                .iter()
+                .map(|subscription| subscription.callback.as_str())
+                .collect();
+            created += self
+                .inner
+                .events
+                .expand_ordered(outgoing.event.id, &callbacks, now)
+                .await?;
+            for callback in callbacks {
+                lanes.mark_due(ordered_lane_of(callback), now);
+            }
+            self.inner.room.notify_one();
         }
         Ok(Some(created))
     }
@@ -290,7 +310,15 @@ impl Distributor {
             // never seen idle in between.
             let subscription = Arc::new(subscription);
             if mine {
-                self.enqueue(pipeline, permit, outgoing.clone(), subscription.clone(), 0);
+                let lane = lane_of(&subscription.callback);
+                self.enqueue(
+                    pipeline,
+                    lane,
+                    permit,
+                    outgoing.clone(),
+                    subscription.clone(),
+                    0,
+                );
             }
             lanes.unreserve(lane_of(&subscription.callback), 1);
         }

@@ -22,6 +22,10 @@
 //!   slow down well past the fastest seen; between the configured floor
 //!   and cap. A `Retry-After` on a `429` or `503` pauses the lane.
 //!
+//! A subscription that asked for ordered delivery has a lane of its own,
+//! its callback's line ([`ordered_lane_of`]): records claimed one at a
+//! time, head first, in recording order, never queued, limit one.
+//!
 //! A host at work holds its HTTP client, which its runners share; when its
 //! work ends the client goes back to the idle ones ([`HostClients`]). A
 //! lane is known only while it has work or due records: the map never
@@ -73,6 +77,19 @@ pub fn lane_of(callback: &str) -> &str {
     authority
         .split_once('@')
         .map_or(authority, |(_, host)| host)
+}
+
+/// The lane of the records of a subscription that asked for ordered
+/// delivery: its callback, whole. The event log derives the same from
+/// every ordered record (`lane` in the migrations).
+pub fn ordered_lane_of(callback: &str) -> &str {
+    callback
+}
+
+/// Whether `lane` is an ordered subscription's line ([`ordered_lane_of`])
+/// rather than a host's ([`lane_of`]): an authority never holds `://`.
+pub fn is_ordered_lane(lane: &str) -> bool {
+    lane.contains("://")
 }
 
 /// A claimed record on its way to its host.
@@ -206,6 +223,9 @@ impl Limit {
 #[derive(Debug)]
 struct Lane {
     name: Arc<str>,
+    /// The line of an ordered subscription's callback: one record held at a
+    /// time, none queued.
+    ordered: bool,
     /// Held while the lane has work.
     client: Option<reqwest::Client>,
     runners: usize,
@@ -225,6 +245,7 @@ struct Lane {
 impl Lane {
     fn new(name: Arc<str>, limit: Limit) -> Self {
         Self {
+            ordered: is_ordered_lane(&name),
             name,
             client: None,
             runners: 0,
@@ -238,6 +259,9 @@ impl Lane {
     }
 
     fn capacity(&self) -> usize {
+        if self.ordered {
+            return 1;
+        }
         self.limit.current().saturating_mul(QUEUE_ROUNDS)
     }
 
@@ -515,10 +539,12 @@ impl Lanes {
     fn entry<'a>(&self, lanes: &'a mut HashMap<Arc<str>, Lane>, lane: &str) -> &'a mut Lane {
         if !lanes.contains_key(lane) {
             let name: Arc<str> = Arc::from(lane);
-            lanes.insert(
-                name.clone(),
-                Lane::new(name, Limit::new(self.floor, self.cap)),
-            );
+            let limit = if is_ordered_lane(&name) {
+                Limit::new(1, 1)
+            } else {
+                Limit::new(self.floor, self.cap)
+            };
+            lanes.insert(name.clone(), Lane::new(name, limit));
         }
         // Inserted just above when missing.
         #[allow(clippy::unwrap_used)]

@@ -22,6 +22,7 @@
 mod cache;
 mod expand;
 mod lanes;
+mod ordered;
 mod unsubscribed;
 
 use std::collections::HashMap;
@@ -49,7 +50,9 @@ use crate::protocol::iri_to_uri;
 pub use cache::SUBSCRIBERS_TTL;
 use cache::{EventCache, Outgoing, SubscriberCache, Subscribers};
 use lanes::{Admission, Ask, Job, Lanes, Next, Reply};
-pub use lanes::{INITIAL_LIMIT, lane_of};
+pub use lanes::{INITIAL_LIMIT, is_ordered_lane, lane_of, ordered_lane_of};
+use ordered::Ordered;
+pub use ordered::{ORDERED_LIMIT, ORDERED_REFRESH};
 use unsubscribed::Unsubscribed;
 
 /// The WebSub scheduler. Cheap to clone; clones share state.
@@ -79,6 +82,7 @@ struct DistributorState {
     endpoints: Endpoints,
     lanes: Lanes,
     unsubscribed: Unsubscribed,
+    ordered: Ordered,
 }
 
 /// What the claim loop and the expander share to start attempts.
@@ -135,6 +139,7 @@ impl Distributor {
                 subscribers: SubscriberCache::default(),
                 judge: Judge::new(Channel::WebSub, policy.retry),
                 unsubscribed: Unsubscribed::default(),
+                ordered: Ordered::default(),
                 lanes: Lanes::new(
                     policy.per_host_min,
                     policy.per_host,
@@ -170,6 +175,37 @@ impl Distributor {
             .set(topic, callback, since, self.inner.clock.now());
     }
 
+    /// Asks for ordered delivery to the subscription of `callback` to
+    /// `topic`, or takes the request back: kept in the log, and in force in
+    /// this process at once (in other replicas within
+    /// [`ORDERED_REFRESH`]). Records already written keep the order they
+    /// were written with.
+    pub async fn set_ordered(
+        &self,
+        topic: &str,
+        callback: &str,
+        ordered: bool,
+    ) -> Result<(), EventLogError> {
+        let now = self.inner.clock.now();
+        self.inner
+            .events
+            .set_ordered(topic, callback, ordered, now)
+            .await?;
+        // The log keeps the time of a request it already had; read it back
+        // rather than guess.
+        if ordered {
+            self.inner.ordered.refresh(&*self.inner.events).await?;
+        } else {
+            self.inner.ordered.set(topic, callback, None);
+        }
+        Ok(())
+    }
+
+    /// Whether `subscription` gets its events in order.
+    pub fn is_ordered(&self, subscription: &Subscription) -> bool {
+        self.inner.ordered.is_ordered(subscription)
+    }
+
     /// Forgets the cached subscribers of `topic`: a subscription to it was
     /// saved or deleted here, and the next delivery must see that.
     pub fn forget_topic(&self, topic: &str) {
@@ -198,6 +234,9 @@ impl Distributor {
                 .run_expander(pipeline.clone(), shutdown.clone()),
         );
         let health = tokio::spawn(self.inner.endpoints.clone().keep_fresh(shutdown.clone()));
+        if let Err(error) = self.inner.ordered.refresh(&*self.inner.events).await {
+            warn!(%error, "reading the requests for ordered delivery failed; retrying with the lanes");
+        }
         match self.inner.events.release_claims().await {
             Ok(0) => {}
             Ok(released) => info!(released, "took over the claims of the process before"),
@@ -205,8 +244,15 @@ impl Distributor {
         }
         self.expand_soon();
         let mut walked: Option<Instant> = None;
+        let mut ordered_read = Instant::now();
         while !shutdown.is_cancelled() {
             if walked.is_none_or(|at| at.elapsed() >= self.inner.poll_interval) {
+                if ordered_read.elapsed() >= ORDERED_REFRESH {
+                    if let Err(error) = self.inner.ordered.refresh(&*self.inner.events).await {
+                        warn!(%error, "reading the requests for ordered delivery failed");
+                    }
+                    ordered_read = Instant::now();
+                }
                 self.walk_lanes().await;
                 walked = Some(Instant::now());
             }
@@ -260,17 +306,58 @@ impl Distributor {
         now: chrono::DateTime<chrono::Utc>,
         pipeline: &Pipeline,
     ) {
-        let wanted: Vec<(&str, usize)> = asks.iter().map(|ask| (&*ask.lane, ask.count)).collect();
-        let claimed = self
-            .inner
-            .events
-            .claim_lanes(&wanted, now, self.inner.policy.visibility_timeout)
-            .await;
+        let (lines, hosts): (Vec<Ask>, Vec<Ask>) =
+            asks.into_iter().partition(|ask| is_ordered_lane(&ask.lane));
+        for (asks, ordered) in [(hosts, false), (lines, true)] {
+            if !asks.is_empty() {
+                self.claim_lanes(asks, ordered, now, pipeline).await;
+            }
+        }
+    }
+
+    /// Claims for `asks`, the lanes of hosts or (`ordered`) the lines of
+    /// ordered subscriptions, and starts the attempts.
+    async fn claim_lanes(
+        &self,
+        asks: Vec<Ask>,
+        ordered: bool,
+        now: chrono::DateTime<chrono::Utc>,
+        pipeline: &Pipeline,
+    ) {
+        let visibility = self.inner.policy.visibility_timeout;
+        let claimed = if ordered {
+            let wanted: Vec<&str> = asks.iter().map(|ask| &*ask.lane).collect();
+            self.inner
+                .events
+                .claim_ordered(&wanted, now, visibility)
+                .await
+        } else {
+            let wanted: Vec<(&str, usize)> =
+                asks.iter().map(|ask| (&*ask.lane, ask.count)).collect();
+            self.inner
+                .events
+                .claim_lanes(&wanted, now, visibility)
+                .await
+        };
+        let lane_of_claim = |claim: &Claimed| -> Arc<str> {
+            if ordered {
+                Arc::from(ordered_lane_of(&claim.subscriber))
+            } else {
+                Arc::from(lane_of(&claim.subscriber))
+            }
+        };
         let claimed = match claimed {
             Ok(claimed) => {
+                let claimed: Vec<(Claimed, Arc<str>)> = claimed
+                    .into_iter()
+                    .map(|claim| {
+                        let lane = lane_of_claim(&claim);
+                        (claim, lane)
+                    })
+                    .collect();
                 let mut got: HashMap<&str, usize> = HashMap::new();
-                for claim in &claimed {
-                    *got.entry(lane_of(&claim.subscriber)).or_default() += 1;
+                for (_, lane) in &claimed {
+                    *got.entry(lane).or_default() += 1;
                 }
                 self.inner.lanes.claimed(&asks, Some(&got));
                 claimed
@@ -311,7 +398,7 @@ impl Distributor {
 
     async fn start_attempts(
         &self,
-        claimed: Vec<Claimed>,
+        claimed: Vec<(Claimed, Arc<str>)>,
         pipeline: &Pipeline,
     ) -> Result<(), DispatchError> {
         // Per topic: its subscribers, and whether they were read for this
@@ -320,7 +407,7 @@ impl Distributor {
         // replica's leftovers) has just those subscriptions read: listing a
         // topic of 100 000 for a handful of records would cost seconds.
         let mut callbacks_by_topic: HashMap<&str, Vec<&str>> = HashMap::new();
-        for claim in &claimed {
+        for (claim, _) in &claimed {
             callbacks_by_topic
                 .entry(&claim.topic)
                 .or_default()
@@ -338,7 +425,7 @@ impl Distributor {
             subscribers.insert(topic.to_owned(), known);
         }
         let mut events: HashMap<Uuid, Arc<Outgoing>> = HashMap::new();
-        for claim in &claimed {
+        for (claim, _) in &claimed {
             // Every claimed topic was read above.
             let Some((known, fresh)) = subscribers.get(&claim.topic).cloned() else {
                 continue;
@@ -357,7 +444,7 @@ impl Distributor {
         }
 
         let now = self.inner.clock.now();
-        for claim in claimed {
+        for (claim, lane) in claimed {
             let subscription = subscribers
                 .get(&claim.topic)
                 .and_then(|(known, _)| known.by_callback.get(&claim.subscriber))
@@ -385,22 +472,29 @@ impl Distributor {
             let Ok(permit) = pipeline.pending.clone().acquire_owned().await else {
                 return Ok(());
             };
-            self.enqueue(pipeline, permit, event, subscription, claim.retry_count);
+            self.enqueue(
+                pipeline,
+                &lane,
+                permit,
+                event,
+                subscription,
+                claim.retry_count,
+            );
         }
         Ok(())
     }
 
-    /// Hands one record to its lane, holding `permit` until its outcome is
+    /// Hands one record to `lane`, holding `permit` until its outcome is
     /// sent; starts a runner for the lane if it has a free slot.
     fn enqueue(
         &self,
         pipeline: &Pipeline,
+        lane: &str,
         permit: OwnedSemaphorePermit,
         outgoing: Arc<Outgoing>,
         subscription: Arc<Subscription>,
         retry_count: u32,
     ) {
-        let keyed = subscription.clone();
         let job = Job {
             subscription,
             outgoing,
@@ -408,7 +502,7 @@ impl Distributor {
             permit,
             queued: Instant::now(),
         };
-        match self.inner.lanes.admit(lane_of(&keyed.callback), job) {
+        match self.inner.lanes.admit(lane, job) {
             Admission::Run(lane, job, client) => {
                 let runner = self.clone().run_lane(pipeline.clone(), lane, job, client);
                 pipeline.attempts.spawn(runner);
@@ -563,6 +657,9 @@ impl Distributor {
                     released, "sending what waited for a recovered callback"
                 );
                 self.inner.lanes.mark_due(lane_of(callback), now);
+                if self.inner.ordered.has_callback(callback) {
+                    self.inner.lanes.mark_due(ordered_lane_of(callback), now);
+                }
                 self.inner.room.notify_one();
             }
             Err(error) => {
@@ -755,19 +852,30 @@ impl OutcomeStore for LogOutcomes {
             .complete(batch, now)
             .await
             .map_err(|error| error.to_string())?;
-        // Written: a claim may find them now.
+        // Written: a claim may find them now. An ordered line's next record
+        // may be due once the one before is done, whatever became of it.
+        let mut lines_moved = false;
         for completion in batch {
-            if let Outcome::Retry {
-                next_attempt_at, ..
+            let next_attempt_at = match completion.outcome {
+                Outcome::Retry {
+                    next_attempt_at, ..
+                }
+                | Outcome::Postponed {
+                    next_attempt_at, ..
+                } => Some(next_attempt_at),
+                _ => None,
+            };
+            if let Some(due) = next_attempt_at {
+                inner.lanes.mark_due(lane_of(&completion.subscriber), due);
             }
-            | Outcome::Postponed {
-                next_attempt_at, ..
-            } = completion.outcome
-            {
-                inner
-                    .lanes
-                    .mark_due(lane_of(&completion.subscriber), next_attempt_at);
+            if inner.ordered.has_callback(&completion.subscriber) {
+                let line = ordered_lane_of(&completion.subscriber);
+                inner.lanes.mark_due(line, next_attempt_at.unwrap_or(now));
+                lines_moved = true;
             }
+        }
+        if lines_moved {
+            inner.room.notify_one();
         }
         inner
             .endpoints

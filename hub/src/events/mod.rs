@@ -72,6 +72,15 @@ pub struct Recorded {
     pub created: bool,
 }
 
+/// A subscription that asked for ordered delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderedSubscription {
+    pub topic: String,
+    pub callback: String,
+    /// When it asked: a subscription created later is another one.
+    pub since: DateTime<Utc>,
+}
+
 /// A delivery record claimed for one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claimed {
@@ -362,6 +371,50 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         subscribers: &[&str],
         due: DateTime<Utc>,
     ) -> Result<u64, EventLogError>;
+
+    /// Writes delivery records, due at `due` and not claimed, for some of
+    /// an event's subscribers whose subscriptions asked for ordered
+    /// delivery: each carries the event's recording time, its place in its
+    /// callback's line, and belongs to that line's lane (the callback,
+    /// whole), which [`EventLog::claim_ordered`] hands out one at a time.
+    /// Like [`EventLog::expand_waiting`] otherwise.
+    async fn expand_ordered(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        due: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
+    /// Claims, for each ordered lane (a callback) asked for, the head of its
+    /// line: of its records not processed and not exhausted, the first in
+    /// recording order, if it is due and not claimed (or its claim is older
+    /// than `visibility`). A line whose head is in flight or not yet due
+    /// gives nothing: one record in flight, strictly in order, whatever the
+    /// number of claimers. An exhausted record leaves the line.
+    async fn claim_ordered(
+        &self,
+        lanes: &[&str],
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Claimed>, EventLogError>;
+
+    /// Asks for ordered delivery to the subscription of `callback` to
+    /// `topic` (`ordered`), or takes the request back. A request applies to
+    /// the subscription created at or before `now` and to its renewals; a
+    /// subscription created later (after an unsubscribe) starts unordered.
+    async fn set_ordered(
+        &self,
+        topic: &str,
+        callback: &str,
+        ordered: bool,
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError>;
+
+    /// The requests for ordered delivery, at most `limit`.
+    async fn ordered_subscriptions(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<OrderedSubscription>, EventLogError>;
 
     /// Claims, for each `(lane, count)` asked for, up to `count` due records
     /// of that lane (see `crate::dispatch::lane_of`), most overdue first,

@@ -179,6 +179,18 @@ impl Hub {
             .await
     }
 
+    /// `PUT /api/v1/operator/{path}?{query}` with `body` as JSON: the
+    /// answer's JSON.
+    pub(crate) async fn put(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+        body: &Value,
+    ) -> Result<Value, Failure> {
+        self.send(self.request(Method::PUT, path, query)?.json(body))
+            .await
+    }
+
     /// `DELETE /api/v1/operator/{path}?{query}`: the answer's JSON, `null`
     /// when it has no body.
     pub(crate) async fn delete(

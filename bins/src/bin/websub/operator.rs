@@ -124,6 +124,27 @@ pub(crate) enum SubscriptionsCommand {
         #[command(flatten)]
         hub: HubArgs,
     },
+    /// Set how one subscription's events are delivered: `ordered` (one at
+    /// a time, strictly in recording order; a failing event holds the ones
+    /// after it) or `unordered` (all at once, the default).
+    Delivery {
+        #[command(flatten)]
+        pair: Pair,
+        /// `ordered` or `unordered`.
+        #[arg(value_enum)]
+        order: DeliveryOrder,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+}
+
+/// How a subscription's events are delivered.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum DeliveryOrder {
+    /// One at a time, strictly in recording order.
+    Ordered,
+    /// All at once (the default).
+    Unordered,
 }
 
 /// One subscription, by its topic and callback.
@@ -236,6 +257,9 @@ pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
             Subscriptions::Show { pair, hub } => show_subscription(&hub.connect()?, &pair).await,
             Subscriptions::Delete { pair, hub } => {
                 delete_subscription(&hub.connect()?, &pair).await
+            }
+            Subscriptions::Delivery { pair, order, hub } => {
+                set_delivery(&hub.connect()?, &pair, order).await
             }
         },
         OperatorCommand::Deliveries { command } => match command {
@@ -361,11 +385,36 @@ async fn show_subscription(hub: &Hub, pair: &Pair) -> Result<(), Failure> {
             ("created", cell(&answer["created_at"])),
             ("verified", cell(&answer["verified_at"])),
             ("expires", cell(&answer["expires_at"])),
+            ("ordered", cell(&answer["ordered"])),
             ("last success", cell(&delivery["last_success"])),
             ("last error", cell(&delivery["last_error"])),
             ("pending", cell(&delivery["pending"])),
             ("failed", cell(&delivery["failed"])),
         ])
+    });
+    Ok(())
+}
+
+async fn set_delivery(hub: &Hub, pair: &Pair, order: DeliveryOrder) -> Result<(), Failure> {
+    let ordered = matches!(order, DeliveryOrder::Ordered);
+    let answer = hub
+        .put(
+            "subscription/delivery",
+            &pair.query(),
+            &json!({ "ordered": ordered }),
+        )
+        .await?;
+    hub.print(&answer, |answer| {
+        let how = if answer["ordered"].as_bool() == Some(true) {
+            "one at a time, in recording order"
+        } else {
+            "all at once"
+        };
+        format!(
+            "{} gets {} events {how}\n",
+            cell(&answer["callback"]),
+            cell(&answer["topic"])
+        )
     });
     Ok(())
 }

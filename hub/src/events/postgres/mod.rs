@@ -43,7 +43,7 @@ use statements::*;
 use super::{
     Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
     EndpointRecord, EventLog, EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent,
-    NewEvent, Recorded, Replayed, Undelivered, WebhookAttempt,
+    NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered, WebhookAttempt,
 };
 use async_trait::async_trait;
 use rows::{
@@ -430,6 +430,86 @@ impl EventLog for PostgresEventLog {
             .await?
             .iter()
             .map(claimed_from_row)
+            .collect()
+    }
+
+    async fn expand_ordered(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        due: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let subscribers = super::sorted_unique(subscribers.iter().copied());
+        let mut created = 0;
+        for chunk in subscribers.chunks(EXPAND_CHUNK) {
+            created += sqlx::query(EXPAND_ORDERED)
+                .bind(event_id)
+                .bind(due)
+                .bind(chunk)
+                .execute(&self.pool)
+                .await
+                .map_err(|error| missing_event(error, event_id))?
+                .rows_affected();
+        }
+        Ok(created)
+    }
+
+    async fn claim_ordered(
+        &self,
+        lanes: &[&str],
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Claimed>, EventLogError> {
+        let stale = super::stale_bound(now, visibility);
+        let mut claimed = Vec::new();
+        // A statement of its own per lane: one head locked at a time, so
+        // claimers of several lanes never wait on each other in a circle.
+        for lane in lanes {
+            if let Some(row) = sqlx::query(CLAIM_ORDERED)
+                .bind(now)
+                .bind(stale)
+                .bind(*lane)
+                .fetch_optional(&self.pool)
+                .await?
+            {
+                claimed.push(claimed_from_row(&row)?);
+            }
+        }
+        Ok(claimed)
+    }
+
+    async fn set_ordered(
+        &self,
+        topic: &str,
+        callback: &str,
+        ordered: bool,
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError> {
+        let query = if ordered {
+            sqlx::query(ORDER).bind(topic).bind(callback).bind(now)
+        } else {
+            sqlx::query(UNORDER).bind(topic).bind(callback)
+        };
+        query.execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn ordered_subscriptions(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<OrderedSubscription>, EventLogError> {
+        sqlx::query(ORDERED_SUBSCRIPTIONS)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(OrderedSubscription {
+                    topic: row.try_get("topic").map_err(super::invalid)?,
+                    callback: row.try_get("callback").map_err(super::invalid)?,
+                    since: row.try_get("since").map_err(super::invalid)?,
+                })
+            })
             .collect()
     }
 

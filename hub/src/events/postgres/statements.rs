@@ -147,6 +147,43 @@ pub(super) const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id,
      WHERE topic = $1 AND created_at >= $3 AND original_id IS NULL \
      ON CONFLICT DO NOTHING";
 
+// EXPAND_AGAIN for ordered subscriptions: each record takes its place in
+// its callback's line, the event's recording time.
+pub(super) const EXPAND_ORDERED: &str = "INSERT INTO websub_deliveries \
+         (event_id, subscriber, next_attempt_at, order_key) \
+     SELECT $1, subscriber, $2, (SELECT created_at FROM websub_events WHERE id = $1) \
+     FROM unnest($3::text[]) AS s(subscriber) \
+     ON CONFLICT DO NOTHING";
+
+// The head of an ordered lane, locked in recording order, then taken only
+// when due and free. Claimers of one lane queue on its head rather than
+// skip it: a claimer that finds the head done meanwhile moves to the next
+// one, and one that finds it claimed takes nothing. Exhausted records (no
+// `next_attempt_at`) have left the line.
+pub(super) const CLAIM_ORDERED: &str = "WITH head AS ( \
+         SELECT event_id, subscriber FROM websub_deliveries \
+         WHERE lane = $3 AND order_key IS NOT NULL AND processed_at IS NULL \
+           AND next_attempt_at IS NOT NULL \
+         ORDER BY lane, order_key, event_id \
+         LIMIT 1 \
+         FOR UPDATE) \
+     UPDATE websub_deliveries AS d SET processing_since = $1 \
+     FROM head, websub_events AS e \
+     WHERE d.event_id = head.event_id AND d.subscriber = head.subscriber \
+       AND d.next_attempt_at <= $1 \
+       AND (d.processing_since IS NULL OR d.processing_since < $2) \
+       AND e.id = d.event_id \
+     RETURNING d.event_id, e.topic, d.subscriber::TEXT AS subscriber, d.retry_count";
+
+pub(super) const ORDER: &str = "INSERT INTO websub_ordered_subscriptions (topic, callback, since) \
+     VALUES ($1, $2, $3) ON CONFLICT (topic, callback) DO NOTHING";
+
+pub(super) const UNORDER: &str =
+    "DELETE FROM websub_ordered_subscriptions WHERE topic = $1 AND callback = $2";
+
+pub(super) const ORDERED_SUBSCRIPTIONS: &str = "SELECT topic, callback, since \
+     FROM websub_ordered_subscriptions ORDER BY topic, callback LIMIT $1";
+
 pub(super) const CLAIM_LANES: &str =
     "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_lanes($1, $2, $3, $4)";
 
@@ -171,7 +208,7 @@ pub(super) const RELEASE_ENDPOINT: &str = "UPDATE websub_deliveries AS d SET \
          retry_count = CASE WHEN d.next_attempt_at IS NULL THEN 0 ELSE d.retry_count END, \
          outcome = CASE WHEN d.next_attempt_at IS NULL THEN 'retry' ELSE d.outcome END, \
          next_attempt_at = $3 \
-     WHERE d.lane = $1 AND d.subscriber = $2 AND d.processed_at IS NULL \
+     WHERE d.lane IN ($1, $2) AND d.subscriber = $2 AND d.processed_at IS NULL \
        AND d.processing_since IS NULL \
        AND (d.next_attempt_at > $3 \
             OR (d.next_attempt_at IS NULL AND EXISTS ( \

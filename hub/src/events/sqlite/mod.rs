@@ -55,7 +55,7 @@ use statements::*;
 use super::{
     Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
     EndpointRecord, EventLog, EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent,
-    NewEvent, Outcome, Recorded, Replayed, Undelivered, WebhookAttempt,
+    NewEvent, OrderedSubscription, Outcome, Recorded, Replayed, Undelivered, WebhookAttempt,
 };
 use rows::{
     attempt_from_row, attempts_json, claimed_from_row, completions_json, delivery_from_row,
@@ -397,6 +397,98 @@ impl EventLog for SqliteEventLog {
         }
         tx.commit().await?;
         Ok(claimed)
+    }
+
+    async fn expand_ordered(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        due: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let subscribers = super::sorted_unique(subscribers.iter().copied());
+        let chunks = json_chunks(&subscribers)?;
+        let mut writer = self.writer().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        event_must_exist(&mut tx, event_id).await?;
+        let mut created = 0;
+        for json in chunks {
+            created += sqlx::query(EXPAND_ORDERED)
+                .bind(event_id)
+                .bind(due.timestamp_micros())
+                .bind(json)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(created)
+    }
+
+    async fn claim_ordered(
+        &self,
+        lanes: &[&str],
+        now: DateTime<Utc>,
+        visibility: Duration,
+    ) -> Result<Vec<Claimed>, EventLogError> {
+        if lanes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let stale = super::stale_bound(now, visibility).map(|bound| bound.timestamp_micros());
+        let mut writer = self.writer().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let mut claimed = Vec::new();
+        for lane in lanes {
+            if let Some(row) = sqlx::query(CLAIM_ORDERED)
+                .bind(now.timestamp_micros())
+                .bind(stale)
+                .bind(*lane)
+                .fetch_optional(&mut *tx)
+                .await?
+            {
+                claimed.push(claimed_from_row(&row)?);
+            }
+        }
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn set_ordered(
+        &self,
+        topic: &str,
+        callback: &str,
+        ordered: bool,
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError> {
+        let mut writer = self.writer().await?;
+        let query = if ordered {
+            sqlx::query(ORDER)
+                .bind(topic)
+                .bind(callback)
+                .bind(now.timestamp_micros())
+        } else {
+            sqlx::query(UNORDER).bind(topic).bind(callback)
+        };
+        query.execute(&mut *writer).await?;
+        Ok(())
+    }
+
+    async fn ordered_subscriptions(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<OrderedSubscription>, EventLogError> {
+        sqlx::query(ORDERED_SUBSCRIPTIONS)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(OrderedSubscription {
+                    topic: row.try_get("topic").map_err(super::invalid)?,
+                    callback: row.try_get("callback").map_err(super::invalid)?,
+                    since: from_micros(row.try_get("since").map_err(super::invalid)?)?,
+                })
+            })
+            .collect()
     }
 
     async fn due_lanes(&self, limit: usize) -> Result<Vec<(String, DateTime<Utc>)>, EventLogError> {

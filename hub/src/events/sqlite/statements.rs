@@ -175,6 +175,38 @@ pub(super) const EXPAND_WAITING: &str = "INSERT INTO websub_deliveries (event_id
      SELECT ?1, value, ?2 FROM json_each(?3) WHERE true \
      ON CONFLICT DO NOTHING";
 
+// EXPAND_WAITING for ordered subscriptions: each record takes its place in
+// its callback's line, the event's recording time.
+pub(super) const EXPAND_ORDERED: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, order_key) \
+     SELECT ?1, value, ?2, (SELECT created_at FROM websub_events WHERE id = ?1) \
+     FROM json_each(?3) WHERE true \
+     ON CONFLICT DO NOTHING";
+
+// The head of an ordered lane, through its index in recording order; taken
+// only when due and free. Exhausted records (no `next_attempt_at`) have left
+// the line.
+pub(super) const CLAIM_ORDERED: &str = "UPDATE websub_deliveries SET processing_since = ?1 \
+     WHERE rowid = ( \
+         SELECT rowid FROM websub_deliveries \
+         WHERE lane = ?3 AND order_key IS NOT NULL AND processed_at IS NULL \
+           AND next_attempt_at IS NOT NULL \
+         ORDER BY order_key, event_id \
+         LIMIT 1) \
+       AND next_attempt_at <= ?1 \
+       AND (processing_since IS NULL OR processing_since < ?2) \
+     RETURNING event_id, \
+         (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
+         subscriber, retry_count";
+
+pub(super) const ORDER: &str = "INSERT INTO websub_ordered_subscriptions (topic, callback, since) \
+     VALUES (?1, ?2, ?3) ON CONFLICT (topic, callback) DO NOTHING";
+
+pub(super) const UNORDER: &str =
+    "DELETE FROM websub_ordered_subscriptions WHERE topic = ?1 AND callback = ?2";
+
+pub(super) const ORDERED_SUBSCRIPTIONS: &str = "SELECT topic, callback, since \
+     FROM websub_ordered_subscriptions ORDER BY topic, callback LIMIT ?1";
+
 // CLAIM, for one lane: the lane index gives its due records in due order.
 pub(super) const CLAIM_LANE: &str = "UPDATE websub_deliveries SET processing_since = ?1 \
      WHERE rowid IN ( \
@@ -207,13 +239,15 @@ pub(super) const DUE_LANES: &str = "WITH RECURSIVE lanes (lane) AS ( \
 pub(super) const RELEASE_CLAIMS: &str = "UPDATE websub_deliveries SET processing_since = NULL \
      WHERE processing_since IS NOT NULL AND processed_at IS NULL";
 
-// The lane index narrows to the subscriber's host; exhausted records keep
-// their attempts, which say whether they failed during the outage.
+// The lane index narrows to the subscriber's host, or to its own line when
+// ordered; exhausted records keep their attempts, which say whether they
+// failed during the outage.
 pub(super) const RELEASE_ENDPOINT: &str = "UPDATE websub_deliveries SET \
          retry_count = CASE WHEN next_attempt_at IS NULL THEN 0 ELSE retry_count END, \
          outcome = CASE WHEN next_attempt_at IS NULL THEN 'retry' ELSE outcome END, \
          next_attempt_at = ?3 \
-     WHERE lane = ?1 AND subscriber = ?2 AND processed_at IS NULL AND processing_since IS NULL \
+     WHERE lane IN (?1, ?2) AND subscriber = ?2 AND processed_at IS NULL \
+       AND processing_since IS NULL \
        AND (next_attempt_at > ?3 \
             OR (next_attempt_at IS NULL AND EXISTS ( \
                 SELECT 1 FROM websub_attempts AS a \
