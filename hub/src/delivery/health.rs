@@ -20,6 +20,11 @@
 //! - **disabled**: open for `disable_after` (days by default), the
 //!   endpoint is disabled as an operator would, until one enables it.
 //!
+//! Every change of state (failing, open, recovered, disabled, enabled) is
+//! counted and kept in the history from one place here, through
+//! [`ChangeSink`]: the breaker's changes without waiting for the database,
+//! an operator's before the call returns (see [`super::changes`]).
+//!
 //! The tally lives in the event log, so every replica sees one state and a
 //! restart keeps it. Each process keeps a copy of the troubled endpoints
 //! (failing or disabled), reloaded every [`HEALTH_REFRESH`]: deciding to
