@@ -21,6 +21,7 @@ use crate::backlog::Backlog;
 use crate::clock::{Clock, SystemClock};
 use crate::config::HubConfig;
 use crate::delivery::client::{self, Purpose, Trust};
+use crate::delivery::operator::OperatorWebhook;
 use crate::delivery::pool::{HostClients, IdleLimits};
 use crate::descriptors;
 use crate::dispatch::Distributor;
@@ -58,6 +59,9 @@ pub struct Hub {
     metrics: Option<PrometheusHandle>,
     /// The roots every client trusts, for the feeds' webhooks.
     trust: Trust,
+    /// The sender of endpoint changes to the operator webhook, when one is
+    /// configured.
+    operator_webhook: Option<OperatorWebhook>,
 }
 
 /// Asks a running hub's outbox feeds to read their webhooks files again
@@ -244,6 +248,19 @@ impl Hub {
             .as_deref()
             .map(|key| UserTokens::new(key, &config.user_token_header))
             .transpose()?;
+        let operator_webhook = match config.operator_webhook_key()? {
+            None => None,
+            Some((url, key)) => Some(OperatorWebhook::new(
+                url.to_string(),
+                key,
+                config.public_url.to_string(),
+                client::build(Purpose::OperatorService, config.delivery.timeout, &trust)?,
+                config.delivery.timeout,
+                config.delivery.retry,
+                events.clone(),
+                clock.clone(),
+            )),
+        };
         if let Some(base_url) = &config.quota_url {
             subscriptions.enforce_quota(QuotaEnforcer::new(QuotaConfig {
                 base_url: Some(base_url.clone()),
@@ -270,6 +287,7 @@ impl Hub {
             feeds: Feeds::new(),
             metrics: None,
             trust,
+            operator_webhook,
         })
     }
 
@@ -361,6 +379,12 @@ impl Hub {
             .metrics
             .clone()
             .map(|handle| tokio::spawn(crate::telemetry::upkeep(handle, background.clone())));
+        // Its own task, off every delivery's path: a dead operator webhook
+        // holds up nothing but its own changes.
+        let operator_webhook = self
+            .operator_webhook
+            .clone()
+            .map(|sender| tokio::spawn(sender.run(background.clone())));
         let backlog_sweep = tokio::spawn(sweep_backlog(
             self.intake.backlog().clone(),
             background.clone(),
@@ -455,6 +479,9 @@ impl Hub {
             if let Some(retention) = retention {
                 let _ = retention.await;
             }
+            if let Some(operator_webhook) = operator_webhook {
+                let _ = operator_webhook.await;
+            }
         };
         if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
             warn!("work still in flight after {DRAIN_TIMEOUT:?}; it resumes at the next start");
@@ -518,6 +545,10 @@ async fn sweep_retention(events: Arc<dyn EventLog>, ttl: Duration, stop: Cancell
         match events.purge_before(cutoff).await {
             Ok(deleted) => info!(deleted, "retention sweep"),
             Err(error) => warn!(%error, "retention sweep failed"),
+        }
+        match events.changes().purge_changes_before(cutoff).await {
+            Ok(deleted) => info!(deleted, "retention sweep of endpoint changes"),
+            Err(error) => warn!(%error, "retention sweep of endpoint changes failed"),
         }
     }
 }

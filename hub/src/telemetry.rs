@@ -17,6 +17,7 @@ use crate::events::EventLog;
 use crate::outbox::{OUTBOX_BACKLOG, OUTBOX_LISTENER_CONNECTED, OUTBOX_OLDEST_UNDELIVERED_SECONDS};
 
 use crate::api::{HTTP_REQUEST_SECONDS, HTTP_REQUESTS_TOTAL, SHED_TOTAL};
+use crate::delivery::changes::ENDPOINT_CHANGES_DROPPED_TOTAL;
 use crate::delivery::health::{
     ENDPOINT_CHANGES_TOTAL, ENDPOINTS_DISABLED, ENDPOINTS_DISABLED_TOTAL, ENDPOINTS_OPEN,
 };
@@ -24,6 +25,7 @@ use crate::delivery::metrics::{
     ATTEMPT_SECONDS, DELIVERIES_IN_FLIGHT, DELIVERIES_TOTAL, DELIVERIES_WAITING_FOR_HOST,
     DELIVERY_LATENCY_SECONDS,
 };
+use crate::delivery::operator::OPERATOR_WEBHOOK_DELIVERIES_TOTAL;
 use crate::intake::{EVENTS_RECORDED_TOTAL, FETCHES_TOTAL};
 use crate::lease::EXPIRED_METRIC;
 use crate::listen::{CLOSED_METRIC, OPEN_METRIC, REFUSED_METRIC};
@@ -75,9 +77,24 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         ENDPOINT_CHANGES_TOTAL,
         Kind::Counter,
-        "Endpoints whose breaker changed state, by channel and new state: open (failing in \
-         a row: deliveries wait while the next one probes), recovered (a probe succeeded: \
-         what waited is sent), disabled (open too long).",
+        "Endpoint state changes, by channel and new state: failing (attempts fail: at the \
+         first failure in a row and half way to opening), open (failing in a row: deliveries \
+         wait while the next one probes), recovered (answering again: what waited is sent), \
+         disabled (after failures, a long outage, or by an operator), enabled (by an \
+         operator). Each is kept in the history and sent to the operator webhook.",
+    ),
+    (
+        ENDPOINT_CHANGES_DROPPED_TOTAL,
+        Kind::Counter,
+        "Endpoint state changes counted but not kept in the history, by channel: the queue \
+         to the history was full, or writing failed.",
+    ),
+    (
+        OPERATOR_WEBHOOK_DELIVERIES_TOTAL,
+        Kind::Counter,
+        "Endpoint changes sent to the operator webhook, by outcome: delivered, retried, held \
+         (its breaker is open), failed (out of retries), dropped (past the backlog's bound \
+         or age).",
     ),
     (
         ENDPOINTS_OPEN,

@@ -1,8 +1,10 @@
 //! The endpoints page at `/admin/endpoints`: the WebSub callbacks and
 //! outbox webhooks that have been failing or are disabled, enabling one
 //! again (`POST /admin/endpoints/enable`) and disabling one by hand
-//! (`POST /admin/endpoints/disable`), as the operator API does. The
-//! decisions are the delivery core's ([`crate::delivery::health`]).
+//! (`POST /admin/endpoints/disable`), as the operator API does; and the
+//! history of their state changes, every endpoint's or
+//! (`?endpoint=…&channel=…`) one's. The decisions are the delivery core's
+//! ([`crate::delivery::health`], [`crate::delivery::changes`]).
 
 use axum::Form;
 use axum::extract::{Query, State};
@@ -16,7 +18,7 @@ use super::{ROWS_SHOWN, events_failed, given, layout, link, when};
 use crate::api::endpoints::{endpoints_of, parse_channel};
 use crate::api::{ApiError, ApiState};
 use crate::delivery::Channel;
-use crate::events::{DeliveryState, EndpointRecord};
+use crate::events::{ChangeFilter, DeliveryState, EndpointChange, EndpointRecord};
 
 /// The channels whose endpoints the hub tallies.
 const CHANNELS: [Channel; 2] = [Channel::WebSub, Channel::Webhook];
@@ -44,12 +46,19 @@ pub(super) async fn troubled(
     Ok((listed, more))
 }
 
-/// What an action that led here did.
+/// What an action that led here did, and whose changes to show.
 #[derive(Debug, Deserialize)]
 pub(super) struct Done {
     enabled: Option<String>,
     disabled: Option<String>,
+    /// Only this endpoint's changes.
+    endpoint: Option<String>,
+    /// Only this channel's changes.
+    channel: Option<String>,
 }
+
+/// The most changes the page shows.
+const CHANGES_SHOWN: usize = 50;
 
 pub(super) async fn page(
     State(state): State<ApiState>,
@@ -58,6 +67,19 @@ pub(super) async fn page(
 ) -> Result<Markup, Refused> {
     let session = session::require(&state, &headers)?;
     let (troubled, more) = troubled(&state, ROWS_SHOWN).await?;
+    let endpoint = given(&done.endpoint);
+    let filter = ChangeFilter {
+        channel: given(&done.channel),
+        endpoint,
+    };
+    let mut changes = state
+        .events
+        .changes()
+        .list_changes(filter, CHANGES_SHOWN + 1)
+        .await
+        .map_err(events_failed)?;
+    let more_changes = changes.len() > CHANGES_SHOWN;
+    changes.truncate(CHANGES_SHOWN);
     let body = html! {
         @if let Some(endpoint) = &done.enabled {
             p.notice role="status" {
@@ -76,6 +98,22 @@ pub(super) async fn page(
         } @else {
             (table(&session, &troubled))
             (layout::cut_short(more, ROWS_SHOWN))
+        }
+        h2 #changes {
+            @if let Some(endpoint) = endpoint {
+                "Changes of " (endpoint)
+            } @else {
+                "Recent changes"
+            }
+        }
+        @if endpoint.is_some() {
+            p { a href="/admin/endpoints#changes" { "every endpoint's changes" } }
+        }
+        @if changes.is_empty() {
+            p { "No endpoint has changed state." }
+        } @else {
+            (changes_table(&changes))
+            (layout::cut_short(more_changes, CHANGES_SHOWN))
         }
         h2 { "Disable an endpoint" }
         (disable_form(&session))
@@ -96,7 +134,13 @@ fn table(session: &Session, troubled: &[EndpointRecord]) -> Markup {
                 @for record in troubled {
                     tr.endpoint.disabled[record.disabled_at.is_some()] {
                         td { (record.channel) }
-                        td.name { (record.endpoint) }
+                        td.name {
+                            (record.endpoint) br;
+                            a href=(format!("{}#changes", link("/admin/endpoints", &[
+                                ("endpoint", &record.endpoint),
+                                ("channel", &record.channel),
+                            ]))) { "its changes" }
+                        }
                         td.number { (record.failures) }
                         td {
                             (record.last_failure_at.map(when).unwrap_or_default())
@@ -122,6 +166,47 @@ fn table(session: &Session, troubled: &[EndpointRecord]) -> Markup {
                             }
                         }
                         td { (action_form(session, "enable", &record.channel, &record.endpoint, "Enable")) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The history of changes, newest first.
+fn changes_table(changes: &[EndpointChange]) -> Markup {
+    html! {
+        table #endpoint-changes {
+            thead {
+                tr {
+                    th { "When" } th { "Channel" } th { "Endpoint" } th { "Became" }
+                    th { "Failures in a row" } th { "By" } th { "Why" } th { "Operator webhook" }
+                }
+            }
+            tbody {
+                @for change in changes {
+                    tr.change.(change.to.as_str()) {
+                        td { (when(change.at)) }
+                        td { (change.channel) }
+                        td.name {
+                            a href=(format!("{}#changes", link("/admin/endpoints", &[
+                                ("endpoint", &change.endpoint),
+                                ("channel", &change.channel),
+                            ]))) { (change.endpoint) }
+                        }
+                        td.state { (change.to.as_str()) }
+                        td.number { (change.failures.map(|n| n.to_string()).unwrap_or_default()) }
+                        td { (change.source.as_deref().unwrap_or_default()) }
+                        td {
+                            @if let Some(reason) = &change.reason {
+                                span.error { (reason) }
+                            }
+                            @if let Some(since) = change.since {
+                                @if change.reason.is_some() { br; }
+                                "since " (when(since))
+                            }
+                        }
+                        td { (change.webhook_state.as_str()) }
                     }
                 }
             }

@@ -1,7 +1,8 @@
 //! Endpoint health for operators, behind the internal key: the WebSub
 //! callbacks and outbox webhooks that have been failing or are disabled at
 //! `GET /api/v1/operator/endpoints`, `POST …/endpoints/disable` and
-//! `…/endpoints/enable` to steer one, and `GET …/webhooks/attempts`, the
+//! `…/endpoints/enable` to steer one, `GET …/endpoints/changes`, the
+//! history of their state changes, and `GET …/webhooks/attempts`, the
 //! attempts of one webhook delivery. The decisions themselves are the
 //! delivery core's ([`crate::delivery::health`]).
 
@@ -18,7 +19,7 @@ use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey
 use super::redeliver::json_body;
 use super::{ApiError, ApiState, authorize_internal};
 use crate::delivery::{Channel, Endpoints};
-use crate::events::{DeliveryFilter, EndpointRecord};
+use crate::events::{ChangeFilter, DeliveryFilter, EndpointChange, EndpointRecord};
 use crate::protocol::Mode;
 
 pub(super) fn routes() -> ApiRoutes {
@@ -26,6 +27,7 @@ pub(super) fn routes() -> ApiRoutes {
         .route(utoipa_axum::routes!(endpoints))
         .route(utoipa_axum::routes!(disable))
         .route(utoipa_axum::routes!(enable))
+        .route(utoipa_axum::routes!(changes))
         .route(utoipa_axum::routes!(webhook_attempts))
 }
 
@@ -100,6 +102,66 @@ async fn endpoints(
                 .map_err(events_failed)?,
         );
     }
+    Ok(Json(listed))
+}
+
+/// Which changes to list.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct ChangesQuery {
+    /// `websub` (callbacks), `webhook` (outbox webhooks) or `operator`
+    /// (the operator webhook); every channel when absent.
+    channel: Option<String>,
+    /// Only this endpoint's: a callback URL, or a webhook's name or URL.
+    endpoint: Option<String>,
+    /// At most this many (1 to 1000; 100 when absent).
+    limit: Option<String>,
+}
+
+/// The history of endpoint state changes (failing, open, recovered,
+/// disabled, enabled), newest first, with where each stands with the
+/// operator webhook.
+#[utoipa::path(
+    get,
+    path = "/endpoints/changes",
+    operation_id = "list_endpoint_changes",
+    tag = "operator",
+    params(ChangesQuery),
+    security(("internal_api_key" = [])),
+    responses(
+        (status = 200, description = "The changes, newest first.", body = [EndpointChange]),
+        (status = 400, response = BadRequest),
+        (status = 401, response = WrongKey),
+        (status = 403, response = NoInternalKey),
+        (status = 503, response = Unavailable),
+    ),
+)]
+async fn changes(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    Query(query): Query<ChangesQuery>,
+) -> Result<Json<Vec<EndpointChange>>, ApiError> {
+    authorize_internal(&state, &headers)?;
+    let limit = parse_limit(query.limit.as_deref())?;
+    let channel = match query.channel.as_deref() {
+        Some("operator") => Some(Channel::Operator),
+        other => parse_channel(other)?,
+    };
+    let endpoint = query
+        .endpoint
+        .as_deref()
+        .map(str::trim)
+        .filter(|endpoint| !endpoint.is_empty());
+    let filter = ChangeFilter {
+        channel: channel.map(Channel::label),
+        endpoint,
+    };
+    let listed = state
+        .events
+        .changes()
+        .list_changes(filter, limit)
+        .await
+        .map_err(events_failed)?;
     Ok(Json(listed))
 }
 

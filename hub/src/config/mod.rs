@@ -110,6 +110,13 @@ pub struct HubConfig {
     /// Producers' outbox tables the hub delivers from (`[[feed]]` in the
     /// configuration file).
     pub feeds: Vec<FeedConfig>,
+    /// Where every endpoint state change is POSTed, signed with
+    /// [`operator_webhook_secret`](Self::operator_webhook_secret); none
+    /// when unset (see [`crate::delivery::operator`]).
+    pub operator_webhook: Option<Url>,
+    /// The Standard Webhooks secret (`whsec_<base64>`) the operator
+    /// webhook's requests are signed with; required with it.
+    pub operator_webhook_secret: Option<String>,
 }
 
 /// Lease bounds. Requests outside `[min, max]` are clamped; WebSub
@@ -203,6 +210,8 @@ impl Default for HubConfig {
             quota_timeout: crate::quota::DEFAULT_TIMEOUT,
             quota_type: websub_store::OwnerQuota::DEFAULT_TYPE.to_owned(),
             feeds: Vec::new(),
+            operator_webhook: None,
+            operator_webhook_secret: None,
         }
     }
 }
@@ -524,7 +533,39 @@ impl HubConfig {
                 "must be positive",
             ));
         }
+        self.operator_webhook_key()?;
         Ok(())
+    }
+
+    /// The operator webhook's URL and signing key, when one is configured;
+    /// a URL that is not http(s), or a secret missing, malformed or without
+    /// a URL, is named (the secret never shown).
+    pub fn operator_webhook_key(&self) -> Result<Option<(&Url, Vec<u8>)>, ConfigError> {
+        match (&self.operator_webhook, &self.operator_webhook_secret) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(invalid(
+                "operator-webhook-secret",
+                "<redacted>",
+                "is set without operator-webhook",
+            )),
+            (Some(url), None) => Err(invalid(
+                "operator-webhook",
+                url,
+                "needs operator-webhook-secret: its requests are signed",
+            )),
+            (Some(url), Some(secret)) => {
+                if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+                    return Err(invalid(
+                        "operator-webhook",
+                        url,
+                        "must be an absolute http(s) URL",
+                    ));
+                }
+                let key = crate::signature::standard_key(secret)
+                    .map_err(|why| invalid("operator-webhook-secret", "<redacted>", why))?;
+                Ok(Some((url, key)))
+            }
+        }
     }
 }
 impl HubConfig {

@@ -194,6 +194,14 @@ pub struct Settings {
     /// The quota type that caps a subscriber's subscriptions.
     #[cfg_attr(feature = "cli", arg(long, value_name = "NAME"))]
     pub quota_type: Option<String>,
+    /// Where every endpoint state change (failing, open, recovered,
+    /// disabled, enabled) is POSTed as JSON, signed; none when unset.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "URL"))]
+    pub operator_webhook: Option<String>,
+    /// The Standard Webhooks secret (whsec_<base64>) the operator
+    /// webhook's requests are signed with; required with it.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SECRET"))]
+    pub operator_webhook_secret: Option<String>,
     /// The outbox feeds, one `[[feed]]` table each; see [`HubConfig::feeds`].
     #[serde(default, skip_serializing)]
     #[cfg_attr(feature = "cli", arg(skip))]
@@ -259,6 +267,8 @@ impl Settings {
             quota_url,
             quota_timeout,
             quota_type,
+            operator_webhook,
+            operator_webhook_secret,
             feed,
         } = self;
         if let Some(listen) = listen {
@@ -365,6 +375,15 @@ impl Settings {
         if !feed.is_empty() {
             config.feeds = feed;
         }
+        if let Some(url) = operator_webhook {
+            config.operator_webhook = Some(
+                Url::parse(&url)
+                    .map_err(|error| invalid("operator-webhook", &url, error.to_string()))?,
+            );
+        }
+        if operator_webhook_secret.is_some() {
+            config.operator_webhook_secret = operator_webhook_secret;
+        }
         Ok(())
     }
 
@@ -419,6 +438,8 @@ impl From<&HubConfig> for Settings {
             quota_timeout,
             quota_type,
             feeds,
+            operator_webhook,
+            operator_webhook_secret,
         } = config;
         let LeasePolicy { default, min, max } = lease;
         let DeliveryPolicy {
@@ -488,6 +509,8 @@ impl From<&HubConfig> for Settings {
             quota_url: quota_url.as_ref().map(Url::to_string),
             quota_timeout: duration(quota_timeout),
             quota_type: Some(quota_type.clone()),
+            operator_webhook: operator_webhook.as_ref().map(Url::to_string),
+            operator_webhook_secret: operator_webhook_secret.clone(),
             feed: feeds.clone(),
         }
     }
@@ -630,6 +653,8 @@ pub(super) mod tests {
             quota_type: "feeds".to_owned(),
             // Feeds come from the file alone; see the layering test.
             feeds: Vec::new(),
+            operator_webhook: Some(Url::parse("https://ops.example/hooks/hub").expect("url")),
+            operator_webhook_secret: Some("whsec_b3BlcmF0b3Itd2ViaG9vay1rZXk=".to_owned()),
         }
     }
 
@@ -690,6 +715,20 @@ pub(super) mod tests {
             ("max_connections = 0", "max-connections"),
             ("quota_url = \"not a url\"", "quota-url"),
             ("extra_ca = \"/nonexistent/ca.pem\"", "extra-ca"),
+            ("operator_webhook = \"not a url\"", "operator-webhook"),
+            (
+                "operator_webhook = \"https://ops.example/\"",
+                "operator-webhook",
+            ),
+            (
+                "operator_webhook = \"https://ops.example/\"\n\
+                 operator_webhook_secret = \"plain\"",
+                "operator-webhook-secret",
+            ),
+            (
+                "operator_webhook_secret = \"whsec_a2V5\"",
+                "operator-webhook-secret",
+            ),
         ] {
             let file: Settings = toml::from_str(text).expect("parse");
             match HubConfig::layered([file]) {

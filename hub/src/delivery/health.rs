@@ -20,6 +20,11 @@
 //! - **disabled**: open for `disable_after` (days by default), the
 //!   endpoint is disabled as an operator would, until one enables it.
 //!
+//! Every change of state (failing, open, recovered, disabled, enabled) is
+//! counted and kept in the history from one place here, through
+//! [`ChangeSink`]: the breaker's changes without waiting for the database,
+//! an operator's before the call returns (see [`super::changes`]).
+//!
 //! The tally lives in the event log, so every replica sees one state and a
 //! restart keeps it. Each process keeps a copy of the troubled endpoints
 //! (failing or disabled), reloaded every [`HEALTH_REFRESH`]: deciding to
@@ -35,7 +40,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Channel;
-use crate::events::{Completion, EndpointRecord, EventLog, EventLogError, Exhaustion, Outcome};
+use super::changes::{ChangeSink, change, failing_stage};
+use crate::events::{
+    Completion, EndpointRecord, EndpointState, EventLog, EventLogError, Exhaustion, NewChange,
+    Outcome,
+};
 
 /// `websub_endpoints_disabled_total{channel, by}`: endpoints disabled, by
 /// the hub after failures (`by="failures"`) or by an operator
@@ -75,9 +84,7 @@ pub const LONGEST_PROBE: Duration = Duration::from_secs(15);
 /// How long a delivery waits while its endpoint's probe is under way.
 const HOLD_WHILE_PROBING: Duration = Duration::from_secs(1);
 
-/// `websub_endpoint_changes_total{channel, to}`: endpoints that changed
-/// state (`to`: `open`, `recovered`, `disabled`).
-pub const ENDPOINT_CHANGES_TOTAL: &str = "websub_endpoint_changes_total";
+pub use super::changes::ENDPOINT_CHANGES_TOTAL;
 
 /// `websub_endpoints_open{channel}`: endpoints whose breaker is open now,
 /// in this process.
@@ -210,6 +217,8 @@ struct EndpointsState {
     /// Endpoints with failures in a row, in this process; bounded by
     /// [`TROUBLED_LIMIT`].
     circuits: Mutex<HashMap<String, Circuit>>,
+    /// Where state changes are kept.
+    changes: ChangeSink,
 }
 
 #[derive(Debug, Default)]
@@ -233,6 +242,7 @@ impl Endpoints {
         disable_after: u32,
         breaker: BreakerPolicy,
     ) -> Self {
+        let changes = ChangeSink::new(events.clone());
         Self {
             inner: Arc::new(EndpointsState {
                 events,
@@ -241,6 +251,7 @@ impl Endpoints {
                 troubled: RwLock::default(),
                 breaker,
                 circuits: Mutex::default(),
+                changes,
             }),
         }
     }
@@ -274,12 +285,27 @@ impl Endpoints {
     /// Tells the breaker of `endpoint` how an attempt let through by
     /// [`Self::gate`] (`probe` if it was the probe) came out at `now`.
     pub fn tried(&self, endpoint: &str, probe: bool, tried: Tried, now: DateTime<Utc>) -> Breaker {
+        self.tried_because(endpoint, probe, tried, None, now)
+    }
+
+    /// The same, with why the attempt failed (`error`), kept with the
+    /// change it may make.
+    pub fn tried_because(
+        &self,
+        endpoint: &str,
+        probe: bool,
+        tried: Tried,
+        error: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Breaker {
         let policy = self.inner.breaker;
         if policy.open_after == 0 {
             return Breaker::Closed;
         }
         let mut circuits = self.circuits();
-        let change = match (tried, circuits.get_mut(endpoint)) {
+        // What this attempt made of the breaker, with the failures in a row
+        // and since when, for the change it may record.
+        let (change, failures, since) = match (tried, circuits.get_mut(endpoint)) {
             (Tried::Neither, circuit) => {
                 if probe && let Some(open) = circuit.and_then(|circuit| circuit.open.as_mut()) {
                     open.probing = false;
@@ -291,11 +317,19 @@ impl Endpoints {
                 // An attempt that was under way when the breaker opened
                 // says as much as a probe.
                 let since = circuit.failing_since;
+                let failures = circuit.failures;
                 let was_open = circuit.open.is_some();
                 circuits.remove(endpoint);
                 if was_open {
-                    Breaker::Recovered(since)
+                    (Breaker::Recovered(since), failures, since)
                 } else {
+                    // Failing, not open: nothing waited, but the history
+                    // says it answers again.
+                    drop(circuits);
+                    let mut recovered = self.change(endpoint, EndpointState::Recovered, now);
+                    recovered.failures = Some(failures);
+                    recovered.since = Some(since);
+                    self.inner.changes.record(recovered);
                     return Breaker::Closed;
                 }
             }
@@ -308,9 +342,13 @@ impl Endpoints {
                     failing_since: now,
                     open: None,
                 });
-                Self::failed(circuit, policy, probe, now)
+                let change = Self::failed(circuit, policy, probe, now);
+                (change, circuit.failures, circuit.failing_since)
             }
-            (Tried::Failed, Some(circuit)) => Self::failed(circuit, policy, probe, now),
+            (Tried::Failed, Some(circuit)) => {
+                let change = Self::failed(circuit, policy, probe, now);
+                (change, circuit.failures, circuit.failing_since)
+            }
         };
         // Counted only when a breaker opens or closes: a failure of an
         // endpoint already open changes nothing, and walking every circuit
@@ -325,20 +363,33 @@ impl Endpoints {
         }
         drop(circuits);
         let channel = self.inner.channel.label();
-        match change {
+        let to = match change {
             Breaker::Opened(probe_at) => {
                 warn!(channel, endpoint, %probe_at, "endpoint keeps failing: its deliveries wait, and the next one probes it");
-                metrics::counter!(ENDPOINT_CHANGES_TOTAL, "channel" => channel, "to" => "open")
-                    .increment(1);
+                EndpointState::Open
             }
             Breaker::Recovered(since) => {
                 info!(channel, endpoint, failing_since = %since, "endpoint recovered: what waited is sent");
-                metrics::counter!(ENDPOINT_CHANGES_TOTAL, "channel" => channel, "to" => "recovered")
-                    .increment(1);
+                EndpointState::Recovered
             }
-            Breaker::Closed | Breaker::Open(_) => {}
-        }
+            Breaker::Closed
+                if tried == Tried::Failed && failing_stage(failures, policy.open_after) =>
+            {
+                EndpointState::Failing
+            }
+            Breaker::Closed | Breaker::Open(_) => return change,
+        };
+        let mut recorded = self.change(endpoint, to, now);
+        recorded.failures = Some(failures);
+        recorded.since = Some(since);
+        recorded.reason = error.map(str::to_owned);
+        self.inner.changes.record(recorded);
         change
+    }
+
+    /// A change of `endpoint` to `to` at `now`, as the breaker makes it.
+    fn change(&self, endpoint: &str, to: EndpointState, now: DateTime<Utc>) -> NewChange {
+        change(self.inner.channel.label(), endpoint, to, now, "breaker")
     }
 
     fn failed(
@@ -489,14 +540,48 @@ impl Endpoints {
                 return;
             }
         };
+        let channel = self.inner.channel.label();
+        // Without a breaker, the tally is what tells an endpoint failing
+        // (its first delivery out of retries) and recovered (delivered
+        // again); with one, the breaker tells it attempt by attempt.
+        let tallied_changes = self.inner.breaker.open_after == 0;
+        let mut changes = Vec::new();
         let mut troubled = self.write();
         for endpoint in &delivered {
-            troubled.failing.remove(*endpoint);
+            if troubled.failing.remove(*endpoint) && tallied_changes {
+                changes.push(change(
+                    channel,
+                    endpoint,
+                    EndpointState::Recovered,
+                    now,
+                    "tally",
+                ));
+            }
         }
         for exhaustion in &exhausted {
-            troubled.failing.insert(exhaustion.endpoint.to_owned());
+            let endpoint = exhaustion.endpoint;
+            if troubled.failing.insert(endpoint.to_owned())
+                && tallied_changes
+                && !troubled.disabled.contains(endpoint)
+            {
+                let in_batch = exhausted
+                    .iter()
+                    .filter(|other| other.endpoint == endpoint)
+                    .count();
+                let mut failing = change(channel, endpoint, EndpointState::Failing, now, "tally");
+                failing.failures = u32::try_from(in_batch).ok();
+                failing.reason = Some(exhaustion.error.to_owned());
+                changes.push(failing);
+            }
         }
         for endpoint in disabled {
+            let mut change = change(channel, &endpoint, EndpointState::Disabled, now, "tally");
+            change.failures = Some(self.inner.disable_after);
+            change.reason = Some(format!(
+                "{} deliveries in a row exhausted their retries",
+                self.inner.disable_after
+            ));
+            changes.push(change);
             warn!(
                 channel = self.inner.channel.label(),
                 endpoint = %endpoint,
@@ -514,6 +599,9 @@ impl Endpoints {
         let count = troubled.disabled.len();
         drop(troubled);
         self.gauge(count);
+        for change in changes {
+            self.inner.changes.record(change);
+        }
     }
 
     /// Disables `endpoint` at an operator's request. Returns whether it was
@@ -524,7 +612,8 @@ impl Endpoints {
         reason: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, EventLogError> {
-        self.disable_by(endpoint, reason, "operator", now).await
+        self.disable_by(endpoint, reason, "operator", None, now)
+            .await
     }
 
     /// Disables every endpoint whose breaker has stayed open longer than
@@ -532,12 +621,12 @@ impl Endpoints {
     pub async fn disable_long_outages(&self, now: DateTime<Utc>) {
         for (endpoint, since) in self.open_too_long(now) {
             let reason = format!("failing since {}", since.to_rfc3339());
-            match self.disable_by(&endpoint, &reason, "outage", now).await {
+            match self
+                .disable_by(&endpoint, &reason, "outage", Some(since), now)
+                .await
+            {
                 Ok(_) => {
                     warn!(channel = self.inner.channel.label(), endpoint, %since, "endpoint disabled after a long outage; its deliveries are skipped until an operator enables it");
-                    metrics::counter!(ENDPOINT_CHANGES_TOTAL,
-                        "channel" => self.inner.channel.label(), "to" => "disabled")
-                    .increment(1);
                 }
                 Err(error) => {
                     warn!(%error, endpoint, "disabling an endpoint after a long outage failed")
@@ -551,6 +640,7 @@ impl Endpoints {
         endpoint: &str,
         reason: &str,
         by: &'static str,
+        since: Option<DateTime<Utc>>,
         now: DateTime<Utc>,
     ) -> Result<bool, EventLogError> {
         let changed = self
@@ -566,6 +656,16 @@ impl Endpoints {
             metrics::counter!(ENDPOINTS_DISABLED_TOTAL,
                 "channel" => self.inner.channel.label(), "by" => by)
             .increment(1);
+            let mut change = change(
+                self.inner.channel.label(),
+                endpoint,
+                EndpointState::Disabled,
+                now,
+                by,
+            );
+            change.since = since;
+            change.reason = Some(reason.to_owned());
+            self.inner.changes.record_now(change).await;
         }
         let count = {
             let mut troubled = self.write();
@@ -591,6 +691,14 @@ impl Endpoints {
                 channel = self.inner.channel.label(),
                 endpoint, "endpoint enabled"
             );
+            let change = change(
+                self.inner.channel.label(),
+                endpoint,
+                EndpointState::Enabled,
+                now,
+                "operator",
+            );
+            self.inner.changes.record_now(change).await;
         }
         let count = {
             let mut troubled = self.write();

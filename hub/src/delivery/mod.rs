@@ -20,12 +20,17 @@
 //! - [`recorder`]: gathering, batching and retrying the writes of outcomes;
 //! - [`metrics`]: one set of metric names, labelled by [`Channel`];
 //! - [`health`]: failures counted per endpoint, and endpoints disabled after
-//!   too many in a row.
+//!   too many in a row;
+//! - [`changes`]: each change of an endpoint's state, counted and kept;
+//! - [`operator`]: the changes sent to the optional operator webhook, an
+//!   endpoint like any other.
 
 pub mod attempt;
+pub mod changes;
 pub mod client;
 pub mod health;
 pub mod metrics;
+pub mod operator;
 pub mod pool;
 pub mod recorder;
 pub mod retry;
@@ -46,6 +51,8 @@ pub enum Channel {
     Webhook,
     /// A call of an in-process outbox handler.
     Handler,
+    /// A POST of an endpoint change to the operator webhook.
+    Operator,
 }
 
 impl Channel {
@@ -55,6 +62,7 @@ impl Channel {
             Self::WebSub => "websub",
             Self::Webhook => "webhook",
             Self::Handler => "handler",
+            Self::Operator => "operator",
         }
     }
 }

@@ -781,8 +781,18 @@ impl Distributor {
             Verdict::Retry { .. } | Verdict::Exhausted { .. } => Tried::Failed,
             Verdict::Postponed { .. } => Tried::Neither,
         };
+        let error = match &verdict {
+            Verdict::Retry { error, .. } | Verdict::Exhausted { error } => Some(error.as_str()),
+            _ => None,
+        };
         let now = self.inner.clock.now();
-        let breaker = endpoints.tried(&subscription.callback, gate == Gate::Probe, tried, now);
+        let breaker = endpoints.tried_because(
+            &subscription.callback,
+            gate == Gate::Probe,
+            tried,
+            error,
+            now,
+        );
         if let Breaker::Recovered(since) = breaker {
             self.release(&subscription.callback, since).await;
         }

@@ -8,6 +8,7 @@
 //! [`postgres::PostgresEventLog`] (several hub replicas on one database:
 //! claims use `FOR UPDATE SKIP LOCKED` and never overlap).
 
+pub mod changes;
 mod operate;
 pub mod postgres;
 pub mod sqlite;
@@ -15,6 +16,11 @@ pub mod sqlite;
 pub use operate::{
     DeliveryFilter, DeliveryState, DeliverySummary, EndpointRecord, Exhaustion, Replayed,
     WebhookAttempt,
+};
+
+pub use changes::{
+    ChangeFilter, EndpointChange, EndpointChanges, EndpointState, MAX_CHANGES, NewChange, Sent,
+    WebhookState,
 };
 
 use async_trait::async_trait;
@@ -656,6 +662,9 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// read through the events' time index in work bounded by the window
     /// (an older event's late delivery is not counted).
     async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError>;
+
+    /// The history of endpoint changes, in the same database.
+    fn changes(&self) -> &dyn EndpointChanges;
 }
 
 /// The oldest claim still alive at `now`, or `None` when the visibility

@@ -2,7 +2,8 @@
 //! event again, to one subscription or all of its topic's), `replay` (a
 //! topic's events since a time, to one subscription), `webhook-replay`
 //! (an outbox webhook's rows re-opened) and `endpoints`
-//! (list the troubled callbacks and webhooks, disable or enable one). Each
+//! (list the troubled callbacks and webhooks, disable or enable one, read
+//! the history of their state changes). Each
 //! is one request to the operator API, printed as a table or (`--json`)
 //! as the API's answer.
 
@@ -30,6 +31,9 @@ pub(crate) enum Channel {
     Websub,
     /// An outbox webhook, by its name.
     Webhook,
+    /// The operator webhook, which endpoint changes are sent to (its own
+    /// changes are in the history; it cannot be disabled).
+    Operator,
 }
 
 impl Channel {
@@ -37,6 +41,7 @@ impl Channel {
         match self {
             Self::Websub => "websub",
             Self::Webhook => "webhook",
+            Self::Operator => "operator",
         }
     }
 }
@@ -66,6 +71,21 @@ pub(crate) enum EndpointsCommand {
         #[command(flatten)]
         hub: HubArgs,
     },
+    /// The history of endpoint state changes (failing, open, recovered,
+    /// disabled, enabled), newest first.
+    History {
+        /// Only this channel's.
+        #[arg(long, value_enum)]
+        channel: Option<Channel>,
+        /// Only this endpoint's: a callback URL, or a webhook's name.
+        #[arg(long)]
+        endpoint: Option<String>,
+        /// At most this many (1 to 1000; 100 by default).
+        #[arg(long)]
+        limit: Option<usize>,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
     /// Enable an endpoint again, its failures cleared.
     Enable {
         /// The callback URL (or the webhook's name).
@@ -91,6 +111,28 @@ pub(crate) async fn endpoints(command: EndpointsCommand) -> Result<(), Failure> 
                 .collect();
             let answer = hub.get("endpoints", &query).await?;
             hub.print(&answer, endpoints_table);
+            Ok(())
+        }
+        EndpointsCommand::History {
+            channel,
+            endpoint,
+            limit,
+            hub,
+        } => {
+            let hub = hub.connect()?;
+            let limit = limit.map(|limit| limit.to_string());
+            let mut query: Vec<(&str, &str)> = Vec::new();
+            if let Some(channel) = channel {
+                query.push(("channel", channel.label()));
+            }
+            if let Some(endpoint) = &endpoint {
+                query.push(("endpoint", endpoint));
+            }
+            if let Some(limit) = &limit {
+                query.push(("limit", limit));
+            }
+            let answer = hub.get("endpoints/changes", &query).await?;
+            hub.print(&answer, history_table);
             Ok(())
         }
         EndpointsCommand::Disable {
@@ -138,6 +180,29 @@ fn endpoints_table(answer: &Value) -> String {
     }
     if table.is_empty() {
         "every endpoint is healthy\n".to_owned()
+    } else {
+        table.to_string()
+    }
+}
+
+fn history_table(answer: &Value) -> String {
+    let mut table = Table::new([
+        "AT", "CHANNEL", "ENDPOINT", "TO", "FAILURES", "BY", "WHY", "WEBHOOK",
+    ]);
+    for change in elements(answer) {
+        table.row([
+            cell(&change["at"]),
+            cell(&change["channel"]),
+            cell(&change["endpoint"]),
+            cell(&change["to"]),
+            cell(&change["failures"]),
+            cell(&change["source"]),
+            cell(&change["reason"]),
+            cell(&change["webhook_state"]),
+        ]);
+    }
+    if table.is_empty() {
+        "no endpoint has changed state\n".to_owned()
     } else {
         table.to_string()
     }

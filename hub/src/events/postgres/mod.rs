@@ -34,6 +34,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use uuid::Uuid;
 
+mod changes;
 mod operate;
 mod rows;
 mod statements;
@@ -882,5 +883,9 @@ impl EventLog for PostgresEventLog {
             .fetch_one(&self.pool)
             .await?;
         super::count(row.try_get("delivered").map_err(super::invalid)?)
+    }
+
+    fn changes(&self) -> &dyn super::EndpointChanges {
+        self
     }
 }

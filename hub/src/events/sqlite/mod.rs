@@ -46,6 +46,7 @@ use sqlx::{AssertSqlSafe, Connection, Row};
 use tokio::sync::{Mutex, MutexGuard, OnceCell};
 use uuid::Uuid;
 
+mod changes;
 mod operate;
 mod rows;
 mod statements;
@@ -917,5 +918,9 @@ impl EventLog for SqliteEventLog {
             .fetch_one(&self.pool)
             .await?;
         super::count(row.try_get("delivered").map_err(super::invalid)?)
+    }
+
+    fn changes(&self) -> &dyn super::EndpointChanges {
+        self
     }
 }

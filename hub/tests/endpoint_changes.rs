@@ -1,0 +1,483 @@
+//! The history of endpoint changes ([`EndpointChanges`]), checked against
+//! both backends as the event log's own suite does (`events.rs`): kept and
+//! listed newest first, claimed once for the operator webhook, settled,
+//! bounded (the backlog for the webhook, and the table as a whole), and
+//! purged by age.
+
+use std::str::FromStr;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use uuid::Uuid;
+use websub_hub::events::postgres::PostgresEventLog;
+use websub_hub::events::sqlite::SqliteEventLog;
+use websub_hub::events::{
+    ChangeFilter, EndpointChange, EndpointState, EventLog, MAX_CHANGES, NewChange, Sent,
+    WebhookState,
+};
+
+struct SqliteScratch {
+    log: SqliteEventLog,
+    path: std::path::PathBuf,
+}
+
+impl SqliteScratch {
+    async fn new(name: &str) -> Self {
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("changes-{name}-{}.db", Uuid::new_v4().simple()));
+        let log = SqliteEventLog::connect(&format!("sqlite:{}", path.display()))
+            .await
+            .expect("open the SQLite event log");
+        Self { log, path }
+    }
+
+    async fn remove(self) {
+        self.log.pool().close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = self.path.clone().into_os_string();
+            path.push(suffix);
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// A PostgreSQL event log in a schema of its own, so that no other test's
+/// changes show in this one's lists and claims.
+struct PgScratch {
+    log: PostgresEventLog,
+    admin: PgPool,
+    schema: String,
+}
+
+impl PgScratch {
+    async fn new() -> Option<Self> {
+        let url = websub_storetest::servers::postgres_url().await?;
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .expect("connect to the test PostgreSQL");
+        let schema = format!("changes_test_{}", Uuid::new_v4().simple());
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&admin)
+            .await
+            .expect("create the test schema");
+        let options = PgConnectOptions::from_str(&url)
+            .expect("parse the test database URL")
+            .options([("search_path", schema.as_str())]);
+        let pool = PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .expect("connect the test pool");
+        let log = PostgresEventLog::from_pool(pool);
+        log.migrate().await.expect("migrate the test schema");
+        Some(Self { log, admin, schema })
+    }
+
+    async fn drop_schema(self) {
+        self.log.pool().close().await;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            self.schema
+        )))
+        .execute(&self.admin)
+        .await
+        .expect("drop the test schema");
+    }
+}
+
+/// Runs a check `async fn(&dyn EventLog)` against both backends.
+macro_rules! both {
+    ($check:ident) => {
+        mod $check {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                let scratch = super::SqliteScratch::new(stringify!($check)).await;
+                super::$check(&scratch.log).await;
+                scratch.remove().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let Some(scratch) = super::PgScratch::new().await else {
+                    return;
+                };
+                super::$check(&scratch.log).await;
+                scratch.drop_schema().await;
+            }
+        }
+    };
+}
+
+fn base_time() -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).expect("now is in range")
+}
+
+fn secs(n: i64) -> TimeDelta {
+    TimeDelta::seconds(n)
+}
+
+fn change(endpoint: &str, to: EndpointState, at: DateTime<Utc>) -> NewChange {
+    NewChange {
+        channel: "websub",
+        endpoint: endpoint.to_owned(),
+        to,
+        at,
+        failures: Some(3),
+        since: Some(at - secs(10)),
+        // Non-ASCII and a quote: what an error text may hold.
+        reason: Some("HTTP 503 \"Zoë\"".to_owned()),
+        source: "breaker",
+    }
+}
+
+fn states(changes: &[EndpointChange]) -> Vec<EndpointState> {
+    changes.iter().map(|change| change.to).collect()
+}
+
+async fn changes_are_kept_and_listed_newest_first(log: &dyn EventLog) {
+    let t0 = base_time();
+    let changes = log.changes();
+    let a = "https://a.example/cb";
+    let b = "https://b.example/cb";
+    changes
+        .append_changes(&[
+            change(a, EndpointState::Failing, t0),
+            change(a, EndpointState::Open, t0 + secs(1)),
+            change(b, EndpointState::Failing, t0 + secs(1)),
+        ])
+        .await
+        .expect("append");
+    let mut webhook = change("orders", EndpointState::Disabled, t0 + secs(2));
+    webhook.channel = "webhook";
+    webhook.failures = None;
+    webhook.since = None;
+    webhook.source = "operator";
+    changes
+        .append_changes(&[change(a, EndpointState::Recovered, t0 + secs(3)), webhook])
+        .await
+        .expect("append");
+
+    let all = changes
+        .list_changes(ChangeFilter::default(), 100)
+        .await
+        .expect("list");
+    assert_eq!(
+        states(&all),
+        [
+            EndpointState::Disabled,
+            EndpointState::Recovered,
+            EndpointState::Failing,
+            EndpointState::Open,
+            EndpointState::Failing,
+        ],
+        "newest first, in the order they were appended"
+    );
+    assert!(all.windows(2).all(|pair| pair[0].id > pair[1].id));
+    let first = all.last().expect("the oldest");
+    assert_eq!(first.endpoint, a);
+    assert_eq!(first.at, t0);
+    assert_eq!(first.failures, Some(3));
+    assert_eq!(first.since, Some(t0 - secs(10)));
+    assert_eq!(first.reason.as_deref(), Some("HTTP 503 \"Zoë\""));
+    assert_eq!(first.source.as_deref(), Some("breaker"));
+    assert_eq!(first.webhook_state, WebhookState::Pending);
+    assert_eq!(first.webhook_retries, 0);
+    assert_eq!(first.delivered_at, None);
+    assert_eq!(all[0].failures, None);
+    assert_eq!(all[0].channel, "webhook");
+
+    let of_a = changes
+        .list_changes(
+            ChangeFilter {
+                endpoint: Some(a),
+                ..ChangeFilter::default()
+            },
+            100,
+        )
+        .await
+        .expect("list");
+    assert_eq!(
+        states(&of_a),
+        [
+            EndpointState::Recovered,
+            EndpointState::Open,
+            EndpointState::Failing
+        ]
+    );
+    let webhooks = changes
+        .list_changes(
+            ChangeFilter {
+                channel: Some("webhook"),
+                ..ChangeFilter::default()
+            },
+            100,
+        )
+        .await
+        .expect("list");
+    assert_eq!(webhooks.len(), 1);
+    let newest = changes
+        .list_changes(ChangeFilter::default(), 2)
+        .await
+        .expect("list");
+    assert_eq!(newest.len(), 2, "the limit holds");
+    assert_eq!(newest[0].id, all[0].id);
+}
+both!(changes_are_kept_and_listed_newest_first);
+
+async fn unsent_changes_are_claimed_once_and_settled(log: &dyn EventLog) {
+    let t0 = base_time();
+    let changes = log.changes();
+    let batch: Vec<NewChange> = (0..5)
+        .map(|i| {
+            change(
+                &format!("https://e{i}.example/"),
+                EndpointState::Failing,
+                t0,
+            )
+        })
+        .collect();
+    changes.append_changes(&batch).await.expect("append");
+    let claim_until = t0 + secs(60);
+    let first = changes
+        .claim_unsent(t0, claim_until, 2)
+        .await
+        .expect("claim");
+    assert_eq!(first.len(), 2);
+    assert!(first[0].id < first[1].id, "oldest first");
+    assert_eq!(first[0].endpoint, "https://e0.example/");
+    let second = changes
+        .claim_unsent(t0, claim_until, 10)
+        .await
+        .expect("claim");
+    assert_eq!(second.len(), 3, "a claimed change is not claimed again");
+    assert!(
+        changes
+            .claim_unsent(t0, claim_until, 10)
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+    // Not due before its time.
+    let later = change("https://later.example/", EndpointState::Open, t0 + secs(30));
+    changes.append_changes(&[later]).await.expect("append");
+    assert!(
+        changes
+            .claim_unsent(t0, claim_until, 10)
+            .await
+            .expect("claim")
+            .is_empty()
+    );
+
+    changes
+        .settle_sent(&[
+            (first[0].id, Sent::Delivered(t0 + secs(1))),
+            (
+                first[1].id,
+                Sent::Retry {
+                    error: "HTTP 500".to_owned(),
+                    next_attempt_at: t0 + secs(5),
+                    counted: true,
+                },
+            ),
+            (second[0].id, Sent::Released),
+            (
+                second[1].id,
+                Sent::Failed {
+                    error: "HTTP 400".to_owned(),
+                },
+            ),
+            (
+                second[2].id,
+                Sent::Retry {
+                    error: "held".to_owned(),
+                    next_attempt_at: t0 + secs(5),
+                    counted: false,
+                },
+            ),
+        ])
+        .await
+        .expect("settle");
+    let again = changes
+        .claim_unsent(t0 + secs(1), claim_until, 10)
+        .await
+        .expect("claim");
+    assert_eq!(
+        again.iter().map(|change| change.id).collect::<Vec<_>>(),
+        vec![second[0].id],
+        "a released claim is due as it was; retries wait"
+    );
+    let due = changes
+        .claim_unsent(t0 + secs(5), claim_until, 10)
+        .await
+        .expect("claim");
+    assert_eq!(
+        due.iter().map(|change| change.id).collect::<Vec<_>>(),
+        vec![first[1].id, second[2].id]
+    );
+    assert_eq!(due[0].webhook_retries, 1, "a counted retry");
+    assert_eq!(due[1].webhook_retries, 0, "a held one spends none");
+    assert_eq!(due[0].webhook_error.as_deref(), Some("HTTP 500"));
+    // A claim that ran out is taken over.
+    let taken_over = changes
+        .claim_unsent(claim_until, claim_until + secs(60), 10)
+        .await
+        .expect("claim");
+    assert_eq!(taken_over.len(), 4, "{taken_over:?}");
+
+    let listed = changes
+        .list_changes(ChangeFilter::default(), 100)
+        .await
+        .expect("list");
+    let by_id = |id: i64| {
+        listed
+            .iter()
+            .find(|change| change.id == id)
+            .expect("listed")
+    };
+    assert_eq!(by_id(first[0].id).webhook_state, WebhookState::Delivered);
+    assert_eq!(by_id(first[0].id).delivered_at, Some(t0 + secs(1)));
+    assert_eq!(by_id(second[1].id).webhook_state, WebhookState::Failed);
+    assert_eq!(
+        by_id(second[1].id).webhook_error.as_deref(),
+        Some("HTTP 400")
+    );
+}
+both!(unsent_changes_are_claimed_once_and_settled);
+
+async fn the_backlog_for_the_webhook_is_bounded(log: &dyn EventLog) {
+    let t0 = base_time();
+    let changes = log.changes();
+    let old = change(
+        "https://old.example/",
+        EndpointState::Failing,
+        t0 - secs(7200),
+    );
+    changes.append_changes(&[old]).await.expect("append");
+    let batch: Vec<NewChange> = (0..10)
+        .map(|i| change(&format!("https://e{i}.example/"), EndpointState::Open, t0))
+        .collect();
+    changes.append_changes(&batch).await.expect("append");
+    // Delivered ones are not part of the backlog.
+    let claimed = changes
+        .claim_unsent(t0, t0 + secs(60), 2)
+        .await
+        .expect("claim");
+    assert_eq!(claimed[0].endpoint, "https://old.example/");
+    changes
+        .settle_sent(&[
+            (claimed[0].id, Sent::Released),
+            (claimed[1].id, Sent::Delivered(t0)),
+        ])
+        .await
+        .expect("settle");
+    // 10 pending: the old one, and e1..e9. Keep 20, nothing older than an
+    // hour: the old one goes.
+    assert_eq!(
+        changes
+            .shed_unsent(20, t0 - secs(3600))
+            .await
+            .expect("shed"),
+        1
+    );
+    // Keep the newest 4 of the 9 left.
+    assert_eq!(
+        changes.shed_unsent(4, t0 - secs(3600)).await.expect("shed"),
+        5
+    );
+    assert_eq!(
+        changes.shed_unsent(4, t0 - secs(3600)).await.expect("shed"),
+        0,
+        "within the bound"
+    );
+    let listed = changes
+        .list_changes(ChangeFilter::default(), 100)
+        .await
+        .expect("list");
+    let pending: Vec<&str> = listed
+        .iter()
+        .filter(|change| change.webhook_state == WebhookState::Pending)
+        .map(|change| change.endpoint.as_str())
+        .collect();
+    assert_eq!(
+        pending,
+        [
+            "https://e9.example/",
+            "https://e8.example/",
+            "https://e7.example/",
+            "https://e6.example/"
+        ]
+    );
+    assert_eq!(
+        listed
+            .iter()
+            .filter(|change| change.webhook_state == WebhookState::Dropped)
+            .count(),
+        6
+    );
+    assert_eq!(
+        listed
+            .iter()
+            .find(|change| change.endpoint == "https://e0.example/")
+            .map(|change| change.webhook_state),
+        Some(WebhookState::Delivered),
+        "a delivered change stays as it was"
+    );
+    let pending = changes
+        .claim_unsent(t0, t0 + secs(60), 100)
+        .await
+        .expect("claim");
+    assert_eq!(pending.len(), 4, "dropped changes are not claimed");
+}
+both!(the_backlog_for_the_webhook_is_bounded);
+
+async fn the_history_is_bounded_and_purged_by_age(log: &dyn EventLog) {
+    let t0 = base_time();
+    let changes = log.changes();
+    let old = change(
+        "https://old.example/",
+        EndpointState::Failing,
+        t0 - secs(86_400),
+    );
+    changes.append_changes(&[old]).await.expect("append");
+    assert_eq!(
+        changes
+            .purge_changes_before(t0 - secs(3600))
+            .await
+            .expect("purge"),
+        1
+    );
+    // Beyond the bound, the oldest go as new ones come.
+    let total = usize::try_from(MAX_CHANGES).expect("small") + 25;
+    let mut appended = 0;
+    while appended < total {
+        let batch: Vec<NewChange> = (appended..(appended + 5_000).min(total))
+            .map(|i| {
+                change(
+                    &format!("https://e{i}.example/"),
+                    EndpointState::Failing,
+                    t0,
+                )
+            })
+            .collect();
+        appended += batch.len();
+        changes.append_changes(&batch).await.expect("append");
+    }
+    let listed = changes
+        .list_changes(ChangeFilter::default(), usize::MAX)
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), usize::try_from(MAX_CHANGES).expect("small"));
+    assert_eq!(
+        listed[0].endpoint,
+        format!("https://e{}.example/", total - 1),
+        "the newest is kept"
+    );
+    assert_eq!(
+        listed.last().map(|change| change.endpoint.clone()),
+        Some("https://e25.example/".to_owned()),
+        "the oldest beyond the bound are gone"
+    );
+}
+both!(the_history_is_bounded_and_purged_by_age);
