@@ -77,8 +77,8 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         ENDPOINT_CHANGES_TOTAL,
         Kind::Counter,
-        "Endpoint state changes, by channel and new state: failing (attempts fail: at the \
-         first failure in a row and half way to opening), open (failing in a row: deliveries \
+        "Endpoint state changes, by channel and new state: failing (attempts fail in a row: \
+         half way to opening), open (failing in a row: deliveries \
          wait while the next one probes), recovered (answering again: what waited is sent), \
          disabled (after failures, a long outage, or by an operator), enabled (by an \
          operator). Each is kept in the history and sent to the operator webhook.",

@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::Channel;
-use super::changes::{ChangeSink, change, failing_stage};
+use super::changes::{ChangeSink, change, failing_stage, was_failing};
 use crate::events::{
     Completion, EndpointRecord, EndpointState, EventLog, EventLogError, Exhaustion, NewChange,
     Outcome,
@@ -322,6 +322,9 @@ impl Endpoints {
                 circuits.remove(endpoint);
                 if was_open {
                     (Breaker::Recovered(since), failures, since)
+                } else if !was_failing(failures, policy.open_after) {
+                    // A blip: no failing change was recorded for it.
+                    return Breaker::Closed;
                 } else {
                     // Failing, not open: nothing waited, but the history
                     // says it answers again.
