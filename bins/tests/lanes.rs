@@ -226,6 +226,65 @@ async fn retry_after_is_honoured() {
     drop(hub);
 }
 
+/// A host's rate limit: with `--delivery-per-host-rate 20`, a fan-out of
+/// 60 to one host is spread over some three seconds, never more than about
+/// 20 in a second, where without it the host gets them all at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hosts_rate_limit_paces_its_deliveries() {
+    let arrivals = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
+    let app = {
+        let arrivals = arrivals.clone();
+        Router::new().fallback(post(move || {
+            let arrivals = arrivals.clone();
+            async move {
+                arrivals.lock().expect("arrivals").push(Instant::now());
+                StatusCode::NO_CONTENT
+            }
+        }))
+    };
+    let server = serve_on_loopback(app).await;
+    let dir = scratch_dir("lanes-rate");
+    let database_url = sqlite_url(&dir);
+    let topic = "http://127.0.0.1:9/lanes/rate";
+    let callbacks: Vec<String> = (0..60)
+        .map(|i| format!("http://{}/cb/{i}", server.address))
+        .collect();
+    save_subscriptions(&database_url, topic, callbacks).await;
+    let hub = start(&database_url, &["--delivery-per-host-rate", "20"]).await;
+    assert_eq!(hub.fat_ping(topic, "{\"n\":1}").await, 202);
+    assert!(
+        wait_for(Duration::from_secs(20), || arrivals
+            .lock()
+            .expect("arrivals")
+            .len()
+            >= 60)
+        .await,
+        "every delivery arrived"
+    );
+    let arrivals = arrivals.lock().expect("arrivals").clone();
+    let spread = arrivals[59] - arrivals[0];
+    eprintln!("60 deliveries at 20 a second took {spread:?}");
+    assert!(
+        spread >= Duration::from_millis(2_700),
+        "paced at 20 a second: {spread:?}"
+    );
+    let most_in_a_second = arrivals
+        .iter()
+        .map(|start| {
+            arrivals
+                .iter()
+                .filter(|at| **at >= *start && **at < *start + Duration::from_secs(1))
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(
+        most_in_a_second <= 22,
+        "at most about 20 in any second: {most_in_a_second}"
+    );
+    drop(hub);
+}
+
 /// One callback of two is down (answering 503) for longer than its retries
 /// last; it gets every event once it is back, without an operator, and the
 /// other one is not held up.

@@ -146,6 +146,9 @@ pub struct DeliveryPolicy {
     pub per_host: usize,
     /// The least a callback host's in-flight limit falls to.
     pub per_host_min: usize,
+    /// The most deliveries started per second to one callback host (or one
+    /// ordered subscription's callback), evenly spaced; 0 for no limit.
+    pub per_host_rate: u32,
     /// Idle keep-alive connections kept in all to callback hosts with no
     /// delivery under way, up to `per_host` to a host: the hosts idle
     /// longest close theirs first (see [`crate::delivery::pool`]).
@@ -242,6 +245,7 @@ impl Default for DeliveryPolicy {
             concurrency: 4096,
             per_host: 32,
             per_host_min: 1,
+            per_host_rate: 0,
             idle_connections: 512,
             batch_size: 500,
             visibility_timeout: Duration::from_secs(60),

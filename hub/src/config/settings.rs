@@ -78,6 +78,10 @@ pub struct Settings {
     /// The least a callback host's adaptive in-flight limit falls to.
     #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
     pub delivery_per_host_min: Option<usize>,
+    /// The most deliveries started per second to one callback host, evenly
+    /// spaced (0, the default: no limit beside the in-flight one).
+    #[cfg_attr(feature = "cli", arg(long, value_name = "N"))]
+    pub delivery_per_host_rate: Option<u32>,
     /// Idle keep-alive connections kept in all to callback hosts with no
     /// delivery under way (up to delivery-per-host per host); the hosts
     /// idle longest close theirs first.
@@ -238,6 +242,7 @@ impl Settings {
             delivery_concurrency,
             delivery_per_host,
             delivery_per_host_min,
+            delivery_per_host_rate,
             delivery_idle_connections,
             disable_endpoint_after,
             endpoint_open_after,
@@ -303,6 +308,7 @@ impl Settings {
         set(&mut delivery.concurrency, delivery_concurrency);
         set(&mut delivery.per_host, delivery_per_host);
         set(&mut delivery.per_host_min, delivery_per_host_min);
+        set(&mut delivery.per_host_rate, delivery_per_host_rate);
         set(&mut delivery.idle_connections, delivery_idle_connections);
         set(&mut delivery.disable_endpoint_after, disable_endpoint_after);
         set(&mut delivery.breaker.open_after, endpoint_open_after);
@@ -448,6 +454,7 @@ impl From<&HubConfig> for Settings {
             concurrency,
             per_host,
             per_host_min,
+            per_host_rate,
             idle_connections,
             batch_size,
             visibility_timeout,
@@ -480,6 +487,7 @@ impl From<&HubConfig> for Settings {
             delivery_concurrency: Some(*concurrency),
             delivery_per_host: Some(*per_host),
             delivery_per_host_min: Some(*per_host_min),
+            delivery_per_host_rate: Some(*per_host_rate),
             delivery_idle_connections: Some(*idle_connections),
             disable_endpoint_after: Some(*disable_endpoint_after),
             endpoint_open_after: Some(breaker.open_after),
@@ -617,6 +625,7 @@ pub(super) mod tests {
                 concurrency: 100,
                 per_host: 9,
                 per_host_min: 3,
+                per_host_rate: 50,
                 idle_connections: 99,
                 batch_size: 42,
                 visibility_timeout: Duration::from_secs(90),

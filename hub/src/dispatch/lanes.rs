@@ -240,11 +240,25 @@ struct Lane {
     marks: u64,
     /// No attempt starts before this (a `Retry-After`).
     paused_until: Option<Instant>,
+    /// With a rate limit: when the next attempt may start, and the most
+    /// records the rate sends within a queue's wait.
+    paced: Option<Pace>,
+}
+
+/// A lane's rate limit: attempts evenly spaced.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    every: Duration,
+    next_start: Option<Instant>,
+    /// The most records the lane holds: what the rate sends in half the
+    /// longest wait in a queue, so that none goes back to the log for it.
+    most_held: usize,
 }
 
 impl Lane {
-    fn new(name: Arc<str>, limit: Limit) -> Self {
+    fn new(name: Arc<str>, limit: Limit, paced: Option<Pace>) -> Self {
         Self {
+            paced,
             ordered: is_ordered_lane(&name),
             name,
             client: None,
@@ -262,7 +276,9 @@ impl Lane {
         if self.ordered {
             return 1;
         }
-        self.limit.current().saturating_mul(QUEUE_ROUNDS)
+        let capacity = self.limit.current().saturating_mul(QUEUE_ROUNDS);
+        self.paced
+            .map_or(capacity, |pace| capacity.min(pace.most_held))
     }
 
     fn held(&self) -> usize {
@@ -305,6 +321,8 @@ pub(super) struct Ask {
 pub(super) struct Lanes {
     floor: usize,
     cap: usize,
+    /// Attempts started per second per lane at most; 0 for no limit.
+    rate: u32,
     max_wait: Duration,
     clients: HostClients,
     lanes: Mutex<HashMap<Arc<str>, Lane>>,
@@ -315,10 +333,17 @@ pub(super) struct Lanes {
 impl Lanes {
     /// Lanes whose limits stay within `floor..=cap`, a record waiting at
     /// most `max_wait` in a queue, sending with the hosts' `clients`.
-    pub(super) fn new(floor: usize, cap: usize, max_wait: Duration, clients: HostClients) -> Self {
+    pub(super) fn new(
+        floor: usize,
+        cap: usize,
+        rate: u32,
+        max_wait: Duration,
+        clients: HostClients,
+    ) -> Self {
         Self {
             floor,
             cap,
+            rate,
             max_wait,
             clients,
             lanes: Mutex::new(HashMap::new()),
@@ -526,6 +551,22 @@ impl Lanes {
         }
     }
 
+    /// How long the next attempt of `lane` waits for its rate limit, if it
+    /// has one: each attempt takes the next start, evenly spaced.
+    pub(super) fn pace(&self, lane: &str) -> Option<Duration> {
+        if self.rate == 0 {
+            return None;
+        }
+        let now = Instant::now();
+        let mut lanes = self.lock();
+        let pace = lanes.get_mut(lane)?.paced.as_mut()?;
+        let start = pace.next_start.map_or(now, |next| next.max(now));
+        pace.next_start = Some(start + pace.every);
+        start
+            .checked_duration_since(now)
+            .filter(|wait| !wait.is_zero())
+    }
+
     /// How long `lane` is still paused, if it is.
     pub(super) fn paused_for(&self, lane: &str) -> Option<Duration> {
         let now = Instant::now();
@@ -544,7 +585,16 @@ impl Lanes {
             } else {
                 Limit::new(self.floor, self.cap)
             };
-            lanes.insert(name.clone(), Lane::new(name, limit));
+            let paced = (self.rate > 0).then(|| Pace {
+                every: Duration::from_secs(1) / self.rate,
+                next_start: None,
+                most_held: usize::try_from(
+                    u64::from(self.rate).saturating_mul(self.max_wait.as_secs() / 2),
+                )
+                .unwrap_or(usize::MAX)
+                .max(1),
+            });
+            lanes.insert(name.clone(), Lane::new(name, limit, paced));
         }
         // Inserted just above when missing.
         #[allow(clippy::unwrap_used)]

@@ -143,6 +143,7 @@ impl Distributor {
                 lanes: Lanes::new(
                     policy.per_host_min,
                     policy.per_host,
+                    policy.per_host_rate,
                     host_wait(&policy),
                     clients,
                 ),
@@ -533,6 +534,12 @@ impl Distributor {
             } else {
                 // Debug level: an enabled span per delivery costs
                 // measurable CPU at tens of thousands of deliveries a second.
+                if let Some(wait) = self.inner.lanes.pace(&lane) {
+                    tokio::select! {
+                        () = pipeline.shutdown.cancelled() => {}
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                }
                 let span = debug_span!("deliver", topic = %job.subscription.topic, callback = %job.subscription.callback, event = %job.outgoing.event.id);
                 let (completion, reply, pause) = self.attempt(&job, &client).instrument(span).await;
                 if let Some(pause) = pause {
