@@ -659,3 +659,22 @@ pub async fn connect(url: &str) -> Result<std::sync::Arc<dyn EventLog>, EventLog
         ))
     }
 }
+
+/// [`connect`], with the claims of a PostgreSQL log held by `replica`: the
+/// id this process beats under ([`crate::replicas`]), so that they are
+/// handed back at once if it dies. SQLite, which one process uses, ignores
+/// it.
+pub async fn connect_as(
+    url: &str,
+    replica: Uuid,
+) -> Result<std::sync::Arc<dyn EventLog>, EventLogError> {
+    if url.starts_with("sqlite:") {
+        connect(url).await
+    } else {
+        Ok(std::sync::Arc::new(
+            postgres::PostgresEventLog::connect(url)
+                .await?
+                .with_replica(replica),
+        ))
+    }
+}

@@ -46,12 +46,12 @@ pub(super) const EXPAND_AGAIN: &str = "INSERT INTO websub_deliveries (event_id, 
 // whole and EXPAND_CLAIMED_AGAIN runs instead, whose RETURNING reports only
 // the rows it inserted, not those it skipped.
 pub(super) const EXPAND_CLAIMED_FIRST: &str = "INSERT INTO websub_deliveries \
-     (event_id, subscriber, next_attempt_at, processing_since) \
-     SELECT $1, subscriber, $2, $2 FROM unnest($3::text[]) AS s(subscriber)";
+     (event_id, subscriber, next_attempt_at, processing_since, claimed_by) \
+     SELECT $1, subscriber, $2, $2, $4 FROM unnest($3::text[]) AS s(subscriber)";
 
 pub(super) const EXPAND_CLAIMED_AGAIN: &str = "INSERT INTO websub_deliveries \
-     (event_id, subscriber, next_attempt_at, processing_since) \
-     SELECT $1, subscriber, $2, $2 FROM unnest($3::text[]) AS s(subscriber) \
+     (event_id, subscriber, next_attempt_at, processing_since, claimed_by) \
+     SELECT $1, subscriber, $2, $2, $4 FROM unnest($3::text[]) AS s(subscriber) \
      ON CONFLICT DO NOTHING RETURNING subscriber::TEXT";
 
 pub(super) const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
@@ -62,9 +62,10 @@ pub(super) const EVENT: &str = "SELECT id, topic, content_type, body, created_at
 
 // Both are functions in the migration, so that their plans cannot depend on
 // stale statistics (see `0001_events.sql`). `$2` is NULL when the visibility
-// timeout reaches before the Unix epoch: then no claim is ever stale.
+// timeout reaches before the Unix epoch: then no claim is ever stale. The
+// last argument is the claiming replica (`0011_replicas.sql`).
 pub(super) const CLAIM: &str =
-    "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_deliveries($1, $2, $3)";
+    "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_deliveries($1, $2, $3, $4)";
 
 pub(super) const COMPLETE: &str =
     "SELECT websub_complete_attempts($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
@@ -148,7 +149,7 @@ pub(super) const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id,
      ON CONFLICT DO NOTHING";
 
 pub(super) const CLAIM_LANES: &str =
-    "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_lanes($1, $2, $3, $4)";
+    "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_lanes($1, $2, $3, $4, $5)";
 
 // A loose scan of the lane index, as the SQLite log's: each step seeks the
 // next lane, so the cost is the number of lanes, not of records.
