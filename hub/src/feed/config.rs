@@ -94,6 +94,14 @@ pub struct FeedConfig {
     /// A delivery claimed by a process that died is claimed again after this
     /// (`60s`; must exceed `delivery_timeout`).
     pub visibility_timeout: Option<String>,
+    /// Reconnection failures of the feed's `LISTEN` connection over which
+    /// the wait between attempts grows from zero to `listener_max_backoff`
+    /// (10, the messaging contract's `ListenerMaxRetries`); past them it
+    /// stays there, and the listener never gives up.
+    pub listener_max_retries: Option<u32>,
+    /// The longest wait between reconnection attempts of the `LISTEN`
+    /// connection (`30s`, the messaging contract's `ListenerMaxBackoff`).
+    pub listener_max_backoff: Option<String>,
     /// Allow webhooks on loopback, private, link-local or unique-local
     /// addresses; the hub's `allow_private_network` when unset.
     pub allow_private_network: Option<bool>,
@@ -145,6 +153,8 @@ impl FeedConfig {
             delivery_batch_size: None,
             disable_endpoint_after: None,
             visibility_timeout: None,
+            listener_max_retries: None,
+            listener_max_backoff: None,
             allow_private_network: None,
             trust: Trust::system(),
         }
@@ -248,6 +258,14 @@ impl FeedConfig {
                 .unwrap_or(defaults.delivery_timeout),
             visibility_timeout: duration("feed.visibility_timeout", &self.visibility_timeout)?
                 .unwrap_or(defaults.visibility_timeout),
+            listener_max_retries: self
+                .listener_max_retries
+                .unwrap_or(defaults.listener_max_retries),
+            listener_max_backoff: duration(
+                "feed.listener_max_backoff",
+                &self.listener_max_backoff,
+            )?
+            .unwrap_or(defaults.listener_max_backoff),
             ..defaults
         };
         config.validate().map_err(|error| match error {
@@ -286,6 +304,7 @@ fn feed_setting(setting: &'static str) -> &'static str {
         "batch-size" => "feed.delivery_batch_size",
         "concurrency" => "feed.delivery_concurrency",
         "per-subscriber" => "feed.delivery_per_subscriber",
+        "listener-max-backoff" => "feed.listener_max_backoff",
         other => other,
     }
 }
@@ -306,6 +325,9 @@ mod tests {
         assert_eq!(config.poll_interval, Duration::from_secs(1));
         assert_eq!(config.retry.max_retries, 10);
         assert_eq!(config.start_from, None);
+        // The messaging contract's listener defaults.
+        assert_eq!(config.listener_max_retries, 10);
+        assert_eq!(config.listener_max_backoff, Duration::from_secs(30));
     }
 
     #[test]
@@ -326,6 +348,8 @@ mod tests {
             retention = "30d"
             delivery_retries = 3
             delivery_max_backoff = "2s"
+            listener_max_retries = 4
+            listener_max_backoff = "5s"
             [webhook_headers]
             X-Internal-API-Key = "k"
             "#,
@@ -343,6 +367,8 @@ mod tests {
         assert_eq!(config.retention, Some(Duration::from_secs(30 * 86_400)));
         assert_eq!(config.retry.max_retries, 3);
         assert_eq!(config.retry.max_backoff, Duration::from_secs(2));
+        assert_eq!(config.listener_max_retries, 4);
+        assert_eq!(config.listener_max_backoff, Duration::from_secs(5));
         assert_eq!(config.signing_secret.as_deref(), Some("s3cret"));
         assert_eq!(
             config.webhook_headers,
@@ -366,7 +392,7 @@ mod tests {
     #[test]
     fn validation_names_the_bad_setting() {
         type Spoil = fn(&mut FeedConfig);
-        let cases: [(&str, Spoil); 9] = [
+        let cases: [(&str, Spoil); 11] = [
             ("feed.database_url", |feed| {
                 feed.database_url = "mysql://x".to_owned();
             }),
@@ -388,6 +414,12 @@ mod tests {
             }),
             ("feed.retention", |feed| {
                 feed.retention = Some("30y".to_owned());
+            }),
+            ("feed.listener_max_backoff", |feed| {
+                feed.listener_max_backoff = Some("soon".to_owned());
+            }),
+            ("feed.listener_max_backoff", |feed| {
+                feed.listener_max_backoff = Some("0s".to_owned());
             }),
             ("feed.webhook_headers", |feed| {
                 feed.webhook_headers

@@ -148,6 +148,9 @@ impl DispatcherConfig {
             ("poll-interval", self.poll_interval),
             ("delivery-timeout", self.delivery_timeout),
             ("listener-ping-interval", self.listener_ping_interval),
+            // Zero would reconnect to a database that is down in a tight
+            // loop.
+            ("listener-max-backoff", self.listener_max_backoff),
             ("retention-interval", self.retention_interval),
             ("catch-up-interval", self.catch_up_interval),
             ("query-timeout", self.query_timeout),
