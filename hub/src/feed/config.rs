@@ -94,6 +94,16 @@ pub struct FeedConfig {
     /// A delivery claimed by a process that died is claimed again after this
     /// (`60s`; must exceed `delivery_timeout`).
     pub visibility_timeout: Option<String>,
+    /// Failed attempts in a row that open a webhook's breaker (0, the
+    /// default: none, every row tried to its own retry limit as the
+    /// messaging contract has it). Beyond the contract: while open, the
+    /// webhook's due rows wait without spending retries, and the next real
+    /// delivery probes it.
+    pub breaker_open_after: Option<u32>,
+    /// When a webhook's breaker closes, re-open its rows that ran out of
+    /// retries while it was failing (false). Beyond the contract; needs
+    /// `breaker_open_after`.
+    pub resend_exhausted: Option<bool>,
     /// Reconnection failures of the feed's `LISTEN` connection over which
     /// the wait between attempts grows from zero to `listener_max_backoff`
     /// (10, the messaging contract's `ListenerMaxRetries`); past them it
@@ -155,6 +165,8 @@ impl FeedConfig {
             visibility_timeout: None,
             listener_max_retries: None,
             listener_max_backoff: None,
+            breaker_open_after: None,
+            resend_exhausted: None,
             allow_private_network: None,
             trust: Trust::system(),
         }
@@ -266,6 +278,10 @@ impl FeedConfig {
                 &self.listener_max_backoff,
             )?
             .unwrap_or(defaults.listener_max_backoff),
+            breaker_open_after: self
+                .breaker_open_after
+                .unwrap_or(defaults.breaker_open_after),
+            resend_exhausted: self.resend_exhausted.unwrap_or(defaults.resend_exhausted),
             ..defaults
         };
         config.validate().map_err(|error| match error {
@@ -305,6 +321,7 @@ fn feed_setting(setting: &'static str) -> &'static str {
         "concurrency" => "feed.delivery_concurrency",
         "per-subscriber" => "feed.delivery_per_subscriber",
         "listener-max-backoff" => "feed.listener_max_backoff",
+        "resend-exhausted" => "feed.resend_exhausted",
         other => other,
     }
 }
@@ -328,6 +345,9 @@ mod tests {
         // The messaging contract's listener defaults.
         assert_eq!(config.listener_max_retries, 10);
         assert_eq!(config.listener_max_backoff, Duration::from_secs(30));
+        // The contract's per-row behaviour: no breaker, nothing re-sent.
+        assert_eq!(config.breaker_open_after, 0);
+        assert!(!config.resend_exhausted);
     }
 
     #[test]
@@ -350,6 +370,8 @@ mod tests {
             delivery_max_backoff = "2s"
             listener_max_retries = 4
             listener_max_backoff = "5s"
+            breaker_open_after = 3
+            resend_exhausted = true
             [webhook_headers]
             X-Internal-API-Key = "k"
             "#,
@@ -369,6 +391,8 @@ mod tests {
         assert_eq!(config.retry.max_backoff, Duration::from_secs(2));
         assert_eq!(config.listener_max_retries, 4);
         assert_eq!(config.listener_max_backoff, Duration::from_secs(5));
+        assert_eq!(config.breaker_open_after, 3);
+        assert!(config.resend_exhausted);
         assert_eq!(config.signing_secret.as_deref(), Some("s3cret"));
         assert_eq!(
             config.webhook_headers,
@@ -392,7 +416,7 @@ mod tests {
     #[test]
     fn validation_names_the_bad_setting() {
         type Spoil = fn(&mut FeedConfig);
-        let cases: [(&str, Spoil); 11] = [
+        let cases: [(&str, Spoil); 12] = [
             ("feed.database_url", |feed| {
                 feed.database_url = "mysql://x".to_owned();
             }),
@@ -420,6 +444,9 @@ mod tests {
             }),
             ("feed.listener_max_backoff", |feed| {
                 feed.listener_max_backoff = Some("0s".to_owned());
+            }),
+            ("feed.resend_exhausted", |feed| {
+                feed.resend_exhausted = Some(true);
             }),
             ("feed.webhook_headers", |feed| {
                 feed.webhook_headers

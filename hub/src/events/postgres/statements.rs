@@ -77,6 +77,11 @@ pub(super) const WEBHOOK_ATTEMPTS: &str = "SELECT attempted_at, duration_us, sta
      FROM websub_webhook_attempts WHERE event_id = $1 AND subscriber = $2 \
      ORDER BY attempted_at";
 
+// The age index bounds the work to the window since the webhook began
+// failing.
+pub(super) const WEBHOOK_EVENTS_SINCE: &str = "SELECT DISTINCT event_id \
+     FROM websub_webhook_attempts WHERE attempted_at >= $2 AND subscriber = $1 LIMIT $3";
+
 // Webhook attempts have no event here to go with: they go by age.
 pub(super) const PURGE_WEBHOOK_ATTEMPTS: &str =
     "DELETE FROM websub_webhook_attempts WHERE attempted_at < $1";
