@@ -352,4 +352,18 @@ async fn a_killed_replicas_claims_are_delivered_by_the_other_within_seconds() {
         taken_over, FAN_OUT as f64,
         "the survivor counted the claims it took over"
     );
+
+    // A clean stop leaves the registry: the dead one was removed by the
+    // takeover, the survivor removes itself.
+    let mut survivor = survivor;
+    let status = survivor.terminate();
+    assert!(status.success(), "websubd exited with {status}");
+    let pool = sqlx::PgPool::connect(&database_url)
+        .await
+        .expect("connect to the hub's database");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM websub_replicas")
+        .fetch_one(&pool)
+        .await
+        .expect("count the replicas");
+    assert_eq!(left, 0, "no replica left registered");
 }
