@@ -752,3 +752,109 @@ async fn a_feed_keeps_every_row_to_its_own_retry_limit_by_default() {
     );
     drop(hub);
 }
+
+/// Beyond the messaging contract, on request: a webhook's breaker. Every
+/// row's first attempt fails while the webhook is down, each with no retry
+/// to spare; the first failures run out, the breaker opens and the rest
+/// wait without spending anything; once the webhook answers again, a probe
+/// closes the breaker, what waited goes out, and the rows that ran out
+/// while it failed start again. Every event arrives with no operator
+/// action, and no row is left exhausted or skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_feed_with_a_breaker_delivers_everything_after_an_outage() {
+    let Some(shop) = Shop::open().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer(Route::any(), Answer::status(500));
+    let dir = scratch_dir("feed-breaker");
+    let webhooks = dir.join("webhooks.toml");
+    write_webhooks(&webhooks, "billing", receiver.url("/down").as_str());
+    let config = shop.config_file(&dir, &webhooks);
+    let mut text = std::fs::read_to_string(&config).expect("read the config");
+    text.push_str("delivery_retries = 0\nbreaker_open_after = 3\nresend_exhausted = true\n");
+    std::fs::write(&config, text).expect("write the config");
+    let config = config.display().to_string();
+    let hub = Websubd::spawn(&dir, free_port(), &["--config", &config])
+        .ready()
+        .await;
+    shop.produce(0..8).await;
+    // Down for a while: three failures open the breaker, and the rows
+    // after them wait for its probes.
+    assert!(
+        receiver
+            .wait_until(WAIT, |receiver| receiver
+                .count_where(|received| received.path == "/down")
+                >= 3)
+            .await,
+        "the first rows were tried"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let families = prometheus::scrape(&hub).await;
+    let changes = |to: &str| {
+        prometheus::value(
+            &families,
+            "websub_endpoint_changes_total",
+            "websub_endpoint_changes_total",
+            &["channel=\"webhook\"", &format!("to=\"{to}\"")],
+        )
+    };
+    assert_eq!(changes("open"), 1.0, "the webhook's breaker opened");
+    let exhausted = "SELECT count(*) FROM shop.outbox_deliveries \
+         WHERE subscriber = 'billing' AND processed_at IS NULL AND next_attempt_at IS NULL";
+    let ran_out: i64 = sqlx::query_scalar(exhausted)
+        .fetch_one(&shop.pool)
+        .await
+        .expect("count exhausted rows");
+    let tried = receiver.count_where(|received| received.path == "/down");
+    eprintln!("{ran_out} rows ran out of retries before the breaker opened; {tried} attempts");
+    assert!(ran_out >= 1, "the failures that opened the breaker ran out");
+    assert!(
+        ran_out < 8,
+        "the rows after the breaker opened wait, their retries unspent"
+    );
+
+    // Back: everything arrives, nobody steps in.
+    receiver.answer(Route::any(), Answer::status(204));
+    let back = std::time::Instant::now();
+    assert!(
+        receiver
+            .wait_until(WAIT, |receiver| events_on(receiver, "down") == 8)
+            .await,
+        "{} of 8 events delivered after the webhook came back",
+        events_on(&receiver, "down")
+    );
+    eprintln!(
+        "all delivered {:?} after the webhook was back",
+        back.elapsed()
+    );
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM shop.outbox_deliveries \
+             WHERE subscriber = 'billing' AND processed_at IS NULL",
+        )
+        .fetch_one(&shop.pool)
+        .await
+        .expect("count open rows");
+        if open == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{open} rows not closed as delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let families = prometheus::scrape(&hub).await;
+    assert!(
+        prometheus::value(
+            &families,
+            "websub_endpoint_changes_total",
+            "websub_endpoint_changes_total",
+            &["channel=\"webhook\"", "to=\"recovered\""],
+        ) >= 1.0,
+        "the breaker closed on a probe"
+    );
+    drop(hub);
+}

@@ -12,16 +12,24 @@
 //! second a loopback callback answering at once allows: a fan-out over
 //! before the other replica's poll is fairly done by one replica, and
 //! proves nothing about sharing.
+//!
+//! A replica killed with `kill -9` while it holds claims: the other takes
+//! them over once the dead one's heartbeat is a few seconds old, and
+//! delivers them well inside the visibility timeout.
 
 mod common;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::http::Method;
+use axum::Router;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::routing::post;
 use common::prometheus::{scrape, value};
 use common::{Websubd, free_port, save_subscriptions, scratch_dir};
-use websub_tests::{Answer, INTERNAL_KEY, Received, TestSubscriber};
+use websub_tests::{Answer, INTERNAL_KEY, Received, TestSubscriber, serve_on_loopback};
 
 const SUBSCRIBERS: usize = 10_000;
 const TOPIC: &str = "http://127.0.0.1:9/topics/replicas";
@@ -205,4 +213,157 @@ async fn two_replicas_share_a_fan_out_and_each_callback_gets_the_event_once() {
         shares[1] > 0.0,
         "the other process delivered none of a fan-out that lasted {took:?}: it never joined"
     );
+}
+
+/// A callback host that holds every request while `holding`, as a
+/// subscriber that hangs does, and otherwise answers 204 at once, keeping
+/// which paths it answered and which hub (the `rel="hub"` link) sent each.
+#[derive(Default)]
+struct Hanging {
+    holding: AtomicBool,
+    held: AtomicUsize,
+    answered: Mutex<Vec<(String, String)>>,
+}
+
+async fn hanging_host(host: Arc<Hanging>) -> websub_tests::LoopbackServer {
+    let app = Router::new().fallback(post(move |uri: Uri, headers: HeaderMap| {
+        let host = host.clone();
+        async move {
+            if host.holding.load(Ordering::SeqCst) {
+                host.held.fetch_add(1, Ordering::SeqCst);
+                // Longer than the test: the request never gets its answer.
+                tokio::time::sleep(Duration::from_secs(300)).await;
+                return StatusCode::SERVICE_UNAVAILABLE;
+            }
+            let link = headers
+                .get("link")
+                .and_then(|link| link.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            host.answered
+                .lock()
+                .expect("answers")
+                .push((uri.path().to_owned(), link));
+            StatusCode::NO_CONTENT
+        }
+    }));
+    serve_on_loopback(app).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replicas_claims_are_delivered_by_the_other_within_seconds() {
+    const FAN_OUT: usize = 20;
+    let Some(database_url) = websub_storetest::servers::fresh_postgres_url().await else {
+        return;
+    };
+    let host = Arc::new(Hanging::default());
+    host.holding.store(true, Ordering::SeqCst);
+    let server = hanging_host(host.clone()).await;
+    let topic = "http://127.0.0.1:9/topics/replica-dies";
+    let paths: Vec<String> = (0..FAN_OUT).map(|i| format!("/cb/{i}")).collect();
+    save_subscriptions(
+        &database_url,
+        topic,
+        paths
+            .iter()
+            .map(|path| format!("http://{}{path}", server.address))
+            .collect(),
+    )
+    .await;
+    // The defaults: the visibility timeout is 60 s.
+    let args = [
+        "--database-url",
+        &database_url,
+        "--allow-private-network",
+        "--internal-api-key",
+        INTERNAL_KEY,
+    ];
+    let doomed = Websubd::spawn(&scratch_dir("replica-doomed"), free_port(), &args)
+        .ready()
+        .await;
+    assert_eq!(doomed.fat_ping(topic, BODY).await, 202);
+    // The fan-out fits the host's lane, so the replica that took the
+    // publish claims all of it as it expands, and sends as many as the
+    // host's first in-flight limit allows; they hang.
+    let in_flight = websub_hub::dispatch::INITIAL_LIMIT.min(FAN_OUT);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while host.held.load(Ordering::SeqCst) < in_flight {
+        assert!(
+            Instant::now() < deadline,
+            "the doomed replica sent {} of {in_flight}",
+            host.held.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The survivor joins while the claims are held: they are not its to
+    // take while their holder beats.
+    let survivor = Websubd::spawn(&scratch_dir("replica-survivor"), free_port(), &args)
+        .ready()
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        host.answered.lock().expect("answers").is_empty(),
+        "nothing is delivered while the holder lives"
+    );
+    assert_eq!(host.held.load(Ordering::SeqCst), in_flight);
+
+    host.holding.store(false, Ordering::SeqCst);
+    doomed.kill_9();
+    let killed = Instant::now();
+    let delivered = |host: &Hanging| {
+        host.answered
+            .lock()
+            .expect("answers")
+            .iter()
+            .map(|(path, _)| path.clone())
+            .collect::<HashSet<String>>()
+            .len()
+    };
+    while delivered(&host) < FAN_OUT && killed.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = killed.elapsed();
+    eprintln!("the survivor delivered the dead replica's claims {took:?} after the kill");
+    assert_eq!(
+        delivered(&host),
+        FAN_OUT,
+        "every record of the fan-out delivered: nothing lost"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "taken over within seconds, not after the 60 s visibility timeout: {took:?}"
+    );
+    let answered = host.answered.lock().expect("answers").clone();
+    let survivor_link = format!("<{}>; rel=\"hub\"", survivor.url);
+    assert!(
+        answered
+            .iter()
+            .all(|(_, link)| link.starts_with(&survivor_link)),
+        "the survivor sent them: {answered:?}"
+    );
+    let families = scrape(&survivor).await;
+    let taken_over = value(
+        &families,
+        "websub_claims_taken_over_total",
+        "websub_claims_taken_over_total",
+        &["kind=\"delivery\""],
+    );
+    assert_eq!(
+        taken_over, FAN_OUT as f64,
+        "the survivor counted the claims it took over"
+    );
+
+    // A clean stop leaves the registry: the dead one was removed by the
+    // takeover, the survivor removes itself.
+    let mut survivor = survivor;
+    let status = survivor.terminate();
+    assert!(status.success(), "websubd exited with {status}");
+    let pool = sqlx::PgPool::connect(&database_url)
+        .await
+        .expect("connect to the hub's database");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM websub_replicas")
+        .fetch_one(&pool)
+        .await
+        .expect("count the replicas");
+    assert_eq!(left, 0, "no replica left registered");
 }

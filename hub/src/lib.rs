@@ -29,6 +29,8 @@
 //! - [`events`]: the durable event log, per-subscriber delivery records and
 //!   the history of their attempts;
 //! - [`dispatch`]: the WebSub scheduler: expand, claim, hand to the core;
+//! - [`replicas`]: the replicas sharing one PostgreSQL database, their
+//!   heartbeats, and the takeover of a dead one's claims;
 //! - [`outbox`]: the producer side of the outbox, and the outbox scheduler;
 //! - [`feed`]: the hub consuming a producer's outbox, bridged to WebSub;
 //! - [`delivery`]: the delivery core both schedulers share;
@@ -87,6 +89,7 @@ pub mod net;
 pub mod outbox;
 pub mod protocol;
 pub mod quota;
+pub mod replicas;
 pub mod routes;
 pub mod server;
 mod setting;

@@ -62,6 +62,9 @@ pub struct Hub {
     /// The sender of endpoint changes to the operator webhook, when one is
     /// configured.
     operator_webhook: Option<OperatorWebhook>,
+    /// This process in the registry of replicas (PostgreSQL): beats while
+    /// it runs.
+    replicas: Option<crate::replicas::Replicas>,
 }
 
 /// Asks a running hub's outbox feeds to read their webhooks files again
@@ -93,6 +96,9 @@ pub enum ServeError {
     /// The backlog could not be opened.
     #[error("opening the backlog failed: {0}")]
     Backlog(#[from] crate::backlog::BacklogError),
+    /// The registry of replicas could not be opened.
+    #[error("registering the replica failed: {0}")]
+    Replicas(#[from] crate::replicas::ReplicaError),
     /// The HTTP clients could not be built.
     #[error("building the HTTP clients failed: {0}")]
     Net(#[from] crate::net::NetError),
@@ -144,10 +150,37 @@ impl Hub {
     pub async fn open(mut config: HubConfig) -> Result<Self, ServeError> {
         config.validate()?;
         config.delivery = descriptors::fit(config.delivery, descriptors::raise_limit());
-        let events = events::connect(&config.database_url).await?;
-        let backlog = crate::backlog::connect(&config.database_url).await?;
+        let replicas = if config.database_url.starts_with("sqlite:") {
+            None
+        } else {
+            Some(crate::replicas::Replicas::connect(&config.database_url).await?)
+        };
+        let (events, backlog) = match &replicas {
+            Some(replicas) => (
+                events::connect_as(&config.database_url, replicas.id()).await?,
+                crate::backlog::connect_as(&config.database_url, replicas.id()).await?,
+            ),
+            None => (
+                events::connect(&config.database_url).await?,
+                crate::backlog::connect(&config.database_url).await?,
+            ),
+        };
+        // Registered (the event log's migrations made the table) before any
+        // worker claims, taking over the claims of replicas that died
+        // before: a predecessor killed more than a few seconds ago.
+        if let Some(replicas) = &replicas {
+            replicas.register().await?;
+            match replicas.take_over(crate::replicas::DEAD_AFTER).await {
+                Ok(taken_over) => {
+                    crate::replicas::report(&taken_over);
+                }
+                Err(error) => {
+                    warn!(%error, "taking over the claims of dead replicas failed");
+                }
+            }
+        }
         // Before any worker claims: what a killed predecessor held is due
-        // at once (on SQLite; replicas' claims move by their timeouts).
+        // at once (on SQLite; a dead replica's are taken over above).
         match backlog.release_claims().await {
             Ok(0) => {}
             Ok(released) => {
@@ -165,7 +198,11 @@ impl Hub {
             .clone()
             .unwrap_or_else(|| config.database_url.clone());
         let store = open_store(&store_url).await?;
-        Self::assemble(config, store, events, backlog, Arc::new(SystemClock))
+        let hub = Self::assemble(config, store, events, backlog, Arc::new(SystemClock))?;
+        Ok(match replicas {
+            Some(replicas) => hub.with_replicas(replicas),
+            None => hub,
+        })
     }
 
     /// Assembles a hub from parts already open (tests inject their own store,
@@ -288,7 +325,16 @@ impl Hub {
             metrics: None,
             trust,
             operator_webhook,
+            replicas: None,
         })
+    }
+
+    /// Beats as `replicas` while running, taking over dead replicas'
+    /// claims, and deregisters on shutdown. Its id must be the one the
+    /// event log and backlog claim as ([`crate::events::connect_as`]).
+    pub fn with_replicas(mut self, replicas: crate::replicas::Replicas) -> Self {
+        self.replicas = Some(replicas);
+        self
     }
 
     /// Serves `/metrics` from this handle (the binary installs the recorder;
@@ -358,6 +404,17 @@ impl Hub {
     ) -> Result<(), ServeError> {
         let stop = CancellationToken::new();
         let background = CancellationToken::new();
+        // Beats until the drain is over: claims being drained are this
+        // replica's, not a dead one's.
+        let beating = CancellationToken::new();
+        let heartbeat = self.replicas.clone().map(|replicas| {
+            let woken = self.dispatcher.clone();
+            tokio::spawn(crate::replicas::keep_beating(
+                replicas,
+                move || woken.wake(),
+                beating.clone(),
+            ))
+        });
         let dispatcher = tokio::spawn(self.dispatcher.clone().run(background.clone()));
         let reaper = tokio::spawn(self.reaper.clone().run(background.clone()));
         // The backlog's workers stop claiming when serving stops; what they
@@ -426,6 +483,7 @@ impl Hub {
                 Err(error) => {
                     feeds_stop.cancel();
                     background.cancel();
+                    beating.cancel();
                     return Err(error.into());
                 }
             }
@@ -485,6 +543,17 @@ impl Hub {
         };
         if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
             warn!("work still in flight after {DRAIN_TIMEOUT:?}; it resumes at the next start");
+        }
+        beating.cancel();
+        if let Some(heartbeat) = heartbeat {
+            let _ = heartbeat.await;
+        }
+        if let Some(replicas) = &self.replicas {
+            match replicas.deregister().await {
+                Ok(0) => {}
+                Ok(released) => info!(released, "handed back the claims the drain left"),
+                Err(error) => warn!(%error, "leaving the registry of replicas failed"),
+            }
         }
         Ok(())
     }

@@ -189,6 +189,12 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Age of an outbox feed's oldest event with a delivery row still to deliver, by \
          outbox table; 0 when none (sampled).",
     ),
+    (
+        crate::replicas::CLAIMS_TAKEN_OVER_TOTAL,
+        Kind::Counter,
+        "Claims of dead replicas (on PostgreSQL) handed back to be claimed again at once, by \
+         kind (delivery, verification, fetch).",
+    ),
     (OPEN_METRIC, Kind::Gauge, "HTTP connections open."),
     (
         CLOSED_METRIC,

@@ -2213,6 +2213,28 @@ async fn webhook_attempts_are_kept_and_go_by_age(log: &dyn EventLog) {
     .await
     .expect("keep");
     log.keep_webhook_attempts(&[]).await.expect("keep none");
+    // The events a webhook was attempted for since a time, each once: what
+    // a recovered webhook's breaker re-sends.
+    let mut since_start = log
+        .webhook_events_attempted_since("billing", t0, 10)
+        .await
+        .expect("attempted since");
+    since_start.sort();
+    let mut both = vec![old_event, new_event];
+    both.sort();
+    assert_eq!(since_start, both);
+    assert!(
+        log.webhook_events_attempted_since("billing", t0 + secs(11), 10)
+            .await
+            .expect("attempted since")
+            .is_empty()
+    );
+    assert!(
+        log.webhook_events_attempted_since("audit", t0, 10)
+            .await
+            .expect("attempted since")
+            .is_empty()
+    );
     assert_eq!(
         log.webhook_attempts(old_event, "billing")
             .await

@@ -22,8 +22,10 @@
 //! concurrent claimers never take the same row (`FOR UPDATE SKIP LOCKED` on
 //! PostgreSQL, the write lock on SQLite), and a claim older than the
 //! visibility timeout belongs to a process that died, so the row is claimed
-//! again. The tables live beside the event log's and are created by its
-//! migrations.
+//! again. On PostgreSQL each claim also records the replica that holds it
+//! (`claimed_by`), so that a dead replica's claims are handed back within
+//! seconds by the replicas' heartbeat ([`crate::replicas`]). The tables live
+//! beside the event log's and are created by its migrations.
 
 pub mod postgres;
 pub mod sqlite;
@@ -298,7 +300,8 @@ pub trait Backlog: Send + Sync + std::fmt::Debug {
 
     /// Hands back every claim at once, on a backlog only one process uses
     /// (SQLite), whose claims at start-up can only be its dead
-    /// predecessor's; nothing on one replicas share. Returns how many
+    /// predecessor's; nothing on one replicas share (there the heartbeat
+    /// hands back a dead replica's, [`crate::replicas`]). Returns how many
     /// verifications and fetches were released.
     async fn release_claims(&self) -> Result<u64, BacklogError>;
 }
@@ -311,6 +314,20 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backlog>, BacklogError> {
         Ok(Arc::new(sqlite::SqliteBacklog::connect(url).await?))
     } else {
         Ok(Arc::new(postgres::PostgresBacklog::connect(url).await?))
+    }
+}
+
+/// [`connect`], with the claims of a PostgreSQL backlog held by `replica`
+/// (see [`crate::events::connect_as`]).
+pub async fn connect_as(url: &str, replica: Uuid) -> Result<Arc<dyn Backlog>, BacklogError> {
+    if url.starts_with("sqlite:") {
+        connect(url).await
+    } else {
+        Ok(Arc::new(
+            postgres::PostgresBacklog::connect(url)
+                .await?
+                .with_replica(replica),
+        ))
     }
 }
 

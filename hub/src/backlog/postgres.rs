@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use uuid::Uuid;
 
 use super::{
     Admission, Backlog, BacklogError, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult,
@@ -30,7 +31,8 @@ const REQUEST_FETCHES: &str = "INSERT INTO websub_fetches (topic, requested_at, 
          attempts = 0, \
          next_attempt_at = excluded.next_attempt_at";
 
-const CLAIM_FETCHES: &str = "UPDATE websub_fetches AS pending SET processing_since = $1 \
+const CLAIM_FETCHES: &str = "UPDATE websub_fetches AS pending \
+     SET processing_since = $1, claimed_by = $4 \
      FROM (SELECT topic FROM websub_fetches \
            WHERE next_attempt_at <= $1 \
              AND (processing_since IS NULL OR processing_since < $2) \
@@ -86,7 +88,8 @@ const WAITING: &str = "SELECT \
      (SELECT count FROM websub_verifications_waiting), \
      (SELECT count(*) FROM websub_fetches WHERE next_attempt_at IS NOT NULL)";
 
-const CLAIM_INTENTS: &str = "UPDATE websub_verifications AS intent SET processing_since = $1 \
+const CLAIM_INTENTS: &str = "UPDATE websub_verifications AS intent \
+     SET processing_since = $1, claimed_by = $4 \
      FROM (SELECT topic, callback FROM websub_verifications \
            WHERE next_attempt_at <= $1 \
              AND (processing_since IS NULL OR processing_since < $2) \
@@ -127,6 +130,9 @@ const PURGE_INTENTS: &str =
 #[derive(Debug, Clone)]
 pub struct PostgresBacklog {
     pool: PgPool,
+    /// The replica its claims are recorded as held by; see
+    /// [`crate::replicas`].
+    replica: Uuid,
 }
 
 impl PostgresBacklog {
@@ -139,9 +145,21 @@ impl PostgresBacklog {
         Ok(Self::from_pool(pool))
     }
 
-    /// A backlog on an existing pool.
+    /// A backlog on an existing pool, its claims held by a replica id of
+    /// its own (see [`with_replica`](Self::with_replica)).
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            replica: Uuid::now_v7(),
+        }
+    }
+
+    /// The same backlog, its claims held by `replica`: the id this process
+    /// registers and beats under ([`crate::replicas::Replicas`]).
+    #[must_use]
+    pub fn with_replica(mut self, replica: Uuid) -> Self {
+        self.replica = replica;
+        self
     }
 }
 
@@ -183,6 +201,7 @@ impl Backlog for PostgresBacklog {
             .bind(now)
             .bind(stale_bound(now, visibility))
             .bind(limit(limit_to))
+            .bind(self.replica)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
@@ -318,6 +337,7 @@ impl Backlog for PostgresBacklog {
             .bind(now)
             .bind(stale_bound(now, visibility))
             .bind(limit(limit_to))
+            .bind(self.replica)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
@@ -423,7 +443,8 @@ impl Backlog for PostgresBacklog {
 
     async fn release_claims(&self) -> Result<u64, BacklogError> {
         // Replicas share this backlog: a claim found at start may be a
-        // live replica's. Theirs move by their timeouts.
+        // live replica's. A dead one's are handed back by the replicas'
+        // heartbeat (crate::replicas), the rest by their timeouts.
         Ok(0)
     }
 }

@@ -10,7 +10,9 @@
 //! Delivery is at least once. A record is claimed before its attempt and
 //! completed after it; a process killed in between leaves a claim that is
 //! taken over: at once by its successor on a log only one process uses
-//! (SQLite), after the visibility timeout otherwise. A first attempt needs
+//! (SQLite); within seconds by a live replica on PostgreSQL, once the dead
+//! one's heartbeat stops ([`crate::replicas`]); after the visibility
+//! timeout for an attempt that hangs in a live process. A first attempt needs
 //! no separate claim when its lane has room: the expander writes its record
 //! already claimed and hands it straight to the attempts; the records a
 //! lane has no room for are written unclaimed and claimed for that lane as

@@ -657,6 +657,18 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         subscriber: &str,
     ) -> Result<Vec<Attempt>, EventLogError>;
 
+    /// The events whose outbox webhook `subscriber` was attempted at or
+    /// after `since`, each once, at most `limit`: among a recovered
+    /// webhook's rows, those that ran out of retries while it was failing,
+    /// as the hub's own history tells them (the rows themselves are the
+    /// producer's, and carry no mark of it).
+    async fn webhook_events_attempted_since(
+        &self,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, EventLogError>;
+
     /// How many attempts at or after `since` were answered 2xx, counting
     /// only events recorded at or after `since`: the recent delivery rate,
     /// read through the events' time index in work bounded by the window
@@ -718,6 +730,25 @@ pub async fn connect(url: &str) -> Result<std::sync::Arc<dyn EventLog>, EventLog
     } else {
         Ok(std::sync::Arc::new(
             postgres::PostgresEventLog::connect(url).await?,
+        ))
+    }
+}
+
+/// [`connect`], with the claims of a PostgreSQL log held by `replica`: the
+/// id this process beats under ([`crate::replicas`]), so that they are
+/// handed back at once if it dies. SQLite, which one process uses, ignores
+/// it.
+pub async fn connect_as(
+    url: &str,
+    replica: Uuid,
+) -> Result<std::sync::Arc<dyn EventLog>, EventLogError> {
+    if url.starts_with("sqlite:") {
+        connect(url).await
+    } else {
+        Ok(std::sync::Arc::new(
+            postgres::PostgresEventLog::connect(url)
+                .await?
+                .with_replica(replica),
         ))
     }
 }

@@ -94,6 +94,24 @@ pub struct FeedConfig {
     /// A delivery claimed by a process that died is claimed again after this
     /// (`60s`; must exceed `delivery_timeout`).
     pub visibility_timeout: Option<String>,
+    /// Failed attempts in a row that open a webhook's breaker (0, the
+    /// default: none, every row tried to its own retry limit as the
+    /// messaging contract has it). Beyond the contract: while open, the
+    /// webhook's due rows wait without spending retries, and the next real
+    /// delivery probes it.
+    pub breaker_open_after: Option<u32>,
+    /// When a webhook's breaker closes, re-open its rows that ran out of
+    /// retries while it was failing (false). Beyond the contract; needs
+    /// `breaker_open_after`.
+    pub resend_exhausted: Option<bool>,
+    /// Reconnection failures of the feed's `LISTEN` connection over which
+    /// the wait between attempts grows from zero to `listener_max_backoff`
+    /// (10, the messaging contract's `ListenerMaxRetries`); past them it
+    /// stays there, and the listener never gives up.
+    pub listener_max_retries: Option<u32>,
+    /// The longest wait between reconnection attempts of the `LISTEN`
+    /// connection (`30s`, the messaging contract's `ListenerMaxBackoff`).
+    pub listener_max_backoff: Option<String>,
     /// Allow webhooks on loopback, private, link-local or unique-local
     /// addresses; the hub's `allow_private_network` when unset.
     pub allow_private_network: Option<bool>,
@@ -145,6 +163,10 @@ impl FeedConfig {
             delivery_batch_size: None,
             disable_endpoint_after: None,
             visibility_timeout: None,
+            listener_max_retries: None,
+            listener_max_backoff: None,
+            breaker_open_after: None,
+            resend_exhausted: None,
             allow_private_network: None,
             trust: Trust::system(),
         }
@@ -248,6 +270,18 @@ impl FeedConfig {
                 .unwrap_or(defaults.delivery_timeout),
             visibility_timeout: duration("feed.visibility_timeout", &self.visibility_timeout)?
                 .unwrap_or(defaults.visibility_timeout),
+            listener_max_retries: self
+                .listener_max_retries
+                .unwrap_or(defaults.listener_max_retries),
+            listener_max_backoff: duration(
+                "feed.listener_max_backoff",
+                &self.listener_max_backoff,
+            )?
+            .unwrap_or(defaults.listener_max_backoff),
+            breaker_open_after: self
+                .breaker_open_after
+                .unwrap_or(defaults.breaker_open_after),
+            resend_exhausted: self.resend_exhausted.unwrap_or(defaults.resend_exhausted),
             ..defaults
         };
         config.validate().map_err(|error| match error {
@@ -286,6 +320,8 @@ fn feed_setting(setting: &'static str) -> &'static str {
         "batch-size" => "feed.delivery_batch_size",
         "concurrency" => "feed.delivery_concurrency",
         "per-subscriber" => "feed.delivery_per_subscriber",
+        "listener-max-backoff" => "feed.listener_max_backoff",
+        "resend-exhausted" => "feed.resend_exhausted",
         other => other,
     }
 }
@@ -306,6 +342,12 @@ mod tests {
         assert_eq!(config.poll_interval, Duration::from_secs(1));
         assert_eq!(config.retry.max_retries, 10);
         assert_eq!(config.start_from, None);
+        // The messaging contract's listener defaults.
+        assert_eq!(config.listener_max_retries, 10);
+        assert_eq!(config.listener_max_backoff, Duration::from_secs(30));
+        // The contract's per-row behaviour: no breaker, nothing re-sent.
+        assert_eq!(config.breaker_open_after, 0);
+        assert!(!config.resend_exhausted);
     }
 
     #[test]
@@ -326,6 +368,10 @@ mod tests {
             retention = "30d"
             delivery_retries = 3
             delivery_max_backoff = "2s"
+            listener_max_retries = 4
+            listener_max_backoff = "5s"
+            breaker_open_after = 3
+            resend_exhausted = true
             [webhook_headers]
             X-Internal-API-Key = "k"
             "#,
@@ -343,6 +389,10 @@ mod tests {
         assert_eq!(config.retention, Some(Duration::from_secs(30 * 86_400)));
         assert_eq!(config.retry.max_retries, 3);
         assert_eq!(config.retry.max_backoff, Duration::from_secs(2));
+        assert_eq!(config.listener_max_retries, 4);
+        assert_eq!(config.listener_max_backoff, Duration::from_secs(5));
+        assert_eq!(config.breaker_open_after, 3);
+        assert!(config.resend_exhausted);
         assert_eq!(config.signing_secret.as_deref(), Some("s3cret"));
         assert_eq!(
             config.webhook_headers,
@@ -366,7 +416,7 @@ mod tests {
     #[test]
     fn validation_names_the_bad_setting() {
         type Spoil = fn(&mut FeedConfig);
-        let cases: [(&str, Spoil); 9] = [
+        let cases: [(&str, Spoil); 12] = [
             ("feed.database_url", |feed| {
                 feed.database_url = "mysql://x".to_owned();
             }),
@@ -388,6 +438,15 @@ mod tests {
             }),
             ("feed.retention", |feed| {
                 feed.retention = Some("30y".to_owned());
+            }),
+            ("feed.listener_max_backoff", |feed| {
+                feed.listener_max_backoff = Some("soon".to_owned());
+            }),
+            ("feed.listener_max_backoff", |feed| {
+                feed.listener_max_backoff = Some("0s".to_owned());
+            }),
+            ("feed.resend_exhausted", |feed| {
+                feed.resend_exhausted = Some(true);
             }),
             ("feed.webhook_headers", |feed| {
                 feed.webhook_headers

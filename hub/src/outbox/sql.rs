@@ -33,6 +33,7 @@ pub(crate) struct Queries {
     expand_newest: Arc<str>,
     claim: Arc<str>,
     complete: Arc<str>,
+    release_subscriber: Arc<str>,
 }
 
 /// Who is subscribed to what, as expansion and claims need it: parallel
@@ -190,6 +191,9 @@ pub(crate) enum RowOutcome {
     /// Failed for a reason that is not the event's: due again after `wait`,
     /// no attempt counted.
     Postponed { error: String, wait: Duration },
+    /// Not attempted: its webhook's breaker is open. Due again after
+    /// `wait`, no attempt counted, its last error kept.
+    Held { wait: Duration },
     /// Not attempted (its subscriber went away, or is saturated): the claim
     /// is handed back without counting an attempt.
     Released,
@@ -432,6 +436,23 @@ impl Queries {
                AND d.processed_at IS NULL \
                AND (c.kind = 'delivered' OR d.processing_since = c.claimed_at)"
         );
+        // A webhook whose breaker closed again: its rows waiting for a later
+        // attempt (held while it was open, or backing off) are due now, and
+        // its exhausted rows among the events `$2` (which the hub's own
+        // attempt history names: attempted while it was failing) start
+        // again with a fresh retry count. An exhausted row is one with no
+        // next attempt and an attempt counted; a skipped row has none. Rows
+        // in flight are left to their attempts.
+        let release_subscriber = format!(
+            "UPDATE {deliveries} AS d \
+             SET retry_count = CASE WHEN d.next_attempt_at IS NULL THEN 0 ELSE d.retry_count END, \
+                 next_attempt_at = {NOW} \
+             WHERE d.subscriber = $1 AND d.processed_at IS NULL \
+               AND d.processing_since IS NULL \
+               AND (d.next_attempt_at > {NOW} \
+                    OR (d.next_attempt_at IS NULL AND d.retry_count > 0 \
+                        AND d.event_id = ANY($2::uuid[])))"
+        );
         Self {
             timeout,
             expand_since: expand_since.into(),
@@ -439,7 +460,24 @@ impl Queries {
             expand_newest: expand_newest.into(),
             claim: claim.into(),
             complete: complete.into(),
+            release_subscriber: release_subscriber.into(),
         }
+    }
+
+    /// `subscriber`'s webhook recovered: its waiting rows are due now, and
+    /// its exhausted rows of the events `reopen` start again. Returns how
+    /// many rows it released.
+    pub(crate) async fn release_subscriber(
+        &self,
+        pool: &PgPool,
+        subscriber: &str,
+        reopen: &[Uuid],
+    ) -> Result<u64, sqlx::Error> {
+        let released = sqlx::query(AssertSqlSafe(self.release_subscriber.clone()))
+            .bind(subscriber)
+            .bind(reopen)
+            .execute(pool);
+        Ok(bounded(self.timeout, released).await?.rows_affected())
     }
 
     /// Writes the missing delivery rows for events created at or after
@@ -581,6 +619,7 @@ impl Queries {
                 RowOutcome::Postponed { error, wait } => {
                     ("postponed", Some(error.as_str()), Some(wait.as_secs_f64()))
                 }
+                RowOutcome::Held { wait } => ("postponed", None, Some(wait.as_secs_f64())),
                 RowOutcome::Released => ("released", None, None),
                 RowOutcome::Skipped => ("skipped", Some(SKIPPED_REASON), None),
             };

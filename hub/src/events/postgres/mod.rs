@@ -13,6 +13,10 @@
 //!   due rows come from a `FOR UPDATE SKIP LOCKED` subquery: a row another
 //!   claimer has locked is skipped rather than waited for, and a row another
 //!   claimer has just committed a claim on fails the re-checked predicate.
+//! - **Claims name their holder.** Every claim records the replica that
+//!   makes it (`claimed_by`, see [`PostgresEventLog::with_replica`]), so
+//!   that a dead replica's claims are handed back within seconds
+//!   ([`crate::replicas`]) rather than after the visibility timeout.
 //! - **Every call is a fixed number of round trips**, whatever the batch:
 //!   subscribers and completions travel as array parameters (`unnest`), so no
 //!   statement comes near PostgreSQL's limit of 65 535 bind parameters.
@@ -76,6 +80,10 @@ const PURGE_CHUNK: i64 = 500;
 #[derive(Debug, Clone)]
 pub struct PostgresEventLog {
     pool: PgPool,
+    /// The replica its claims are recorded as held by (`claimed_by`), so
+    /// that they can be handed back at once when it dies; see
+    /// [`crate::replicas`].
+    replica: Uuid,
 }
 
 impl PostgresEventLog {
@@ -103,8 +111,26 @@ impl PostgresEventLog {
 
     /// An event log on an existing pool, for a caller that runs
     /// [`migrate`](Self::migrate) itself (or knows the schema is current).
+    /// Its claims are held by a replica id of its own (see
+    /// [`with_replica`](Self::with_replica)).
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            replica: Uuid::now_v7(),
+        }
+    }
+
+    /// The same log, its claims held by `replica`: the id this process
+    /// registers and beats under ([`crate::replicas::Replicas`]).
+    #[must_use]
+    pub fn with_replica(mut self, replica: Uuid) -> Self {
+        self.replica = replica;
+        self
+    }
+
+    /// The replica its claims are held by.
+    pub fn replica(&self) -> Uuid {
+        self.replica
     }
 
     /// Applies the event log's pending migrations. Safe to run from several
@@ -355,6 +381,7 @@ impl EventLog for PostgresEventLog {
                 .bind(event_id)
                 .bind(now)
                 .bind(chunk)
+                .bind(self.replica)
                 .execute(&self.pool)
                 .await;
             match first {
@@ -364,6 +391,7 @@ impl EventLog for PostgresEventLog {
                         .bind(event_id)
                         .bind(now)
                         .bind(chunk)
+                        .bind(self.replica)
                         .fetch_all(&self.pool)
                         .await
                         .map_err(|error| missing_event(error, event_id))?;
@@ -427,6 +455,7 @@ impl EventLog for PostgresEventLog {
             .bind(super::stale_bound(now, visibility))
             .bind(names)
             .bind(counts)
+            .bind(self.replica)
             .fetch_all(&self.pool)
             .await?
             .iter()
@@ -470,6 +499,7 @@ impl EventLog for PostgresEventLog {
                 .bind(now)
                 .bind(stale)
                 .bind(*lane)
+                .bind(self.replica)
                 .fetch_optional(&self.pool)
                 .await?
             {
@@ -530,7 +560,8 @@ impl EventLog for PostgresEventLog {
 
     async fn release_claims(&self) -> Result<u64, EventLogError> {
         // Replicas share this log: a claim found at start may be a live
-        // replica's. Theirs move by the visibility timeout.
+        // replica's. A dead one's are handed back by the replicas'
+        // heartbeat (crate::replicas), the rest by the visibility timeout.
         Ok(0)
     }
 
@@ -592,6 +623,7 @@ impl EventLog for PostgresEventLog {
             .bind(now)
             .bind(super::stale_bound(now, visibility))
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(self.replica)
             .fetch_all(&self.pool)
             .await?
             .iter()
@@ -875,6 +907,20 @@ impl EventLog for PostgresEventLog {
         subscriber: &str,
     ) -> Result<Vec<Attempt>, EventLogError> {
         attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
+    }
+
+    async fn webhook_events_attempted_since(
+        &self,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, EventLogError> {
+        Ok(sqlx::query_scalar(WEBHOOK_EVENTS_SINCE)
+            .bind(subscriber)
+            .bind(since)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {

@@ -46,12 +46,12 @@ pub(super) const EXPAND_AGAIN: &str = "INSERT INTO websub_deliveries (event_id, 
 // whole and EXPAND_CLAIMED_AGAIN runs instead, whose RETURNING reports only
 // the rows it inserted, not those it skipped.
 pub(super) const EXPAND_CLAIMED_FIRST: &str = "INSERT INTO websub_deliveries \
-     (event_id, subscriber, next_attempt_at, processing_since) \
-     SELECT $1, subscriber, $2, $2 FROM unnest($3::text[]) AS s(subscriber)";
+     (event_id, subscriber, next_attempt_at, processing_since, claimed_by) \
+     SELECT $1, subscriber, $2, $2, $4 FROM unnest($3::text[]) AS s(subscriber)";
 
 pub(super) const EXPAND_CLAIMED_AGAIN: &str = "INSERT INTO websub_deliveries \
-     (event_id, subscriber, next_attempt_at, processing_since) \
-     SELECT $1, subscriber, $2, $2 FROM unnest($3::text[]) AS s(subscriber) \
+     (event_id, subscriber, next_attempt_at, processing_since, claimed_by) \
+     SELECT $1, subscriber, $2, $2, $4 FROM unnest($3::text[]) AS s(subscriber) \
      ON CONFLICT DO NOTHING RETURNING subscriber::TEXT";
 
 pub(super) const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
@@ -62,9 +62,10 @@ pub(super) const EVENT: &str = "SELECT id, topic, content_type, body, created_at
 
 // Both are functions in the migration, so that their plans cannot depend on
 // stale statistics (see `0001_events.sql`). `$2` is NULL when the visibility
-// timeout reaches before the Unix epoch: then no claim is ever stale.
+// timeout reaches before the Unix epoch: then no claim is ever stale. The
+// last argument is the claiming replica (`0011_replicas.sql`).
 pub(super) const CLAIM: &str =
-    "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_deliveries($1, $2, $3)";
+    "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_deliveries($1, $2, $3, $4)";
 
 pub(super) const COMPLETE: &str =
     "SELECT websub_complete_attempts($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
@@ -75,6 +76,11 @@ pub(super) const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, err
 pub(super) const WEBHOOK_ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
      FROM websub_webhook_attempts WHERE event_id = $1 AND subscriber = $2 \
      ORDER BY attempted_at";
+
+// The age index bounds the work to the window since the webhook began
+// failing.
+pub(super) const WEBHOOK_EVENTS_SINCE: &str = "SELECT DISTINCT event_id \
+     FROM websub_webhook_attempts WHERE attempted_at >= $2 AND subscriber = $1 LIMIT $3";
 
 // Webhook attempts have no event here to go with: they go by age.
 pub(super) const PURGE_WEBHOOK_ATTEMPTS: &str =
@@ -167,7 +173,7 @@ pub(super) const CLAIM_ORDERED: &str = "WITH head AS ( \
          ORDER BY lane, order_key, event_id \
          LIMIT 1 \
          FOR UPDATE) \
-     UPDATE websub_deliveries AS d SET processing_since = $1 \
+     UPDATE websub_deliveries AS d SET processing_since = $1, claimed_by = $4 \
      FROM head, websub_events AS e \
      WHERE d.event_id = head.event_id AND d.subscriber = head.subscriber \
        AND d.next_attempt_at <= $1 \
@@ -185,7 +191,7 @@ pub(super) const ORDERED_SUBSCRIPTIONS: &str = "SELECT topic, callback, since \
      FROM websub_ordered_subscriptions ORDER BY topic, callback LIMIT $1";
 
 pub(super) const CLAIM_LANES: &str =
-    "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_lanes($1, $2, $3, $4)";
+    "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_lanes($1, $2, $3, $4, $5)";
 
 // A loose scan of the lane index, as the SQLite log's: each step seeks the
 // next lane, so the cost is the number of lanes, not of records.

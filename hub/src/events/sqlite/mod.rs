@@ -912,6 +912,20 @@ impl EventLog for SqliteEventLog {
         attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
     }
 
+    async fn webhook_events_attempted_since(
+        &self,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, EventLogError> {
+        Ok(sqlx::query_scalar(WEBHOOK_EVENTS_SINCE)
+            .bind(subscriber)
+            .bind(since.timestamp_micros())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
     async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
         let row = sqlx::query(DELIVERED_SINCE)
             .bind(since.timestamp_micros())

@@ -100,6 +100,10 @@ pub(super) const WEBHOOK_ATTEMPTS: &str = "SELECT attempted_at, duration_us, sta
      FROM websub_webhook_attempts WHERE event_id = ?1 AND subscriber = ?2 \
      ORDER BY attempted_at";
 
+// As the PostgreSQL log's.
+pub(super) const WEBHOOK_EVENTS_SINCE: &str = "SELECT DISTINCT event_id \
+     FROM websub_webhook_attempts WHERE attempted_at >= ?2 AND subscriber = ?1 LIMIT ?3";
+
 // Webhook attempts have no event here to go with: they go by age.
 pub(super) const PURGE_WEBHOOK_ATTEMPTS: &str =
     "DELETE FROM websub_webhook_attempts WHERE attempted_at < ?1";

@@ -101,6 +101,18 @@ pub struct DispatcherConfig {
     /// than only recent ones (5 min). It also does at start-up, after the
     /// listener reconnects, and whenever registrations change.
     pub catch_up_interval: Duration,
+    /// Failed attempts in a row that open a webhook's breaker (0, the
+    /// default: no breaker, every row tried to its own retry limit, as the
+    /// messaging contract has it). Beyond the contract: while open, the
+    /// webhook's due rows wait without spending retries, and the next real
+    /// delivery probes it (see [`crate::delivery::health`]). Only with
+    /// [`super::Dispatcher::with_operations`], whose log keeps the health.
+    pub breaker_open_after: u32,
+    /// When a webhook's breaker closes again, re-open its rows that ran out
+    /// of retries while it was failing (their retry count reset), as the
+    /// hub's own attempt history tells them apart (false, the default).
+    /// Beyond the contract; needs `breaker_open_after`.
+    pub resend_exhausted: bool,
 }
 
 impl Default for DispatcherConfig {
@@ -130,6 +142,8 @@ impl Default for DispatcherConfig {
             expand_lookback: Duration::from_secs(60),
             query_timeout: Duration::from_secs(60),
             catch_up_interval: Duration::from_secs(300),
+            breaker_open_after: 0,
+            resend_exhausted: false,
         }
     }
 }
@@ -148,6 +162,9 @@ impl DispatcherConfig {
             ("poll-interval", self.poll_interval),
             ("delivery-timeout", self.delivery_timeout),
             ("listener-ping-interval", self.listener_ping_interval),
+            // Zero would reconnect to a database that is down in a tight
+            // loop.
+            ("listener-max-backoff", self.listener_max_backoff),
             ("retention-interval", self.retention_interval),
             ("catch-up-interval", self.catch_up_interval),
             ("query-timeout", self.query_timeout),
@@ -210,6 +227,14 @@ impl DispatcherConfig {
                         .map_err(|reason| invalid("signing-secret", "<redacted>", reason))?;
                 }
             }
+        }
+        if self.resend_exhausted && self.breaker_open_after == 0 {
+            return Err(invalid(
+                "resend-exhausted",
+                true,
+                "needs a breaker (breaker-open-after): the rows to send again are those that \
+                 ran out of retries while it was open",
+            ));
         }
         static_headers(&self.webhook_headers)?;
         Ok(())

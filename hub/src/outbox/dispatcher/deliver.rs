@@ -15,9 +15,11 @@ use super::super::envelope::{ENVELOPE_CONTENT_TYPE, Envelope};
 use super::super::sql::{ClaimedRow, RowCompletion, RowOutcome};
 use super::Dispatcher;
 use super::config::DispatcherConfig;
+use super::operated::Operated;
 use super::registry::{Handler, WebhookSubscriber};
 use super::signals::Scan;
 use crate::delivery::attempt::{self, Attempted, Request};
+use crate::delivery::health::{Breaker, Gate, Tried};
 use crate::delivery::recorder::{Batching, OutcomeStore};
 use crate::delivery::{Verdict, error_chain};
 use crate::events::Attempt;
@@ -36,6 +38,8 @@ impl Dispatcher {
         let registry = self.registry();
         let failures_before = u32::try_from(row.retry_count).unwrap_or(0);
         let recorded = row.created_at.and_utc();
+        // The webhook's breaker, when the feed has one: what it let through.
+        let mut gate = None;
         let verdict = if inner.config.subscriber_name.as_deref() == Some(row.subscriber.as_str()) {
             let handler = registry
                 .handlers
@@ -74,10 +78,21 @@ impl Dispatcher {
             let Some(subscriber) = subscriber else {
                 return (RowOutcome::Released, None);
             };
-            if let Some(operated) = inner.operated.get()
-                && operated.endpoints.is_disabled(&row.subscriber)
-            {
-                return (RowOutcome::Skipped, None);
+            if let Some(operated) = inner.operated.get() {
+                if operated.endpoints.is_disabled(&row.subscriber) {
+                    return (RowOutcome::Skipped, None);
+                }
+                let now = chrono::Utc::now();
+                match operated.endpoints.gate(&row.subscriber, now) {
+                    // Open: the row waits for the probe, its retries
+                    // unspent.
+                    Gate::Hold(until) => {
+                        inner.webhooks.postponed();
+                        let wait = (until - now).to_std().unwrap_or_default();
+                        return (RowOutcome::Held { wait }, None);
+                    }
+                    passed => gate = Some(passed),
+                }
             }
             let at = chrono::Utc::now();
             let attempted = inner.webhooks.attempting();
@@ -96,13 +111,40 @@ impl Dispatcher {
             (verdict, Some(history))
         };
         let (verdict, mut history) = verdict;
-        let outcome = match verdict {
+        let mut outcome = match verdict {
             // Only a WebSub channel judges a 410 gone.
             Verdict::Delivered | Verdict::Gone => RowOutcome::Delivered,
             Verdict::Retry { error, wait } => RowOutcome::Retry { error, wait },
             Verdict::Exhausted { error } => RowOutcome::Exhausted { error },
             Verdict::Postponed { error, wait } => RowOutcome::Postponed { error, wait },
         };
+        if let (Some(gate), Some(operated)) = (gate, inner.operated.get()) {
+            let tried = match &outcome {
+                RowOutcome::Delivered => Tried::Succeeded,
+                RowOutcome::Retry { .. } | RowOutcome::Exhausted { .. } => Tried::Failed,
+                _ => Tried::Neither,
+            };
+            let now = chrono::Utc::now();
+            match operated
+                .endpoints
+                .tried(&row.subscriber, gate == Gate::Probe, tried, now)
+            {
+                Breaker::Recovered(since) => self.recovered(&row.subscriber, since),
+                // Open: the failure waits with the rest, its retries not
+                // spent.
+                Breaker::Open(until) | Breaker::Opened(until) => {
+                    if let RowOutcome::Retry { error, .. } | RowOutcome::Exhausted { error } =
+                        outcome
+                    {
+                        outcome = RowOutcome::Postponed {
+                            error,
+                            wait: (until - now).to_std().unwrap_or_default(),
+                        };
+                    }
+                }
+                Breaker::Closed => {}
+            }
+        }
         if let Some(history) = &mut history {
             history.error = match &outcome {
                 RowOutcome::Retry { error, .. } | RowOutcome::Exhausted { error } => {
@@ -112,6 +154,35 @@ impl Dispatcher {
             };
         }
         (outcome, history)
+    }
+
+    /// `subscriber`'s webhook answered again after failing since `since`:
+    /// its waiting rows are due now and, when the feed re-sends them, the
+    /// rows that ran out of retries meanwhile start again. In the
+    /// background, so that the attempt that found it out is not held up.
+    fn recovered(&self, subscriber: &str, since: chrono::DateTime<chrono::Utc>) {
+        let dispatcher = self.clone();
+        let subscriber = subscriber.to_owned();
+        tokio::spawn(async move {
+            let inner = &dispatcher.inner;
+            let Some(operated) = inner.operated.get() else {
+                return;
+            };
+            let reopen = operated.to_reopen(&subscriber, since).await;
+            match inner
+                .queries
+                .release_subscriber(&inner.pool, &subscriber, &reopen)
+                .await
+            {
+                Ok(released) => {
+                    Operated::released(&subscriber, released, reopen.len());
+                    dispatcher.request(Scan::None);
+                }
+                Err(error) => {
+                    warn!(%error, subscriber, "releasing the rows of a recovered webhook failed; they follow at their own times")
+                }
+            }
+        });
     }
 
     pub(super) async fn call(
@@ -250,7 +321,9 @@ impl OutcomeStore for RowOutcomes {
 
     fn retry_in(&self, completion: &RowCompletion) -> Option<Duration> {
         match completion.outcome {
-            RowOutcome::Retry { wait, .. } | RowOutcome::Postponed { wait, .. } => Some(wait),
+            RowOutcome::Retry { wait, .. }
+            | RowOutcome::Postponed { wait, .. }
+            | RowOutcome::Held { wait } => Some(wait),
             _ => None,
         }
     }

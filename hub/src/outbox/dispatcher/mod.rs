@@ -190,16 +190,19 @@ impl Dispatcher {
     /// the webhooks' health there: a webhook whose deliveries exhaust their
     /// retries `disable_after` times in a row is disabled (never, when 0),
     /// and its rows are closed as skipped until an operator enables it.
+    /// The configuration's `breaker_open_after` and `resend_exhausted` take
+    /// effect here.
     /// Without it, a dispatcher keeps no history and disables nothing.
     pub fn with_operations(
         self,
         events: Arc<dyn crate::events::EventLog>,
         disable_after: u32,
     ) -> Self {
-        let _ = self
-            .inner
-            .operated
-            .set(operated::Operated::new(events, disable_after));
+        let _ = self.inner.operated.set(operated::Operated::new(
+            events,
+            disable_after,
+            &self.inner.config,
+        ));
         self
     }
 
