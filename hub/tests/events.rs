@@ -2295,12 +2295,12 @@ async fn records_are_claimed_per_lane(log: &dyn EventLog) {
         .map(String::as_str)
         .collect();
     let created = log
-        .expand_waiting(event.id, &waiting, t0)
+        .expand_waiting(event.id, &waiting, t0, false)
         .await
         .expect("waiting part");
     assert_eq!(created, waiting.len() as u64);
     assert_eq!(
-        log.expand_waiting(event.id, &waiting, t0)
+        log.expand_waiting(event.id, &waiting, t0, false)
             .await
             .expect("again"),
         0,
@@ -2419,12 +2419,12 @@ async fn ordered_lines_give_their_head_only(log: &dyn EventLog) {
     for n in 0..4 {
         let event = record(log, &topic, t0 + secs(n)).await;
         assert_eq!(
-            log.expand_ordered(event.id, &[callback.as_str()], t0)
+            log.expand_waiting(event.id, &[callback.as_str()], t0, true)
                 .await
                 .expect("ordered record"),
             1
         );
-        log.expand_waiting(event.id, &[free.as_str()], t0)
+        log.expand_waiting(event.id, &[free.as_str()], t0, false)
             .await
             .expect("free record");
         events.push(event.id);

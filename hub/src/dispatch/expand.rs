@@ -210,20 +210,29 @@ impl Distributor {
                 }
             }
         }
-        if !waiting.is_empty() {
+        // The others, due now and unclaimed, with their lanes told: the
+        // host's, or the line of an ordered subscription.
+        for (records, ordered) in [(waiting, false), (ordered, true)] {
+            if records.is_empty() {
+                continue;
+            }
             let started = std::time::Instant::now();
-            let callbacks: Vec<&str> = waiting
+            let callbacks: Vec<&str> = records
                 .iter()
                 .map(|subscription| subscription.callback.as_str())
                 .collect();
             created += self
                 .inner
                 .events
-                .expand_waiting(outgoing.event.id, &callbacks, now)
+                .expand_waiting(outgoing.event.id, &callbacks, now, ordered)
                 .await?;
             let mut told: Option<&str> = None;
             for callback in callbacks {
-                let lane = lane_of(callback);
+                let lane = if ordered {
+                    ordered_lane_of(callback)
+                } else {
+                    lane_of(callback)
+                };
                 // The list comes lane by lane, mostly: tell each once.
                 if told != Some(lane) {
                     lanes.mark_due(lane, now);
@@ -231,22 +240,7 @@ impl Distributor {
                 }
             }
             self.inner.room.notify_one();
-            debug!(waiting = waiting.len(), took = ?started.elapsed(), "wrote the records that wait");
-        }
-        if !ordered.is_empty() {
-            let callbacks: Vec<&str> = ordered
-                .iter()
-                .map(|subscription| subscription.callback.as_str())
-                .collect();
-            created += self
-                .inner
-                .events
-                .expand_ordered(outgoing.event.id, &callbacks, now)
-                .await?;
-            for callback in callbacks {
-                lanes.mark_due(ordered_lane_of(callback), now);
-            }
-            self.inner.room.notify_one();
+            debug!(waiting = records.len(), ordered, took = ?started.elapsed(), "wrote the records that wait");
         }
         Ok(Some(created))
     }

@@ -367,7 +367,11 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
 
     /// Writes delivery records for some of an event's subscribers, due at
     /// `due` and not claimed: the records a busy lane cannot take now,
-    /// which [`EventLog::claim_lanes`] hands out as it can. Like
+    /// which [`EventLog::claim_lanes`] hands out as it can; or (`ordered`)
+    /// the records of subscriptions that asked for ordered delivery, each
+    /// carrying the event's recording time, its place in its callback's
+    /// line, and belonging to that line's lane (the callback, whole), which
+    /// [`EventLog::claim_ordered`] hands out one at a time. Like
     /// [`EventLog::expand_claimed`], it leaves the event unexpanded and an
     /// existing record as it is. Returns how many records it created; an
     /// event not in the log is [`EventLogError::UnknownEvent`].
@@ -376,19 +380,7 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         event_id: Uuid,
         subscribers: &[&str],
         due: DateTime<Utc>,
-    ) -> Result<u64, EventLogError>;
-
-    /// Writes delivery records, due at `due` and not claimed, for some of
-    /// an event's subscribers whose subscriptions asked for ordered
-    /// delivery: each carries the event's recording time, its place in its
-    /// callback's line, and belongs to that line's lane (the callback,
-    /// whole), which [`EventLog::claim_ordered`] hands out one at a time.
-    /// Like [`EventLog::expand_waiting`] otherwise.
-    async fn expand_ordered(
-        &self,
-        event_id: Uuid,
-        subscribers: &[&str],
-        due: DateTime<Utc>,
+        ordered: bool,
     ) -> Result<u64, EventLogError>;
 
     /// Claims, for each ordered lane (a callback) asked for, the head of its

@@ -408,6 +408,7 @@ impl EventLog for PostgresEventLog {
         event_id: Uuid,
         subscribers: &[&str],
         due: DateTime<Utc>,
+        ordered: bool,
     ) -> Result<u64, EventLogError> {
         let subscribers = super::sorted_unique(subscribers.iter().copied());
         if subscribers.is_empty() {
@@ -424,7 +425,12 @@ impl EventLog for PostgresEventLog {
         let mut created = 0;
         for chunk in subscribers.chunks(EXPAND_CHUNK) {
             // The insert's statement trigger fails it when the event is gone.
-            created += sqlx::query(EXPAND_AGAIN)
+            let statement = if ordered {
+                EXPAND_ORDERED
+            } else {
+                EXPAND_AGAIN
+            };
+            created += sqlx::query(statement)
                 .bind(event_id)
                 .bind(due)
                 .bind(chunk)
@@ -461,27 +467,6 @@ impl EventLog for PostgresEventLog {
             .iter()
             .map(claimed_from_row)
             .collect()
-    }
-
-    async fn expand_ordered(
-        &self,
-        event_id: Uuid,
-        subscribers: &[&str],
-        due: DateTime<Utc>,
-    ) -> Result<u64, EventLogError> {
-        let subscribers = super::sorted_unique(subscribers.iter().copied());
-        let mut created = 0;
-        for chunk in subscribers.chunks(EXPAND_CHUNK) {
-            created += sqlx::query(EXPAND_ORDERED)
-                .bind(event_id)
-                .bind(due)
-                .bind(chunk)
-                .execute(&self.pool)
-                .await
-                .map_err(|error| missing_event(error, event_id))?
-                .rows_affected();
-        }
-        Ok(created)
     }
 
     async fn claim_ordered(

@@ -350,15 +350,21 @@ impl EventLog for SqliteEventLog {
         event_id: Uuid,
         subscribers: &[&str],
         due: DateTime<Utc>,
+        ordered: bool,
     ) -> Result<u64, EventLogError> {
         let subscribers = super::sorted_unique(subscribers.iter().copied());
         let chunks = json_chunks(&subscribers)?;
         let mut writer = self.writer().await?;
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         event_must_exist(&mut tx, event_id).await?;
+        let statement = if ordered {
+            EXPAND_ORDERED
+        } else {
+            EXPAND_WAITING
+        };
         let mut created = 0;
         for json in chunks {
-            created += sqlx::query(EXPAND_WAITING)
+            created += sqlx::query(statement)
                 .bind(event_id)
                 .bind(due.timestamp_micros())
                 .bind(json)
@@ -398,31 +404,6 @@ impl EventLog for SqliteEventLog {
         }
         tx.commit().await?;
         Ok(claimed)
-    }
-
-    async fn expand_ordered(
-        &self,
-        event_id: Uuid,
-        subscribers: &[&str],
-        due: DateTime<Utc>,
-    ) -> Result<u64, EventLogError> {
-        let subscribers = super::sorted_unique(subscribers.iter().copied());
-        let chunks = json_chunks(&subscribers)?;
-        let mut writer = self.writer().await?;
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
-        event_must_exist(&mut tx, event_id).await?;
-        let mut created = 0;
-        for json in chunks {
-            created += sqlx::query(EXPAND_ORDERED)
-                .bind(event_id)
-                .bind(due.timestamp_micros())
-                .bind(json)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        }
-        tx.commit().await?;
-        Ok(created)
     }
 
     async fn claim_ordered(
