@@ -212,10 +212,6 @@ async fn a_failing_event_holds_the_ones_after_it(database_url: String) {
     let mut unordered_got = seen.seen("/unordered", |seen| seen.accepted.clone());
     unordered_got.sort_unstable();
     assert_eq!(unordered_got, (0..EVENTS).collect::<Vec<_>>());
-    assert!(
-        seen.seen("/unordered", |seen| seen.most_in_flight) >= 1,
-        "the unordered callback was delivered to"
-    );
 
     // Back to unordered: the CLI says so, and the API shows it.
     let unset = websub(
