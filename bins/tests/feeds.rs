@@ -273,7 +273,9 @@ async fn kill_9_mid_flow_loses_no_event() {
     let Some(shop) = Shop::open().await else {
         return;
     };
-    let hook = Hook::start(Duration::from_millis(20)).await;
+    // Each answer takes 100 ms: 200 events at 16 in flight take over a
+    // second, so the kill lands mid-flow even on a busy machine.
+    let hook = Hook::start(Duration::from_millis(100)).await;
     let dir = scratch_dir("feed-crash");
     let webhooks = dir.join("webhooks.toml");
     write_webhooks(&webhooks, "billing", &hook.url("billing"));
