@@ -382,3 +382,45 @@ async fn max_in_flight_caps_a_webhook_subscribers_concurrency() {
     assert!(receiver.seen("/free", |seen| seen.most_in_flight) > 2);
     drop(hub);
 }
+
+/// With the feed's breaker on, an ordered subscriber whose first entry
+/// keeps failing past its retries is not given up on: the breaker opens,
+/// the line waits without spending retries, and once the webhook answers
+/// every entry arrives, in order. (With the breaker off, two retries would
+/// have exhausted entry 0 on its third failure.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_ordered_webhook_waits_in_order_while_its_breaker_is_open() {
+    const EVENTS: u64 = 6;
+    let Some(producer) = Producer::open().await else {
+        return;
+    };
+    let (receiver, server) = Receiver::start(Duration::from_millis(5), &[("/ledger", 0, 3)]).await;
+    let dir = scratch_dir("ordered-webhooks-breaker");
+    let webhooks = dir.join("webhooks.toml");
+    let ledger = format!("http://{}/ledger", server.address);
+    std::fs::write(&webhooks, entry("ledger", &ledger, "ordered = true"))
+        .expect("write the webhooks file");
+    let config = producer.config_file(
+        &dir,
+        &webhooks,
+        "delivery_retries = 2\ndelivery_max_backoff = \"200ms\"\nbreaker_open_after = 2",
+    );
+    let config = config.display().to_string();
+    let hub = Websubd::spawn(&dir, free_port(), &["--config", &config])
+        .ready()
+        .await;
+    producer.produce(0..EVENTS).await;
+    assert!(
+        receiver.wait_for("/ledger", EVENTS as usize).await,
+        "every entry arrives: {:?}",
+        receiver.seen("/ledger", |seen| seen.attempts.clone())
+    );
+    receiver.seen("/ledger", |seen| {
+        assert_eq!(seen.accepted, (0..EVENTS).collect::<Vec<_>>());
+        assert_eq!(seen.most_in_flight, 1);
+        let mut expected = vec![0, 0, 0];
+        expected.extend(0..EVENTS);
+        assert_eq!(seen.attempts, expected, "nothing passed entry 0");
+    });
+    drop(hub);
+}
