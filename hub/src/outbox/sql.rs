@@ -651,7 +651,7 @@ impl Queries {
         &self,
         pool: &PgPool,
         subscriber: &str,
-        event_names: &[&str],
+        event_names: &[String],
         max_retries: u32,
         visibility: Duration,
     ) -> Result<Option<ClaimedRow>, sqlx::Error> {

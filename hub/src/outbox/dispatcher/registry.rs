@@ -226,6 +226,8 @@ pub(super) struct Registry {
     /// How each webhook subscriber is delivered to, by name: only those
     /// that differ from the dispatcher's defaults.
     pub(super) delivery: HashMap<String, Delivery>,
+    /// The ordered webhook subscribers, each with its event names, sorted.
+    ordered: Vec<(String, Vec<String>)>,
 }
 
 /// How one webhook subscriber is delivered to, folded over its
@@ -269,6 +271,7 @@ impl std::fmt::Debug for Registry {
             .field("catch_all", &self.catch_all.is_some())
             .field("catch_all_matches", &self.catch_all_matches)
             .field("webhooks", &self.webhooks)
+            .field("delivery", &self.delivery)
             .finish()
     }
 }
@@ -307,6 +310,18 @@ impl Registry {
                 }
             }
         }
+        let mut ordered: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (event_name, subscribers) in &self.webhooks {
+            for name in subscribers.keys() {
+                if delivery.get(name).is_some_and(|asked| asked.ordered) {
+                    ordered
+                        .entry(name.clone())
+                        .or_default()
+                        .push(event_name.clone());
+                }
+            }
+        }
+        self.ordered = ordered.into_iter().collect();
         self.delivery = delivery;
         self.names = subscriptions.names();
         self.subscriptions = subscriptions;
@@ -315,20 +330,8 @@ impl Registry {
 
     /// The ordered webhook subscribers, with the event names each is
     /// registered for, sorted by name.
-    pub(super) fn ordered(&self) -> Vec<(&str, Vec<&str>)> {
-        let mut ordered: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for (event_name, subscribers) in &self.webhooks {
-            for name in subscribers.keys() {
-                if self
-                    .delivery
-                    .get(name)
-                    .is_some_and(|delivery| delivery.ordered)
-                {
-                    ordered.entry(name).or_default().push(event_name);
-                }
-            }
-        }
-        ordered.into_iter().collect()
+    pub(super) fn ordered(&self) -> &[(String, Vec<String>)] {
+        &self.ordered
     }
 
     /// Whether `subscriber` is an ordered webhook subscriber.
@@ -347,6 +350,7 @@ impl Registry {
             subscriptions: Registrations::default(),
             names: Vec::new(),
             delivery: HashMap::new(),
+            ordered: Vec::new(),
         }
     }
 }
@@ -754,6 +758,9 @@ mod tests {
         assert!(!registry.is_ordered("b"));
         assert_eq!(registry.delivery["b"].max_in_flight, Some(2));
         assert!(!registry.delivery.contains_key("c"), "c has the defaults");
-        assert_eq!(registry.ordered(), [("a", vec!["e1", "e2"])]);
+        assert_eq!(
+            registry.ordered(),
+            [("a".to_owned(), vec!["e1".to_owned(), "e2".to_owned()])]
+        );
     }
 }

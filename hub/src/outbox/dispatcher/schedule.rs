@@ -14,7 +14,11 @@
 //! - the hold is the concurrency times the **waves**: how many rounds of
 //!   attempts, each up to the delivery timeout, fit in the **patience**
 //!   (three quarters of the visibility timeout) before a waiting row's claim
-//!   must be handed back.
+//!   must be handed back;
+//! - an **ordered** subscriber's rows form a **line** in recording order:
+//!   it has no room in expansions and regular claims, and its **head** (the
+//!   first row of the line not delivered or out of retries) is claimed by
+//!   a statement of its own, only when due and nothing of it is in flight.
 //!
 //! The WebSub scheduler (`crate::dispatch`) has none of this: its records
 //! are written claimed by the expansion and shared out per callback host;
@@ -595,7 +599,7 @@ impl Dispatcher {
             {
                 let lanes = self.lanes();
                 if lanes.held >= self.inner.hold_overall
-                    || lanes.by_subscriber.contains_key(subscriber)
+                    || lanes.by_subscriber.contains_key(subscriber.as_str())
                 {
                     continue;
                 }
@@ -606,7 +610,7 @@ impl Dispatcher {
                 .claim_head(
                     &self.inner.pool,
                     subscriber,
-                    &event_names,
+                    event_names,
                     config.retry.max_retries,
                     config.visibility_timeout,
                 )
