@@ -866,10 +866,7 @@ async fn ten_thousand_subscribers_of_one_event_expand_at_once() {
         .map(|n| {
             (
                 format!("subscriber-{n}"),
-                websub_hub::outbox::WebhookSubscriber {
-                    app: None,
-                    url: receiver.url(&format!("/s/{n}")),
-                },
+                websub_hub::outbox::WebhookSubscriber::new(None, receiver.url(&format!("/s/{n}"))),
             )
         })
         .collect();

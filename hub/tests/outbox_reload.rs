@@ -38,10 +38,7 @@ impl Subscriptions {
             .map(|(name, url)| {
                 (
                     (*name).to_owned(),
-                    WebhookSubscriber {
-                        app: None,
-                        url: url.clone(),
-                    },
+                    WebhookSubscriber::new(None, url.clone()),
                 )
             })
             .collect();

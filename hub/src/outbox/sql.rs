@@ -32,6 +32,7 @@ pub(crate) struct Queries {
     expand_ids: Arc<str>,
     expand_newest: Arc<str>,
     claim: Arc<str>,
+    claim_head: Arc<str>,
     complete: Arc<str>,
     release_subscriber: Arc<str>,
 }
@@ -413,6 +414,54 @@ impl Queries {
             skipped = skipped_row("d"),
         );
 
+        // An ordered subscriber's claim ($1): its head, the first of its
+        // rows in recording order (`created_at`, then id) among the event
+        // names it is registered for ($3) that is neither processed,
+        // exhausted (retry_count past $2) nor skipped, claimed only if it is
+        // due, not claimed (or its claim is older than $4 seconds) and no
+        // other row of the subscriber is in flight (a row whose event
+        // committed late, behind one already sent, is not sent beside it).
+        // The head is locked FOR UPDATE, without SKIP LOCKED, so that
+        // concurrent claimers (other processes on the same tables) queue on
+        // it: the second re-reads it once the first commits, finds it
+        // claimed and takes nothing. Its choice does not depend on claims,
+        // only on what ends a row, so that a claimer that waited can never
+        // move past a head in flight to the row behind it. The regular
+        // claim and expansions never claim an ordered subscriber's rows
+        // (they are given no room there).
+        let claim_head = format!(
+            "WITH head AS ( \
+                 SELECT d.event_id, d.subscriber \
+                 FROM {deliveries} AS d \
+                 JOIN {outbox} AS o ON o.id = d.event_id \
+                 WHERE d.subscriber = $1 \
+                   AND d.processed_at IS NULL \
+                   AND d.retry_count <= $2 \
+                   AND NOT {skipped} \
+                   AND o.event_name = ANY($3::text[]) \
+                 ORDER BY o.created_at, o.id \
+                 LIMIT 1 \
+                 FOR UPDATE OF d \
+             ) \
+             UPDATE {deliveries} AS d \
+             SET processing_since = {NOW} \
+             FROM head, {outbox} AS o \
+             WHERE d.event_id = head.event_id AND d.subscriber = head.subscriber \
+               AND o.id = d.event_id \
+               AND (d.next_attempt_at IS NULL OR d.next_attempt_at <= {NOW}) \
+               AND (d.processing_since IS NULL \
+                    OR d.processing_since < {NOW} - make_interval(secs => $4)) \
+               AND NOT EXISTS ( \
+                   SELECT 1 FROM {deliveries} AS f \
+                   WHERE f.subscriber = $1 AND f.processed_at IS NULL \
+                     AND f.event_id <> d.event_id \
+                     AND f.processing_since >= {NOW} - make_interval(secs => $4)) \
+             RETURNING d.event_id, d.subscriber, d.retry_count, d.processing_since, \
+                 o.event_name, o.resource_type, o.resource_id, o.event_type, o.app, \
+                 o.payload::text AS payload, o.created_at",
+            skipped = skipped_row("d"),
+        );
+
         // Outcomes, one array element each. A delivery closes the row
         // whoever holds the claim now (it was delivered); anything else
         // applies only to the claim it came from, so that a late answer from
@@ -459,6 +508,7 @@ impl Queries {
             expand_ids: expand_ids.into(),
             expand_newest: expand_newest.into(),
             claim: claim.into(),
+            claim_head: claim_head.into(),
             complete: complete.into(),
             release_subscriber: release_subscriber.into(),
         }
@@ -592,6 +642,27 @@ impl Queries {
             .fetch_all(pool);
         let rows = bounded(self.timeout, rows).await?;
         rows.iter().map(claimed_row).collect()
+    }
+
+    /// Claims the head of ordered `subscriber`'s line (its rows of
+    /// `event_names`), if it is due and nothing of the subscriber is in
+    /// flight; see the statement for the rules.
+    pub(crate) async fn claim_head(
+        &self,
+        pool: &PgPool,
+        subscriber: &str,
+        event_names: &[String],
+        max_retries: u32,
+        visibility: Duration,
+    ) -> Result<Option<ClaimedRow>, sqlx::Error> {
+        let row = sqlx::query(AssertSqlSafe(self.claim_head.clone()))
+            .bind(subscriber)
+            .bind(i64::from(max_retries))
+            .bind(event_names)
+            .bind(visibility.as_secs_f64())
+            .fetch_optional(pool);
+        let row = bounded(self.timeout, row).await?;
+        row.as_ref().map(claimed_row).transpose()
     }
 
     /// Records outcomes in one statement.

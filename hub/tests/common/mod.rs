@@ -317,10 +317,7 @@ pub(crate) fn webhook(
 ) -> HashMap<String, WebhookSubscriber> {
     HashMap::from([(
         name.to_owned(),
-        WebhookSubscriber {
-            app: app.map(str::to_owned),
-            url,
-        },
+        WebhookSubscriber::new(app.map(str::to_owned), url),
     )])
 }
 

@@ -316,6 +316,15 @@ impl OutcomeStore for RowOutcomes {
         if let Some(operated) = inner.operated.get() {
             operated.record(batch).await;
         }
+        // An ordered subscriber's next row is claimed only once this one's
+        // outcome is written: the claim looks for it now.
+        let registry = self.0.registry();
+        if batch
+            .iter()
+            .any(|completion| registry.is_ordered(&completion.subscriber))
+        {
+            self.0.request(Scan::None);
+        }
         Ok(())
     }
 

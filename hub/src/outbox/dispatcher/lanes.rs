@@ -1,6 +1,8 @@
 //! What each subscriber holds claimed in this dispatcher (its lane), and
 //! how much a dispatcher and a subscriber may hold: the concurrency times
-//! the waves that fit in the patience (see the schedule module's terms).
+//! the waves that fit in the patience (see the schedule module's terms). A
+//! webhook subscriber with its own `max_in_flight` holds that times the
+//! waves; an ordered one holds one row, its head.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use tokio::sync::Semaphore;
 
 use super::Dispatcher;
 use super::config::DispatcherConfig;
+use super::registry::{Delivery, Registry};
 
 /// The rows this dispatcher holds claimed.
 #[derive(Debug, Default)]
@@ -26,6 +29,19 @@ pub(super) struct Lane {
     pub(super) held: usize,
     /// One permit per attempt the subscriber may have in flight.
     pub(super) turns: Arc<Semaphore>,
+    /// The most rows it may hold, as of when the lane opened.
+    pub(super) hold: usize,
+}
+
+/// How much one subscriber may have under way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Limits {
+    /// Attempts in flight at once.
+    pub(super) turns: usize,
+    /// Rows held claimed.
+    pub(super) hold: usize,
+    /// Only its head is claimed, by a claim of its own.
+    pub(super) ordered: bool,
 }
 
 impl Dispatcher {
@@ -36,8 +52,35 @@ impl Dispatcher {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Counts one more row held for `subscriber`; returns its turns.
-    pub(super) fn hold(&self, subscriber: &str) -> Arc<Semaphore> {
+    /// What `subscriber` may have under way, as `registry` has it: the
+    /// dispatcher's `per_subscriber` unless its registrations say otherwise.
+    pub(super) fn limits(&self, registry: &Registry, subscriber: &str) -> Limits {
+        match registry.delivery.get(subscriber) {
+            Some(delivery) if delivery.ordered => Limits {
+                turns: 1,
+                hold: 1,
+                ordered: true,
+            },
+            Some(Delivery {
+                max_in_flight: Some(limit),
+                ..
+            }) => Limits {
+                turns: *limit,
+                hold: limit.saturating_mul(waves(&self.inner.config)),
+                ordered: false,
+            },
+            _ => Limits {
+                turns: self.inner.config.per_subscriber,
+                hold: self.inner.hold,
+                ordered: false,
+            },
+        }
+    }
+
+    /// Counts one more row held for `subscriber`, within `limits` if its
+    /// lane opens now; returns its turns. A lane keeps the limits it opened
+    /// with until it is empty.
+    pub(super) fn hold(&self, subscriber: &str, limits: Limits) -> Arc<Semaphore> {
         let mut lanes = self.lanes();
         lanes.held += 1;
         let lane = lanes
@@ -45,7 +88,8 @@ impl Dispatcher {
             .entry(subscriber.to_owned())
             .or_insert_with(|| Lane {
                 held: 0,
-                turns: Arc::new(Semaphore::new(self.inner.config.per_subscriber)),
+                turns: Arc::new(Semaphore::new(limits.turns)),
+                hold: limits.hold,
             });
         lane.held += 1;
         lane.turns.clone()
@@ -62,7 +106,7 @@ impl Dispatcher {
         let mut refill = lanes.held == refill_at(self.inner.hold_overall);
         if let Some(lane) = lanes.by_subscriber.get_mut(subscriber) {
             lane.held = lane.held.saturating_sub(1);
-            refill |= lane.held == refill_at(self.inner.hold);
+            refill |= lane.held == refill_at(lane.hold);
             if lane.held == 0 {
                 lanes.by_subscriber.remove(subscriber);
             }

@@ -16,7 +16,11 @@
 //! written back after it; a process killed in between leaves a claim that
 //! becomes claimable again after [`DispatcherConfig::visibility_timeout`].
 //! Attempts run concurrently, bounded overall and per subscriber, so one
-//! slow or dead subscriber never holds up another.
+//! slow or dead subscriber never holds up another. Beyond the messaging
+//! contract, a webhook subscriber may have a bound of its own
+//! ([`WebhookSubscriber::max_in_flight`]), or ask for its rows one at a
+//! time in recording order ([`WebhookSubscriber::ordered`]): those are
+//! claimed one by one, the head of its line only, never by an expansion.
 
 mod config;
 mod deliver;

@@ -24,6 +24,30 @@ pub struct WebhookSubscriber {
     pub app: Option<String>,
     /// Where its deliveries are POSTed.
     pub url: Url,
+    /// Whether it gets its events one at a time, strictly in the outbox's
+    /// recording order (`created_at`, then id): its next row is claimed
+    /// only once the one before is delivered or out of retries, so a
+    /// failing row holds the ones behind it. Beyond the messaging contract.
+    /// A subscriber is ordered when any of its registrations says so.
+    pub ordered: bool,
+    /// The most attempts it may have in flight at once, in place of
+    /// [`super::DispatcherConfig::per_subscriber`]; `None` keeps that.
+    /// Beyond the messaging contract. When its registrations differ, the
+    /// smallest applies.
+    pub max_in_flight: Option<usize>,
+}
+
+impl WebhookSubscriber {
+    /// An unordered subscriber at `url`, of `app`'s events (every app's
+    /// when `None`), with the dispatcher's concurrency per subscriber.
+    pub fn new(app: Option<String>, url: Url) -> Self {
+        Self {
+            app,
+            url,
+            ordered: false,
+            max_in_flight: None,
+        }
+    }
 }
 
 /// A description of outbox events, for a catch-all handler that takes only
@@ -147,6 +171,31 @@ pub enum RegistrationError {
         /// Why the policy refuses it.
         reason: String,
     },
+    /// A limit of zero attempts in flight: nothing would ever be delivered.
+    #[error(
+        "webhook subscriber {subscriber:?} of {event_name:?}: max_in_flight must be at least 1"
+    )]
+    NoRoomInFlight {
+        /// The event name.
+        event_name: String,
+        /// The subscriber.
+        subscriber: String,
+    },
+    /// One subscriber registered for two event names with different
+    /// delivery settings (ordered, max_in_flight): they apply to the
+    /// subscriber, not to one of its event names.
+    #[error(
+        "webhook subscriber {subscriber:?} of {event_name:?} disagrees with its registration for \
+         {other_event_name:?} on ordered or max_in_flight; they apply to the whole subscriber"
+    )]
+    Disagreeing {
+        /// The event name.
+        event_name: String,
+        /// The subscriber.
+        subscriber: String,
+        /// The event name it is also registered for, otherwise.
+        other_event_name: String,
+    },
 }
 
 /// Why [`Dispatcher::reload_webhooks`] changed nothing.
@@ -174,6 +223,45 @@ pub(super) struct Registry {
     pub(super) subscriptions: Registrations,
     /// Every subscriber in `subscriptions`, once each, sorted.
     pub(super) names: Vec<String>,
+    /// How each webhook subscriber is delivered to, by name: only those
+    /// that differ from the dispatcher's defaults.
+    pub(super) delivery: HashMap<String, Delivery>,
+    /// The ordered webhook subscribers, each with its event names, sorted.
+    ordered: Vec<(String, Vec<String>)>,
+}
+
+/// How one webhook subscriber is delivered to, folded over its
+/// registrations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Delivery {
+    /// One row at a time, in recording order.
+    pub(super) ordered: bool,
+    /// The most attempts in flight at once; the dispatcher's
+    /// `per_subscriber` when `None`.
+    pub(super) max_in_flight: Option<usize>,
+}
+
+impl Delivery {
+    /// What one registration asks for, when it asks for anything.
+    fn of(subscriber: &WebhookSubscriber) -> Option<Self> {
+        (subscriber.ordered || subscriber.max_in_flight.is_some()).then_some(Self {
+            ordered: subscriber.ordered,
+            max_in_flight: subscriber.max_in_flight,
+        })
+    }
+
+    /// Two registrations of one subscriber together: ordered if either is,
+    /// the smaller limit.
+    fn and(self, other: Self) -> Self {
+        let max_in_flight = match (self.max_in_flight, other.max_in_flight) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Self {
+            ordered: self.ordered || other.ordered,
+            max_in_flight,
+        }
+    }
 }
 
 impl std::fmt::Debug for Registry {
@@ -183,6 +271,7 @@ impl std::fmt::Debug for Registry {
             .field("catch_all", &self.catch_all.is_some())
             .field("catch_all_matches", &self.catch_all_matches)
             .field("webhooks", &self.webhooks)
+            .field("delivery", &self.delivery)
             .finish()
     }
 }
@@ -207,16 +296,49 @@ impl Registry {
                 }
             }
         }
+        let mut delivery: HashMap<String, Delivery> = HashMap::new();
         for (event_name, subscribers) in &self.webhooks {
             for (name, subscriber) in subscribers {
                 subscriptions.subscribers.push(name.clone());
                 subscriptions.apps.push(subscriber.app.clone());
                 subscriptions.event_names.push(event_name.clone());
+                if let Some(asked) = Delivery::of(subscriber) {
+                    delivery
+                        .entry(name.clone())
+                        .and_modify(|folded| *folded = folded.and(asked))
+                        .or_insert(asked);
+                }
             }
         }
+        let mut ordered: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (event_name, subscribers) in &self.webhooks {
+            for name in subscribers.keys() {
+                if delivery.get(name).is_some_and(|asked| asked.ordered) {
+                    ordered
+                        .entry(name.clone())
+                        .or_default()
+                        .push(event_name.clone());
+                }
+            }
+        }
+        self.ordered = ordered.into_iter().collect();
+        self.delivery = delivery;
         self.names = subscriptions.names();
         self.subscriptions = subscriptions;
         self
+    }
+
+    /// The ordered webhook subscribers, with the event names each is
+    /// registered for, sorted by name.
+    pub(super) fn ordered(&self) -> &[(String, Vec<String>)] {
+        &self.ordered
+    }
+
+    /// Whether `subscriber` is an ordered webhook subscriber.
+    pub(super) fn is_ordered(&self, subscriber: &str) -> bool {
+        self.delivery
+            .get(subscriber)
+            .is_some_and(|delivery| delivery.ordered)
     }
 
     pub(super) fn copy(&self) -> Self {
@@ -227,6 +349,8 @@ impl Registry {
             webhooks: self.webhooks.clone(),
             subscriptions: Registrations::default(),
             names: Vec::new(),
+            delivery: HashMap::new(),
+            ordered: Vec::new(),
         }
     }
 }
@@ -279,6 +403,26 @@ pub(super) fn add_webhooks(
                 url: subscriber.url.to_string(),
                 subscriber: name,
                 reason: refused.to_string(),
+            });
+        }
+        if subscriber.max_in_flight == Some(0) {
+            return Err(RegistrationError::NoRoomInFlight {
+                event_name: event_name.to_owned(),
+                subscriber: name,
+            });
+        }
+        let disagreeing = webhooks.iter().find(|(other, registered)| {
+            other.as_str() != event_name
+                && registered.get(&name).is_some_and(|registered| {
+                    (registered.ordered, registered.max_in_flight)
+                        != (subscriber.ordered, subscriber.max_in_flight)
+                })
+        });
+        if let Some((other, _)) = disagreeing {
+            return Err(RegistrationError::Disagreeing {
+                event_name: event_name.to_owned(),
+                subscriber: name,
+                other_event_name: other.clone(),
             });
         }
         if subscriber.app.as_deref() == Some("") {
@@ -497,10 +641,8 @@ mod tests {
     #[test]
     fn webhook_registrations_are_checked() {
         let mut webhooks = BTreeMap::new();
-        let subscriber = |app: Option<&str>, at: &str| WebhookSubscriber {
-            app: app.map(str::to_owned),
-            url: url(at),
-        };
+        let subscriber =
+            |app: Option<&str>, at: &str| WebhookSubscriber::new(app.map(str::to_owned), url(at));
         assert_eq!(
             add_webhooks(&mut webhooks, None, &ALLOW, "", HashMap::new()),
             Err(RegistrationError::EmptyEventName)
@@ -536,10 +678,7 @@ mod tests {
             "e2".to_owned(),
             HashMap::from([(
                 "hook".to_owned(),
-                WebhookSubscriber {
-                    app: Some("ush".to_owned()),
-                    url: url("http://x/"),
-                },
+                WebhookSubscriber::new(Some("ush".to_owned()), url("http://x/")),
             )]),
         );
         let with_handlers = registry.copy().with_subscriptions(Some("me"));
@@ -572,5 +711,56 @@ mod tests {
             "the handler of e1 still takes e1"
         );
         assert_eq!(restricted.names, ["hook", "me"]);
+    }
+
+    #[test]
+    fn delivery_settings_apply_to_the_whole_subscriber() {
+        let hook = |ordered: bool, max_in_flight: Option<usize>| WebhookSubscriber {
+            ordered,
+            max_in_flight,
+            ..WebhookSubscriber::new(None, url("http://x/"))
+        };
+        let mut webhooks = BTreeMap::new();
+        let one = |subscriber: WebhookSubscriber| HashMap::from([("a".to_owned(), subscriber)]);
+        add_webhooks(&mut webhooks, None, &ALLOW, "e1", one(hook(true, None))).expect("valid");
+        // Registering the same event again replaces it, whatever it said.
+        add_webhooks(&mut webhooks, None, &ALLOW, "e1", one(hook(false, None))).expect("valid");
+        add_webhooks(&mut webhooks, None, &ALLOW, "e2", one(hook(false, None))).expect("agrees");
+        assert!(matches!(
+            add_webhooks(&mut webhooks, None, &ALLOW, "e3", one(hook(true, None))),
+            Err(RegistrationError::Disagreeing { subscriber, .. }) if subscriber == "a"
+        ));
+        assert!(matches!(
+            add_webhooks(&mut webhooks, None, &ALLOW, "e3", one(hook(false, Some(0)))),
+            Err(RegistrationError::NoRoomInFlight { .. })
+        ));
+
+        // Registered one event at a time (as `register_webhooks` may be),
+        // the registry folds: ordered if any says so, the smallest limit.
+        let mut registry = Registry::default();
+        registry.webhooks.insert(
+            "e1".to_owned(),
+            HashMap::from([
+                ("a".to_owned(), hook(true, None)),
+                ("b".to_owned(), hook(false, Some(4))),
+                ("c".to_owned(), hook(false, None)),
+            ]),
+        );
+        registry.webhooks.insert(
+            "e2".to_owned(),
+            HashMap::from([
+                ("a".to_owned(), hook(false, None)),
+                ("b".to_owned(), hook(false, Some(2))),
+            ]),
+        );
+        let registry = registry.with_subscriptions(None);
+        assert!(registry.is_ordered("a"));
+        assert!(!registry.is_ordered("b"));
+        assert_eq!(registry.delivery["b"].max_in_flight, Some(2));
+        assert!(!registry.delivery.contains_key("c"), "c has the defaults");
+        assert_eq!(
+            registry.ordered(),
+            [("a".to_owned(), vec!["e1".to_owned(), "e2".to_owned()])]
+        );
     }
 }

@@ -14,7 +14,11 @@
 //! - the hold is the concurrency times the **waves**: how many rounds of
 //!   attempts, each up to the delivery timeout, fit in the **patience**
 //!   (three quarters of the visibility timeout) before a waiting row's claim
-//!   must be handed back.
+//!   must be handed back;
+//! - an **ordered** subscriber's rows form a **line** in recording order:
+//!   it has no room in expansions and regular claims, and its **head** (the
+//!   first row of the line not delivered or out of retries) is claimed by
+//!   a statement of its own, only when due and nothing of it is in flight.
 //!
 //! The WebSub scheduler (`crate::dispatch`) has none of this: its records
 //! are written claimed by the expansion and shared out per callback host;
@@ -454,9 +458,30 @@ impl Dispatcher {
         }
     }
 
-    /// Claims due rows, each subscriber up to its room, and starts an
-    /// attempt per row.
+    /// Claims due rows, each subscriber up to its room, and the heads of
+    /// the ordered subscribers' lines, and starts an attempt per row.
     pub(super) async fn claim_and_start(
+        &self,
+        registry: &Arc<Registry>,
+        attempts: &TaskTracker,
+        completed: &mpsc::UnboundedSender<RowCompletion>,
+        shutdown: &CancellationToken,
+    ) -> ClaimRound {
+        let heads = self
+            .claim_heads(registry, attempts, completed, shutdown)
+            .await;
+        match self
+            .claim_unordered(registry, attempts, completed, shutdown)
+            .await
+        {
+            ClaimRound::Idle | ClaimRound::WaitingForRoom if !heads => ClaimRound::Failed,
+            round => round,
+        }
+    }
+
+    /// Claims due rows of unordered subscribers, each up to its room, and
+    /// starts an attempt per row.
+    async fn claim_unordered(
         &self,
         registry: &Arc<Registry>,
         attempts: &TaskTracker,
@@ -514,7 +539,8 @@ impl Dispatcher {
 
     /// What each registered subscriber may still be given and in all,
     /// and whether any subscriber, or the dispatcher as a whole, has no
-    /// room left.
+    /// room left. Ordered subscribers are listed with no room (their rows
+    /// are claimed by [`Self::claim_heads`] alone) and count for neither.
     pub(super) fn rooms(&self, registry: &Registry) -> (Rooms, bool) {
         let hold = self.inner.hold;
         let lanes = self.lanes();
@@ -528,20 +554,77 @@ impl Dispatcher {
         let mut saturated = overall == 0;
         let mut listed = 0;
         let mut total = 0usize;
-        for (name, lane) in &lanes.by_subscriber {
-            if names.binary_search(name).is_err() {
+        // Those holding rows, and those with limits of their own: few,
+        // however many subscribers there are.
+        let mut looked_at = std::collections::HashSet::new();
+        let candidates = lanes.by_subscriber.keys().chain(registry.delivery.keys());
+        for name in candidates {
+            if !looked_at.insert(name.as_str()) || names.binary_search(name).is_err() {
                 continue;
             }
-            let room = hold.saturating_sub(lane.held).min(overall);
-            saturated |= room == 0;
+            let limits = self.limits(registry, name);
             listed += 1;
-            total = total.saturating_add(room);
             rooms.subscribers.push(name.clone());
+            if limits.ordered {
+                rooms.rows.push(0);
+                continue;
+            }
+            let held = lanes.by_subscriber.get(name).map_or(0, |lane| lane.held);
+            let room = limits.hold.saturating_sub(held).min(overall);
+            saturated |= room == 0;
+            total = total.saturating_add(room);
             rooms.rows.push(i64::try_from(room).unwrap_or(i64::MAX));
         }
         total = total.saturating_add(default.saturating_mul(names.len() - listed));
         rooms.total = total.min(overall);
         (rooms, saturated)
+    }
+
+    /// Claims the head of every ordered subscriber's line that holds
+    /// nothing here, one statement each, and starts its attempt. Returns
+    /// whether every claim succeeded.
+    pub(super) async fn claim_heads(
+        &self,
+        registry: &Arc<Registry>,
+        attempts: &TaskTracker,
+        completed: &mpsc::UnboundedSender<RowCompletion>,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let config = &self.inner.config;
+        let mut succeeded = true;
+        for (subscriber, event_names) in registry.ordered() {
+            if shutdown.is_cancelled() {
+                break;
+            }
+            {
+                let lanes = self.lanes();
+                if lanes.held >= self.inner.hold_overall
+                    || lanes.by_subscriber.contains_key(subscriber.as_str())
+                {
+                    continue;
+                }
+            }
+            let claimed = self
+                .inner
+                .queries
+                .claim_head(
+                    &self.inner.pool,
+                    subscriber,
+                    event_names,
+                    config.retry.max_retries,
+                    config.visibility_timeout,
+                )
+                .await;
+            match claimed {
+                Ok(Some(row)) => self.start(vec![row], attempts, completed, shutdown),
+                Ok(None) => {}
+                Err(error) => {
+                    warn!(%error, subscriber, "claiming an ordered subscriber's next delivery failed; retrying shortly");
+                    succeeded = false;
+                }
+            }
+        }
+        succeeded
     }
 
     /// Starts a task per claimed row: it waits for its subscriber's turn and
@@ -557,8 +640,9 @@ impl Dispatcher {
     ) {
         let deadline = Instant::now() + patience(&self.inner.config);
         let mut envelopes: HashMap<Uuid, Arc<Prepared>> = HashMap::new();
+        let registry = self.registry();
         for row in claimed {
-            let turns = self.hold(&row.subscriber);
+            let turns = self.hold(&row.subscriber, self.limits(&registry, &row.subscriber));
             let prepared = envelopes
                 .entry(row.event_id)
                 .or_insert_with(|| Arc::new(Prepared::new(&row)))
