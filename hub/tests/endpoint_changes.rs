@@ -4,119 +4,16 @@
 //! bounded (the backlog for the webhook, and the table as a whole), and
 //! purged by age.
 
-use std::str::FromStr;
-
-use chrono::{DateTime, TimeDelta, Utc};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use uuid::Uuid;
-use websub_hub::events::postgres::PostgresEventLog;
-use websub_hub::events::sqlite::SqliteEventLog;
+use chrono::{DateTime, Utc};
 use websub_hub::events::{
     ChangeFilter, EndpointChange, EndpointState, EventLog, MAX_CHANGES, NewChange, Sent,
     WebhookState,
 };
 
-struct SqliteScratch {
-    log: SqliteEventLog,
-    path: std::path::PathBuf,
-}
+#[macro_use]
+mod scratch;
 
-impl SqliteScratch {
-    async fn new(name: &str) -> Self {
-        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("changes-{name}-{}.db", Uuid::new_v4().simple()));
-        let log = SqliteEventLog::connect(&format!("sqlite:{}", path.display()))
-            .await
-            .expect("open the SQLite event log");
-        Self { log, path }
-    }
-
-    async fn remove(self) {
-        self.log.pool().close().await;
-        for suffix in ["", "-wal", "-shm"] {
-            let mut path = self.path.clone().into_os_string();
-            path.push(suffix);
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-/// A PostgreSQL event log in a schema of its own, so that no other test's
-/// changes show in this one's lists and claims.
-struct PgScratch {
-    log: PostgresEventLog,
-    admin: PgPool,
-    schema: String,
-}
-
-impl PgScratch {
-    async fn new() -> Option<Self> {
-        let url = websub_storetest::servers::postgres_url().await?;
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&url)
-            .await
-            .expect("connect to the test PostgreSQL");
-        let schema = format!("changes_test_{}", Uuid::new_v4().simple());
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&admin)
-            .await
-            .expect("create the test schema");
-        let options = PgConnectOptions::from_str(&url)
-            .expect("parse the test database URL")
-            .options([("search_path", schema.as_str())]);
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .connect_with(options)
-            .await
-            .expect("connect the test pool");
-        let log = PostgresEventLog::from_pool(pool);
-        log.migrate().await.expect("migrate the test schema");
-        Some(Self { log, admin, schema })
-    }
-
-    async fn drop_schema(self) {
-        self.log.pool().close().await;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA {} CASCADE",
-            self.schema
-        )))
-        .execute(&self.admin)
-        .await
-        .expect("drop the test schema");
-    }
-}
-
-/// Runs a check `async fn(&dyn EventLog)` against both backends.
-macro_rules! both {
-    ($check:ident) => {
-        mod $check {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                let scratch = super::SqliteScratch::new(stringify!($check)).await;
-                super::$check(&scratch.log).await;
-                scratch.remove().await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                let Some(scratch) = super::PgScratch::new().await else {
-                    return;
-                };
-                super::$check(&scratch.log).await;
-                scratch.drop_schema().await;
-            }
-        }
-    };
-}
-
-fn base_time() -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).expect("now is in range")
-}
-
-fn secs(n: i64) -> TimeDelta {
-    TimeDelta::seconds(n)
-}
+use scratch::{base_time, secs};
 
 fn change(endpoint: &str, to: EndpointState, at: DateTime<Utc>) -> NewChange {
     NewChange {

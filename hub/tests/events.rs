@@ -16,13 +16,11 @@
 //! assert correctness only. Throughput is measured by `websub-bench`.
 
 use std::collections::HashSet;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chrono::{DateTime, TimeDelta, Utc};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use uuid::Uuid;
 use websub_hub::events::postgres::PostgresEventLog;
 use websub_hub::events::sqlite::SqliteEventLog;
@@ -35,125 +33,10 @@ use websub_hub::events::{
 /// Long enough that no claim in a check goes stale unless the check says so.
 const VISIBILITY: Duration = Duration::from_secs(30);
 
-// ---------------------------------------------------------------------------
-// Backends
-// ---------------------------------------------------------------------------
+#[macro_use]
+mod scratch;
 
-/// A fresh SQLite event log in its own file, removed by
-/// [`SqliteScratch::remove`] when the check passes.
-struct SqliteScratch {
-    log: SqliteEventLog,
-    path: std::path::PathBuf,
-}
-
-impl SqliteScratch {
-    async fn new(name: &str) -> Self {
-        let path = sqlite_path(name);
-        let log = SqliteEventLog::connect(&format!("sqlite:{}", path.display()))
-            .await
-            .expect("open the SQLite event log");
-        Self { log, path }
-    }
-
-    async fn remove(self) {
-        self.log.pool().close().await;
-        for suffix in ["", "-wal", "-shm"] {
-            let mut path = self.path.clone().into_os_string();
-            path.push(suffix);
-            // Already gone is fine: WAL files go away when the last
-            // connection closes cleanly.
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
-fn sqlite_path(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("events-{name}-{}.db", Uuid::new_v4().simple()))
-}
-
-/// A PostgreSQL event log in a schema of its own, dropped by
-/// [`PgScratch::drop_schema`] when the check passes (a failing test leaves
-/// it behind for inspection).
-struct PgScratch {
-    log: PostgresEventLog,
-    admin: PgPool,
-    schema: String,
-}
-
-impl PgScratch {
-    async fn new() -> Option<Self> {
-        let url = websub_storetest::servers::postgres_url().await?;
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&url)
-            .await
-            .expect("connect to the test PostgreSQL");
-        let schema = format!("events_test_{}", Uuid::new_v4().simple());
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&admin)
-            .await
-            .expect("create the test schema");
-        let options = PgConnectOptions::from_str(&url)
-            .expect("parse the test database URL")
-            .options([("search_path", schema.as_str())]);
-        let pool = PgPoolOptions::new()
-            .max_connections(12)
-            .connect_with(options)
-            .await
-            .expect("connect the test pool");
-        let log = PostgresEventLog::from_pool(pool);
-        log.migrate().await.expect("migrate the test schema");
-        Some(Self { log, admin, schema })
-    }
-
-    async fn drop_schema(self) {
-        self.log.pool().close().await;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA {} CASCADE",
-            self.schema
-        )))
-        .execute(&self.admin)
-        .await
-        .expect("drop the test schema");
-    }
-}
-
-/// Runs a check `async fn(&dyn EventLog)` against both backends.
-macro_rules! both {
-    ($check:ident) => {
-        mod $check {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                let scratch = super::SqliteScratch::new(stringify!($check)).await;
-                super::$check(&scratch.log).await;
-                scratch.remove().await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                let Some(scratch) = super::PgScratch::new().await else {
-                    return;
-                };
-                super::$check(&scratch.log).await;
-                scratch.drop_schema().await;
-            }
-        }
-    };
-}
-
-// ---------------------------------------------------------------------------
-// Helpers
-// ---------------------------------------------------------------------------
-
-/// A time with whole microseconds, the precision both backends store.
-fn base_time() -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).expect("now is in range")
-}
-
-fn secs(n: i64) -> TimeDelta {
-    TimeDelta::seconds(n)
-}
+use scratch::{PgScratch, SqliteScratch, base_time, secs, sqlite_path};
 
 fn topic() -> String {
     format!("https://publisher.example/topics/{}", Uuid::new_v4())

@@ -8,11 +8,10 @@
 //! `search_path`), so no other test's dispatcher claims its rows, and no
 //! other test's replicas are judged dead here.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use uuid::Uuid;
 use websub_hub::backlog::Backlog;
 use websub_hub::backlog::postgres::PostgresBacklog;
@@ -24,40 +23,19 @@ use websub_hub::replicas::{DEAD_AFTER, Replicas, TakenOver};
 /// Long enough that no claim here goes stale by the visibility timeout.
 const VISIBILITY: Duration = Duration::from_secs(60);
 
+mod scratch;
+
+/// A schema of its own, and the replicas on it.
 struct Scratch {
     pool: PgPool,
-    admin: PgPool,
-    schema: String,
+    schema: scratch::PgSchema,
 }
 
 impl Scratch {
     async fn new() -> Option<Self> {
-        let url = websub_storetest::servers::postgres_url().await?;
-        let admin = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&url)
-            .await
-            .expect("connect to the test PostgreSQL");
-        let schema = format!("replicas_test_{}", Uuid::new_v4().simple());
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
-            .execute(&admin)
-            .await
-            .expect("create the test schema");
-        let options = PgConnectOptions::from_str(&url)
-            .expect("parse the test database URL")
-            .options([("search_path", schema.as_str())]);
-        let pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect_with(options)
-            .await
-            .expect("connect the test pool");
-        PostgresEventLog::from_pool(pool.clone())
-            .migrate()
-            .await
-            .expect("migrate the test schema");
+        let schema = scratch::PgSchema::new("replicas_test", 8).await?;
         Some(Self {
-            pool,
-            admin,
+            pool: schema.pool.clone(),
             schema,
         })
     }
@@ -95,14 +73,7 @@ impl Scratch {
     }
 
     async fn drop_schema(self) {
-        self.pool.close().await;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP SCHEMA {} CASCADE",
-            self.schema
-        )))
-        .execute(&self.admin)
-        .await
-        .expect("drop the test schema");
+        self.schema.drop_schema().await;
     }
 }
 

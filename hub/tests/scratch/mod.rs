@@ -1,0 +1,156 @@
+//! Scratch event logs for the suites that check both backends: a SQLite
+//! file of its own, or a PostgreSQL schema of its own (on the connections'
+//! `search_path`, so that no other test's rows or replicas show), each
+//! removed when the check passes; the `both!` macro that runs a check
+//! against each; and the times the checks are written with.
+//!
+//! Every test binary uses a different part of this module.
+#![allow(dead_code)]
+
+use std::str::FromStr;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use uuid::Uuid;
+use websub_hub::events::postgres::PostgresEventLog;
+use websub_hub::events::sqlite::SqliteEventLog;
+
+/// A fresh SQLite event log in its own file, removed by
+/// [`SqliteScratch::remove`] when the check passes.
+pub(crate) struct SqliteScratch {
+    pub(crate) log: SqliteEventLog,
+    pub(crate) path: std::path::PathBuf,
+}
+
+impl SqliteScratch {
+    pub(crate) async fn new(name: &str) -> Self {
+        let path = sqlite_path(name);
+        let log = SqliteEventLog::connect(&format!("sqlite:{}", path.display()))
+            .await
+            .expect("open the SQLite event log");
+        Self { log, path }
+    }
+
+    pub(crate) async fn remove(self) {
+        self.log.pool().close().await;
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = self.path.clone().into_os_string();
+            path.push(suffix);
+            // Already gone is fine: WAL files go away when the last
+            // connection closes cleanly.
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+pub(crate) fn sqlite_path(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("events-{name}-{}.db", Uuid::new_v4().simple()))
+}
+
+/// A PostgreSQL schema of its own, migrated for the event log, dropped by
+/// [`PgSchema::drop_schema`] when the check passes (a failing test leaves
+/// it behind for inspection). `None` when no server is configured.
+pub(crate) struct PgSchema {
+    pub(crate) pool: PgPool,
+    admin: PgPool,
+    schema: String,
+}
+
+impl PgSchema {
+    pub(crate) async fn new(prefix: &str, connections: u32) -> Option<Self> {
+        let url = websub_storetest::servers::postgres_url().await?;
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .expect("connect to the test PostgreSQL");
+        let schema = format!("{prefix}_{}", Uuid::new_v4().simple());
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+            .execute(&admin)
+            .await
+            .expect("create the test schema");
+        let options = PgConnectOptions::from_str(&url)
+            .expect("parse the test database URL")
+            .options([("search_path", schema.as_str())]);
+        let pool = PgPoolOptions::new()
+            .max_connections(connections)
+            .connect_with(options)
+            .await
+            .expect("connect the test pool");
+        PostgresEventLog::from_pool(pool.clone())
+            .migrate()
+            .await
+            .expect("migrate the test schema");
+        Some(Self {
+            pool,
+            admin,
+            schema,
+        })
+    }
+
+    pub(crate) async fn drop_schema(self) {
+        self.pool.close().await;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA {} CASCADE",
+            self.schema
+        )))
+        .execute(&self.admin)
+        .await
+        .expect("drop the test schema");
+    }
+}
+
+/// A PostgreSQL event log in a schema of its own.
+pub(crate) struct PgScratch {
+    pub(crate) log: PostgresEventLog,
+    schema: PgSchema,
+}
+
+impl PgScratch {
+    pub(crate) async fn new() -> Option<Self> {
+        let schema = PgSchema::new("events_test", 12).await?;
+        Some(Self {
+            log: PostgresEventLog::from_pool(schema.pool.clone()),
+            schema,
+        })
+    }
+
+    pub(crate) async fn drop_schema(self) {
+        self.log.pool().close().await;
+        self.schema.drop_schema().await;
+    }
+}
+
+/// Runs a check `async fn(&dyn EventLog)` against both backends.
+#[allow(unused_macros)]
+macro_rules! both {
+    ($check:ident) => {
+        mod $check {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                let scratch = crate::scratch::SqliteScratch::new(stringify!($check)).await;
+                super::$check(&scratch.log).await;
+                scratch.remove().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                let Some(scratch) = crate::scratch::PgScratch::new().await else {
+                    return;
+                };
+                super::$check(&scratch.log).await;
+                scratch.drop_schema().await;
+            }
+        }
+    };
+}
+
+/// A time with whole microseconds, the precision both backends store.
+pub(crate) fn base_time() -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).expect("now is in range")
+}
+
+pub(crate) fn secs(n: i64) -> TimeDelta {
+    TimeDelta::seconds(n)
+}
