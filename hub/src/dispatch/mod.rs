@@ -194,13 +194,12 @@ impl Distributor {
             .events
             .set_ordered(topic, callback, ordered, now)
             .await?;
-        // The log keeps the time of a request it already had; read it back
-        // rather than guess.
-        if ordered {
-            self.inner.ordered.refresh(&*self.inner.events).await?;
-        } else {
-            self.inner.ordered.set(topic, callback, None);
-        }
+        // A request already known keeps its time here as in the log; one
+        // only another replica knew is read with its own at the next
+        // refresh.
+        self.inner
+            .ordered
+            .set(topic, callback, ordered.then_some(now));
         Ok(())
     }
 
