@@ -25,6 +25,7 @@ mod cache;
 mod expand;
 mod lanes;
 mod ordered;
+mod send;
 mod unsubscribed;
 
 use std::collections::HashMap;
@@ -41,17 +42,16 @@ use websub_store::{Subscription, SubscriptionStore};
 
 use crate::clock::Clock;
 use crate::config::DeliveryPolicy;
-use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
-use crate::delivery::health::{Breaker, Gate, SKIPPED_REASON, Tallied, Tried};
+use crate::delivery::health::Tallied;
 use crate::delivery::pool::HostClients;
 use crate::delivery::recorder::{self, Batching, OutcomeStore};
-use crate::delivery::{Channel, Endpoints, Judge, Verdict};
-use crate::events::{Attempt, Claimed, Completion, EventLog, EventLogError, Outcome};
+use crate::delivery::{Channel, Endpoints, Judge};
+use crate::events::{Claimed, Completion, EventLog, EventLogError, Outcome};
 use crate::protocol::iri_to_uri;
 
 pub use cache::SUBSCRIBERS_TTL;
 use cache::{EventCache, Outgoing, SubscriberCache, Subscribers};
-use lanes::{Admission, Ask, Job, Lanes, Next, Reply};
+use lanes::{Admission, Ask, Job, Lanes, Next};
 pub use lanes::{INITIAL_LIMIT, is_ordered_lane, lane_of, ordered_lane_of};
 use ordered::Ordered;
 pub use ordered::{ORDERED_LIMIT, ORDERED_REFRESH};
@@ -674,183 +674,6 @@ impl Distributor {
                 warn!(%error, callback, "releasing the deliveries of a recovered callback failed; they follow at their own times")
             }
         }
-    }
-
-    /// Makes one attempt of `job`. Returns its completion, how the host
-    /// took it (for the lane's limit), and how long the host asked the lane
-    /// to pause (`Retry-After` on a `429` or `503`).
-    async fn attempt(
-        &self,
-        job: &Job,
-        client: &reqwest::Client,
-    ) -> (Completion, Option<Reply>, Option<Duration>) {
-        let Job {
-            subscription,
-            outgoing,
-            retry_count,
-            ..
-        } = job;
-        let retry_count = *retry_count;
-        if self.inner.unsubscribed.covers(
-            &subscription.topic,
-            &subscription.callback,
-            outgoing.event.created_at,
-        ) {
-            let completion = Completion {
-                event_id: outgoing.event.id,
-                subscriber: subscription.callback.clone(),
-                outcome: Outcome::Dropped {
-                    reason: crate::verify::UNSUBSCRIBED.to_owned(),
-                },
-                attempt: None,
-            };
-            return (completion, None, None);
-        }
-        if self.inner.endpoints.is_disabled(&subscription.callback) {
-            let completion = Completion {
-                event_id: outgoing.event.id,
-                subscriber: subscription.callback.clone(),
-                outcome: Outcome::Skipped {
-                    reason: SKIPPED_REASON.to_owned(),
-                },
-                attempt: None,
-            };
-            return (completion, None, None);
-        }
-        let Ok(_http_slot) = self.inner.http_slots.acquire().await else {
-            return (self.postponed(job, None, Duration::ZERO), None, None);
-        };
-        if job.is_stale(self.inner.lanes.max_wait()) {
-            return (self.postponed(job, None, STALE_RECORD_WAIT), None, None);
-        }
-        let endpoints = &self.inner.endpoints;
-        let gate = endpoints.gate(&subscription.callback, self.inner.clock.now());
-        if let Gate::Hold(until) = gate {
-            self.inner.judge.postponed();
-            let completion = Completion {
-                event_id: outgoing.event.id,
-                subscriber: subscription.callback.clone(),
-                outcome: Outcome::Postponed {
-                    error: None,
-                    next_attempt_at: until,
-                },
-                attempt: None,
-            };
-            return (completion, None, None);
-        }
-        let (answer, attempted, reply, retry_after) = match &outgoing.headers {
-            Ok(headers) => {
-                let request = Request {
-                    url: &subscription.callback,
-                    scheme: &WEBSUB_SCHEME,
-                    content_type: headers.content_type.clone(),
-                    event_id: headers.event_id.clone(),
-                    body: outgoing.event.body.clone(),
-                    secret: subscription.secret.as_deref().map(str::as_bytes),
-                    headers: &headers.link,
-                };
-                let at = self.inner.clock.now();
-                let in_flight = self.inner.judge.attempting();
-                let attempted =
-                    attempt::post(client, request, self.inner.policy.timeout, None).await;
-                let took = in_flight.elapsed();
-                let reply = match (&attempted.answer, attempted.status) {
-                    (Answer::Local(_), _) => None,
-                    (_, Some(status)) if status == 429 || status >= 500 => Some(Reply::Overloaded),
-                    (_, Some(_)) => Some(Reply::Answered(took)),
-                    (_, None) => Some(Reply::Overloaded),
-                };
-                let history = Attempt {
-                    at,
-                    duration_micros: i64::try_from(took.as_micros()).unwrap_or(i64::MAX),
-                    status: attempted.status,
-                    error: None,
-                    response: attempted.response,
-                };
-                (
-                    attempted.answer,
-                    Some((in_flight, history)),
-                    reply,
-                    attempted.retry_after,
-                )
-            }
-            Err(error) => (Answer::Failed(error.clone()), None, None, None),
-        };
-        let judge = &self.inner.judge;
-        let (verdict, history) = match attempted {
-            Some((in_flight, history)) => (
-                judge.judge(in_flight, outgoing.event.created_at, answer, retry_count),
-                Some(history),
-            ),
-            None => (judge.verdict(answer, retry_count), None),
-        };
-        let tried = match &verdict {
-            Verdict::Delivered | Verdict::Gone => Tried::Succeeded,
-            Verdict::Retry { .. } | Verdict::Exhausted { .. } => Tried::Failed,
-            Verdict::Postponed { .. } => Tried::Neither,
-        };
-        let error = match &verdict {
-            Verdict::Retry { error, .. } | Verdict::Exhausted { error } => Some(error.as_str()),
-            _ => None,
-        };
-        let now = self.inner.clock.now();
-        let breaker = endpoints.tried_because(
-            &subscription.callback,
-            gate == Gate::Probe,
-            tried,
-            error,
-            now,
-        );
-        if let Breaker::Recovered(since) = breaker {
-            self.release(&subscription.callback, since).await;
-        }
-        let held_until = match breaker {
-            Breaker::Open(until) | Breaker::Opened(until) => Some(until),
-            Breaker::Closed | Breaker::Recovered(_) => None,
-        };
-        let outcome = match verdict {
-            // The breaker is open: the failure waits with the rest, its
-            // retries not spent.
-            Verdict::Retry { error, .. } | Verdict::Exhausted { error } if held_until.is_some() => {
-                Outcome::Postponed {
-                    error: Some(error),
-                    next_attempt_at: held_until.unwrap_or(now),
-                }
-            }
-            Verdict::Delivered => Outcome::Delivered,
-            Verdict::Gone => {
-                info!("callback answered 410 Gone: removing the subscription");
-                if let Err(error) = self
-                    .inner
-                    .store
-                    .delete(&subscription.topic, &subscription.callback)
-                    .await
-                {
-                    warn!(%error, "removing a gone subscription failed");
-                }
-                self.forget_topic(&subscription.topic);
-                Outcome::Dropped {
-                    reason: "410 Gone: subscription removed".to_owned(),
-                }
-            }
-            Verdict::Retry { error, wait } => Outcome::Retry {
-                error,
-                // The host asked for a pause: the retry waits it out too.
-                next_attempt_at: self.due_after(wait.max(retry_after.unwrap_or_default())),
-            },
-            Verdict::Exhausted { error } => Outcome::Exhausted { error },
-            Verdict::Postponed { error, wait } => Outcome::Postponed {
-                error: Some(error),
-                next_attempt_at: self.due_after(wait),
-            },
-        };
-        let completion = Completion {
-            event_id: outgoing.event.id,
-            subscriber: subscription.callback.clone(),
-            outcome,
-            attempt: history,
-        };
-        (completion, reply, retry_after)
     }
 }
 
