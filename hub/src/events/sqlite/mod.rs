@@ -360,7 +360,7 @@ impl EventLog for SqliteEventLog {
         let statement = if ordered {
             EXPAND_ORDERED
         } else {
-            EXPAND_WAITING
+            EXPAND
         };
         let mut created = 0;
         for json in chunks {

@@ -76,8 +76,12 @@ const COPY_EVENT: &str = "INSERT INTO websub_events \
      SELECT ?2, topic, content_type, body, ?3, ?3, COALESCE(original_id, id) \
      FROM websub_events WHERE id = ?1";
 
-const COPY_RECORDS: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
-     SELECT ?1, value, ?3 FROM json_each(?2)";
+const COPY_RECORDS: &str = concat!(
+    "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
+     SELECT ?1, value, ?3, ",
+    super::statements::lane_of!("value"),
+    " FROM json_each(?2)"
+);
 
 /// Records a copy of each of `originals` with a record due at `now` for
 /// each of `subscribers`, on a transaction; the copies' ids, in order.

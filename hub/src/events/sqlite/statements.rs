@@ -4,6 +4,23 @@
 /// The table the hub's migrations are recorded in; see the log's module doc.
 pub(super) const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
 
+/// The SQL spelling of `websub_hub::dispatch::lane_of` for the subscriber
+/// `$subscriber` (a column or a value): the authority after `://` without
+/// its user info, or the whole subscriber when it is no URL. Every statement
+/// that inserts a record writes its lane with it, once.
+macro_rules! lane_of {
+    ($subscriber:literal) => {
+        concat!(
+            "CASE WHEN instr(", $subscriber, ", '://') = 0 THEN ", $subscriber,
+            " ELSE substr(substr(substr(", $subscriber, ", instr(", $subscriber, ", '://') + 3), 1, ",
+            "instr(replace(replace(substr(", $subscriber, ", instr(", $subscriber, ", '://') + 3), '?', '/'), '#', '/') || '/', '/') - 1), ",
+            "instr(substr(substr(", $subscriber, ", instr(", $subscriber, ", '://') + 3), 1, ",
+            "instr(replace(replace(substr(", $subscriber, ", instr(", $subscriber, ", '://') + 3), '?', '/'), '#', '/') || '/', '/') - 1), '@') + 1) END"
+        )
+    };
+}
+pub(super) use lane_of;
+
 pub(super) const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at) \
      VALUES (?1, ?2, ?3, ?4, ?5)";
 
@@ -16,9 +33,12 @@ pub(super) const MARK_EXPANDED: &str =
 
 // `WHERE true` is SQLite's required disambiguation between an upsert's ON and
 // a join's ON after INSERT … SELECT.
-pub(super) const EXPAND: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
-     SELECT ?1, value, ?2 FROM json_each(?3) WHERE true \
-     ON CONFLICT DO NOTHING";
+pub(super) const EXPAND: &str = concat!(
+    "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
+     SELECT ?1, value, ?2, ",
+    lane_of!("value"),
+    " FROM json_each(?3) WHERE true ON CONFLICT DO NOTHING"
+);
 
 // Records claimed for their first attempt as they are written. The first try
 // has no ON CONFLICT: nothing conflicts unless the event is being (or was)
@@ -26,14 +46,21 @@ pub(super) const EXPAND: &str = "INSERT INTO websub_deliveries (event_id, subscr
 // On a conflict the statement alone is rolled back and EXPAND_CLAIMED_AGAIN
 // runs in the same transaction; its RETURNING reports only the rows it
 // inserted, not those it skipped.
-pub(super) const EXPAND_CLAIMED_FIRST: &str = "INSERT INTO websub_deliveries \
-     (event_id, subscriber, next_attempt_at, processing_since) \
-     SELECT ?1, value, ?2, ?2 FROM json_each(?3)";
+pub(super) const EXPAND_CLAIMED_FIRST: &str = concat!(
+    "INSERT INTO websub_deliveries \
+     (event_id, subscriber, next_attempt_at, processing_since, lane) \
+     SELECT ?1, value, ?2, ?2, ",
+    lane_of!("value"),
+    " FROM json_each(?3)"
+);
 
-pub(super) const EXPAND_CLAIMED_AGAIN: &str = "INSERT INTO websub_deliveries \
-     (event_id, subscriber, next_attempt_at, processing_since) \
-     SELECT ?1, value, ?2, ?2 FROM json_each(?3) WHERE true \
-     ON CONFLICT DO NOTHING RETURNING subscriber";
+pub(super) const EXPAND_CLAIMED_AGAIN: &str = concat!(
+    "INSERT INTO websub_deliveries \
+     (event_id, subscriber, next_attempt_at, processing_since, lane) \
+     SELECT ?1, value, ?2, ?2, ",
+    lane_of!("value"),
+    " FROM json_each(?3) WHERE true ON CONFLICT DO NOTHING RETURNING subscriber"
+);
 
 pub(super) const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = ?1)";
 
@@ -169,20 +196,21 @@ pub(super) const DELIVERED_SINCE: &str = "SELECT count(*) AS delivered \
      FROM websub_events AS e JOIN websub_attempts AS a ON a.event_id = e.id \
      WHERE e.created_at >= ?1 AND a.attempted_at >= ?1 AND a.error IS NULL";
 
-pub(super) const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
-     SELECT id, ?2, ?4 FROM websub_events \
+pub(super) const DELIVER_SINCE: &str = concat!(
+    "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
+     SELECT id, ?2, ?4, ",
+    lane_of!("?2"),
+    " FROM websub_events \
      WHERE topic = ?1 AND created_at >= ?3 AND original_id IS NULL \
-     ON CONFLICT DO NOTHING";
+     ON CONFLICT DO NOTHING"
+);
 
-// Records a busy lane cannot take now: due at `?2`, not claimed.
-pub(super) const EXPAND_WAITING: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
-     SELECT ?1, value, ?2 FROM json_each(?3) WHERE true \
-     ON CONFLICT DO NOTHING";
-
-// EXPAND_WAITING for ordered subscriptions: each record takes its place in
-// its callback's line, the event's recording time.
-pub(super) const EXPAND_ORDERED: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, order_key) \
-     SELECT ?1, value, ?2, (SELECT created_at FROM websub_events WHERE id = ?1) \
+// EXPAND (records due at `?2`, not claimed) for ordered subscriptions: each record takes its place in
+// its callback's line, the event's recording time; its lane is the callback,
+// whole (`websub_hub::dispatch::ordered_lane_of`).
+pub(super) const EXPAND_ORDERED: &str = "INSERT INTO websub_deliveries \
+     (event_id, subscriber, next_attempt_at, order_key, lane) \
+     SELECT ?1, value, ?2, (SELECT created_at FROM websub_events WHERE id = ?1), value \
      FROM json_each(?3) WHERE true \
      ON CONFLICT DO NOTHING";
 
