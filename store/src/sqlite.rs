@@ -349,13 +349,15 @@ impl SubscriptionStore for SqliteStore {
         // Byte order (the column's BINARY collation), walked along the
         // primary key from `after`: a page costs its own rows, wherever it
         // starts. Two statements rather than `?2 IS NULL OR`, which would
-        // keep the planner from seeking to `after`.
+        // keep the planner from seeking to `after`. The limit is CAST: a bare
+        // `LIMIT ?2` is planned with its bound value, and every page of
+        // another size would prepare the statement again.
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let query = match after {
             None => sqlx::query(concat!(
                 "SELECT ",
                 columns!(),
-                " FROM websub_subscriptions WHERE topic = ?1 ORDER BY callback LIMIT ?2"
+                " FROM websub_subscriptions WHERE topic = ?1 ORDER BY callback LIMIT CAST(?2 AS INTEGER)"
             ))
             .bind(topic)
             .bind(limit),
@@ -363,7 +365,7 @@ impl SubscriptionStore for SqliteStore {
                 "SELECT ",
                 columns!(),
                 " FROM websub_subscriptions WHERE topic = ?1 AND callback > ?3 \
-                 ORDER BY callback LIMIT ?2"
+                 ORDER BY callback LIMIT CAST(?2 AS INTEGER)"
             ))
             .bind(topic)
             .bind(limit)

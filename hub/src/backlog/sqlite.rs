@@ -27,13 +27,15 @@ const REQUEST_FETCHES: &str = "INSERT INTO websub_fetches (topic, requested_at, 
          next_attempt_at = excluded.next_attempt_at";
 
 // RETURNING may read only the updated table, so the validators come from
-// scalar subqueries (primary-key lookups).
+// scalar subqueries (primary-key lookups). The limit is CAST so that a
+// claim of another size does not prepare the statement again (see the event
+// log's CLAIM).
 const CLAIM_FETCHES: &str = "UPDATE websub_fetches SET processing_since = ?1 \
      WHERE rowid IN ( \
          SELECT rowid FROM websub_fetches \
          WHERE next_attempt_at <= ?1 \
            AND (processing_since IS NULL OR processing_since < ?2) \
-         ORDER BY next_attempt_at LIMIT ?3) \
+         ORDER BY next_attempt_at LIMIT CAST(?3 AS INTEGER)) \
      RETURNING topic, requested_at, generation, attempts, \
          (SELECT etag FROM websub_topic_validators AS known \
           WHERE known.topic = websub_fetches.topic) AS etag, \
@@ -90,7 +92,7 @@ const CLAIM_INTENTS: &str = "UPDATE websub_verifications SET processing_since = 
          SELECT rowid FROM websub_verifications \
          WHERE next_attempt_at <= ?1 \
            AND (processing_since IS NULL OR processing_since < ?2) \
-         ORDER BY next_attempt_at, requested_at LIMIT ?3) \
+         ORDER BY next_attempt_at, requested_at LIMIT CAST(?3 AS INTEGER)) \
      RETURNING topic, callback, id, mode, secret, lease_seconds, owner, requested_at, attempts";
 
 const INTENT_DONE: &str =

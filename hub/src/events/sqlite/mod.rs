@@ -59,8 +59,9 @@ use super::{
     NewEvent, OrderedSubscription, Outcome, Recorded, Replayed, Undelivered, WebhookAttempt,
 };
 use rows::{
-    attempt_from_row, attempts_json, claimed_from_row, completions_json, delivery_from_row,
-    event_from_row, from_micros, is_unique_violation, optional_time, retry_count,
+    attempt_from_row, attempts_json, claimed_from_row, completions_json, delivered_json,
+    delivery_from_row, event_from_row, from_micros, is_unique_violation, optional_time,
+    retry_count,
 };
 
 /// The file is opened the way the subscription store opens it (the two share
@@ -357,11 +358,7 @@ impl EventLog for SqliteEventLog {
         let mut writer = self.writer().await?;
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         event_must_exist(&mut tx, event_id).await?;
-        let statement = if ordered {
-            EXPAND_ORDERED
-        } else {
-            EXPAND
-        };
+        let statement = if ordered { EXPAND_ORDERED } else { EXPAND };
         let mut created = 0;
         for json in chunks {
             created += sqlx::query(statement)
@@ -584,41 +581,28 @@ impl EventLog for SqliteEventLog {
         if completions.is_empty() {
             return Ok(());
         }
-        // Deliveries grouped by event, in the order their events first
-        // appear; every other outcome goes through the general statement.
-        let mut delivered: Vec<(Uuid, Vec<&str>)> = Vec::new();
-        let mut others = Vec::new();
-        for completion in completions {
-            if completion.outcome != Outcome::Delivered {
-                others.push(completion);
-                continue;
-            }
-            match delivered
-                .iter_mut()
-                .find(|(event_id, _)| *event_id == completion.event_id)
-            {
-                Some((_, subscribers)) => subscribers.push(&completion.subscriber),
-                None => delivered.push((completion.event_id, vec![&completion.subscriber])),
-            }
-        }
-        let delivered = delivered
-            .into_iter()
-            .map(|(event_id, subscribers)| Ok((event_id, serde_json::to_string(&subscribers)?)))
-            .collect::<Result<Vec<_>, serde_json::Error>>()
-            .map_err(|error| EventLogError::Invalid(error.to_string()))?;
-        let others = if others.is_empty() {
+        // Deliveries through their own statement, each with the attempt its
+        // record keeps; every other outcome through the general one, its
+        // attempt a row.
+        let (delivered, others): (Vec<&Completion>, Vec<&Completion>) = completions
+            .iter()
+            .partition(|completion| completion.outcome == Outcome::Delivered);
+        let delivered = if delivered.is_empty() {
             None
         } else {
-            Some(completions_json(&others)?)
+            Some(delivered_json(&delivered)?)
         };
-        let attempts = attempts_json(completions)?;
+        let (others, attempts) = if others.is_empty() {
+            (None, None)
+        } else {
+            (Some(completions_json(&others)?), attempts_json(&others)?)
+        };
         let now = now.timestamp_micros();
         let mut writer = self.writer().await?;
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
-        for (event_id, subscribers) in delivered {
+        if let Some(delivered) = delivered {
             sqlx::query(COMPLETE_DELIVERED)
-                .bind(event_id)
-                .bind(subscribers)
+                .bind(delivered)
                 .bind(now)
                 .execute(&mut *tx)
                 .await?;

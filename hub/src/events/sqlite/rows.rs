@@ -117,9 +117,30 @@ pub(super) fn completions_json(completions: &[&Completion]) -> Result<String, Ev
     serde_json::to_string(&rows).map_err(|error| EventLogError::Invalid(error.to_string()))
 }
 
+/// Delivered `completions` as [`COMPLETE_DELIVERED`] reads them: [event id
+/// as hex, subscriber, attempted at in µs, duration in µs, status, response
+/// as hex], the attempt's fields null when a completion carries none.
+pub(super) fn delivered_json(completions: &[&Completion]) -> Result<String, EventLogError> {
+    let rows: Vec<_> = completions
+        .iter()
+        .map(|completion| {
+            let attempt = completion.attempt.as_ref();
+            (
+                completion.event_id.simple().to_string(),
+                completion.subscriber.as_str(),
+                attempt.map(|attempt| attempt.at.timestamp_micros()),
+                attempt.map(|attempt| attempt.duration_micros),
+                attempt.and_then(|attempt| attempt.status),
+                attempt.map(|attempt| hex(&attempt.response)),
+            )
+        })
+        .collect();
+    serde_json::to_string(&rows).map_err(|error| EventLogError::Invalid(error.to_string()))
+}
+
 /// The attempts `completions` carry, as [`RECORD_ATTEMPTS`] reads them; none
 /// when no completion carries one.
-pub(super) fn attempts_json(completions: &[Completion]) -> Result<Option<String>, EventLogError> {
+pub(super) fn attempts_json(completions: &[&Completion]) -> Result<Option<String>, EventLogError> {
     let rows: Vec<_> = completions
         .iter()
         .filter_map(|completion| {

@@ -11,11 +11,30 @@ pub(super) const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
 macro_rules! lane_of {
     ($subscriber:literal) => {
         concat!(
-            "CASE WHEN instr(", $subscriber, ", '://') = 0 THEN ", $subscriber,
-            " ELSE substr(substr(substr(", $subscriber, ", instr(", $subscriber, ", '://') + 3), 1, ",
-            "instr(replace(replace(substr(", $subscriber, ", instr(", $subscriber, ", '://') + 3), '?', '/'), '#', '/') || '/', '/') - 1), ",
-            "instr(substr(substr(", $subscriber, ", instr(", $subscriber, ", '://') + 3), 1, ",
-            "instr(replace(replace(substr(", $subscriber, ", instr(", $subscriber, ", '://') + 3), '?', '/'), '#', '/') || '/', '/') - 1), '@') + 1) END"
+            "CASE WHEN instr(",
+            $subscriber,
+            ", '://') = 0 THEN ",
+            $subscriber,
+            " ELSE substr(substr(substr(",
+            $subscriber,
+            ", instr(",
+            $subscriber,
+            ", '://') + 3), 1, ",
+            "instr(replace(replace(substr(",
+            $subscriber,
+            ", instr(",
+            $subscriber,
+            ", '://') + 3), '?', '/'), '#', '/') || '/', '/') - 1), ",
+            "instr(substr(substr(",
+            $subscriber,
+            ", instr(",
+            $subscriber,
+            ", '://') + 3), 1, ",
+            "instr(replace(replace(substr(",
+            $subscriber,
+            ", instr(",
+            $subscriber,
+            ", '://') + 3), '?', '/'), '#', '/') || '/', '/') - 1), '@') + 1) END"
         )
     };
 }
@@ -73,26 +92,41 @@ pub(super) const EVENT: &str = "SELECT id, topic, content_type, body, created_at
 // RETURNING may read only the updated table, so the topic comes from a scalar
 // subquery (a primary-key lookup) rather than a join. `?2` is NULL when the
 // visibility timeout reaches before the epoch: then no claim is stale.
+//
+// A bare `LIMIT ?n` is planned with the value bound at the time, and SQLite
+// prepares the statement again whenever another value is bound: once per
+// claim, since each asks for as many as there is room for. The CAST keeps
+// the limit a run-time value, so the statement is prepared once.
 pub(super) const CLAIM: &str = "UPDATE websub_deliveries SET processing_since = ?1 \
      WHERE rowid IN ( \
          SELECT rowid FROM websub_deliveries \
          WHERE processed_at IS NULL AND next_attempt_at <= ?1 \
            AND (processing_since IS NULL OR processing_since < ?2) \
          ORDER BY next_attempt_at \
-         LIMIT ?3) \
+         LIMIT CAST(?3 AS INTEGER)) \
      RETURNING event_id, \
          (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
          subscriber, retry_count";
 
-// The usual outcome, delivered, for one event: `?2` is a JSON array of its
-// subscribers. A third of the general statement's cost per record, which
-// decodes five fields of a JSON row for each. Otherwise as COMPLETE does for
-// a `Delivered` outcome.
-pub(super) const COMPLETE_DELIVERED: &str = "UPDATE websub_deliveries \
-     SET processed_at = ?3, processing_since = NULL, next_attempt_at = NULL, \
-         outcome = 'delivered' \
-     WHERE event_id = ?1 AND subscriber IN (SELECT value FROM json_each(?2)) \
-       AND processed_at IS NULL";
+// The usual outcome, delivered, with its attempt: one row of `?1` per
+// record, [event id as hex, subscriber, attempted at in µs, duration in µs,
+// status, response as hex]. The attempt stays in the record (no row of
+// websub_attempts): closing the record is the delivery's only write. Each
+// row names its event so that the planner walks the JSON and probes the
+// primary key; with the event bound once it would walk the event's records
+// instead, all of them for every batch. Otherwise as COMPLETE does for a
+// `Delivered` outcome.
+pub(super) const COMPLETE_DELIVERED: &str = "UPDATE websub_deliveries AS d \
+     SET processed_at = ?2, processing_since = NULL, next_attempt_at = NULL, \
+         outcome = 'delivered', delivered_attempt_at = c.attempted_at, \
+         delivered_duration_us = c.duration_us, delivered_status = c.status, \
+         delivered_response = unhex(c.response) \
+     FROM (SELECT unhex(value ->> 0) AS event_id, value ->> 1 AS subscriber, \
+                  value ->> 2 AS attempted_at, value ->> 3 AS duration_us, \
+                  value ->> 4 AS status, value ->> 5 AS response \
+           FROM json_each(?1)) AS c \
+     WHERE d.event_id = c.event_id AND d.subscriber = c.subscriber \
+       AND d.processed_at IS NULL";
 
 // One row of `?1` per completion: [event id as hex, subscriber, kind, error,
 // next attempt in µs]. `processed_at IS NULL` keeps a late completion (from a
@@ -120,8 +154,15 @@ pub(super) const RECORD_ATTEMPTS: &str = "INSERT INTO websub_attempts \
             value ->> 5, unhex(value ->> 6) \
      FROM json_each(?1)";
 
+// The attempts' rows and the successful attempt its record keeps.
 pub(super) const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
-     FROM websub_attempts WHERE event_id = ?1 AND subscriber = ?2 ORDER BY attempted_at";
+     FROM websub_attempts WHERE event_id = ?1 AND subscriber = ?2 \
+     UNION ALL \
+     SELECT delivered_attempt_at, delivered_duration_us, delivered_status, NULL, \
+            delivered_response \
+     FROM websub_deliveries WHERE event_id = ?1 AND subscriber = ?2 \
+       AND delivered_attempt_at IS NOT NULL \
+     ORDER BY attempted_at";
 
 pub(super) const WEBHOOK_ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
      FROM websub_webhook_attempts WHERE event_id = ?1 AND subscriber = ?2 \
@@ -190,11 +231,17 @@ pub(super) const PURGE: &str = "DELETE FROM websub_events WHERE rowid IN ( \
      SELECT rowid FROM websub_events WHERE created_at < ?1 \
      ORDER BY created_at LIMIT ?2)";
 
-// Successful attempts carry no error; the events' time index bounds the
-// work to the window.
-pub(super) const DELIVERED_SINCE: &str = "SELECT count(*) AS delivered \
-     FROM websub_events AS e JOIN websub_attempts AS a ON a.event_id = e.id \
-     WHERE e.created_at >= ?1 AND a.attempted_at >= ?1 AND a.error IS NULL";
+// Successful attempts: those their records keep, and (from before the
+// records kept them) attempts' rows without an error. The events' time
+// index bounds the work to the window.
+pub(super) const DELIVERED_SINCE: &str = "SELECT \
+     (SELECT count(*) FROM websub_events AS e \
+      JOIN websub_deliveries AS d ON d.event_id = e.id \
+      WHERE e.created_at >= ?1 AND d.delivered_attempt_at >= ?1) \
+     + (SELECT count(*) FROM websub_events AS e \
+        JOIN websub_attempts AS a ON a.event_id = e.id \
+        WHERE e.created_at >= ?1 AND a.attempted_at >= ?1 AND a.error IS NULL) \
+     AS delivered";
 
 pub(super) const DELIVER_SINCE: &str = concat!(
     "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
@@ -246,7 +293,7 @@ pub(super) const CLAIM_LANE: &str = "UPDATE websub_deliveries SET processing_sin
          WHERE lane = ?4 AND processed_at IS NULL AND next_attempt_at <= ?1 \
            AND (processing_since IS NULL OR processing_since < ?2) \
          ORDER BY next_attempt_at \
-         LIMIT ?3) \
+         LIMIT CAST(?3 AS INTEGER)) \
      RETURNING event_id, \
          (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
          subscriber, retry_count";
