@@ -489,7 +489,8 @@ impl Lanes {
     /// `reply` (none if it made none, or the reply says nothing of the
     /// host): what it does next. Records that waited too long are moved to
     /// `stale`; a lane paused by a `Retry-After` hands every waiting record
-    /// there. Returns whether the lane just got room worth a claim.
+    /// there. Returns whether the lane has room worth a claim and no claim
+    /// under way.
     pub(super) fn next(
         &self,
         lane: &str,
@@ -504,7 +505,6 @@ impl Lanes {
         if let Some(reply) = reply {
             entry.limit.observe(reply, now);
         }
-        let room_before = entry.room();
         let mut next = Next::Stop;
         if entry.is_paused(now) {
             while let Some(job) = entry.waiting.pop_front() {
@@ -526,9 +526,13 @@ impl Lanes {
             entry.runners -= 1;
         }
         // The record just done, and any handed back, freed room: worth a
-        // claim once it crosses half the lane.
+        // claim once it reaches half the lane and no claim is under way.
+        // Whether it is, not whether it just crossed: a limit that grew
+        // with this reply makes the room jump past half, and the claim
+        // loop, told of no crossing, would sleep out its poll interval.
         let refill = entry.due.is_some()
-            && room_before < entry.refill_at()
+            && entry.asking == 0
+            && !entry.is_paused(now)
             && entry.room() >= entry.refill_at();
         if entry.runners == 0 && entry.waiting.is_empty() {
             if let Some(client) = entry.client.take() {

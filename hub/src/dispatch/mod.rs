@@ -30,6 +30,7 @@ mod unsubscribed;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -104,6 +105,9 @@ struct Pipeline {
     /// Each costs a round trip whatever its size, so they are made for half
     /// the queue at a time rather than one record per finished attempt.
     batch: usize,
+    /// Set when the claim loop found less room than a batch: the runner
+    /// that brings it back to a batch wakes the loop, once.
+    starved: Arc<AtomicBool>,
 }
 
 impl Distributor {
@@ -225,6 +229,7 @@ impl Distributor {
             shutdown: shutdown.clone(),
             completed,
             batch: (policy.batch_size / 2).max(1),
+            starved: Arc::new(AtomicBool::new(false)),
         };
         let recorder = tokio::spawn(recorder::record(
             LogOutcomes(self.clone()),
@@ -260,6 +265,9 @@ impl Distributor {
             }
             let now = self.inner.clock.now();
             let budget = pipeline.pending.available_permits();
+            if budget < pipeline.batch {
+                pipeline.starved.store(true, Ordering::Release);
+            }
             let asks = if budget == 0 {
                 Vec::new()
             } else {
@@ -561,7 +569,10 @@ impl Distributor {
                     self.finish(&pipeline, completion, waited);
                 }
             }
-            if refill || pipeline.pending.available_permits() == pipeline.batch {
+            let fed = pipeline.starved.load(Ordering::Acquire)
+                && pipeline.pending.available_permits() >= pipeline.batch
+                && pipeline.starved.swap(false, Ordering::AcqRel);
+            if refill || fed {
                 self.inner.room.notify_one();
             }
             match next {
