@@ -1244,3 +1244,93 @@ async fn a_webhook_failing_in_a_row_is_disabled_its_rows_skipped_and_its_attempt
     assert_eq!(one, 1);
     running.stop().await;
 }
+
+/// A `429` with `Retry-After` pauses every delivery to that webhook, the
+/// retried one and the ones after it, for as long as it asks (longer than
+/// the retry policy's own wait here), then all of them are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhooks_retry_after_pauses_all_its_deliveries() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer_in_turn(
+        "/hook",
+        [
+            Answer::status(429).with_header("Retry-After", "2"),
+            Answer::status(204),
+        ],
+    );
+    let running = run_listening_with_hook(&db, &receiver).await;
+    let first = db.produce(EVENT, None, true).await;
+    assert!(receiver.wait_for("/hook", 1, WAIT).await);
+    let mut later = Vec::new();
+    for _ in 0..3 {
+        later.push(db.produce(EVENT, None, true).await);
+    }
+    assert!(
+        receiver.wait_for("/hook", 5, WAIT).await,
+        "the 429 and then the four deliveries"
+    );
+    let attempts = receiver.received_at("/hook");
+    assert_eq!(attempts.len(), 5, "{attempts:?}");
+    for attempt in &attempts[1..] {
+        let waited = attempt.at - attempts[0].at;
+        assert!(
+            waited >= Duration::from_millis(1_900),
+            "an attempt went out {waited:?} after the 429, inside its Retry-After"
+        );
+    }
+    let retried = db.delivery(first, "hook").await.expect("row");
+    assert_eq!(retried.retry_count, 1, "the 429 counts as one failure");
+    for id in later {
+        let row = db.delivery(id, "hook").await.expect("row");
+        assert_eq!(row.retry_count, 0, "a paused delivery spends no retry");
+        assert!(row.processed_at.is_some());
+    }
+    running.stop().await;
+}
+
+/// A webhook's in-flight limit adapts: above the first 8 while it answers
+/// quickly, down to a few once its answers slow from 5 ms to 400 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhooks_limit_rises_while_it_is_quick_and_falls_when_it_slows() {
+    let Some(db) = Db::default_tables().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer("/hook", Answer::status(204).after(Duration::from_millis(5)));
+    for _ in 0..600 {
+        db.produce(EVENT, None, false).await;
+    }
+    let config = DispatcherConfig {
+        // Four waves of claims held: the lane is never short of rows.
+        visibility_timeout: Duration::from_secs(20),
+        ..config(&db.tables)
+    };
+    let running = run_with_hook(db.pool.clone(), config, &receiver);
+    assert!(receiver.wait_for("/hook", 250, WAIT).await);
+    receiver.answer(
+        "/hook",
+        Answer::status(204).after(Duration::from_millis(400)),
+    );
+    let slowed_at = Instant::now();
+    let quick = receiver.most_at_once_where(|received| received.at < slowed_at);
+    eprintln!("quick webhook: at most {quick} in flight");
+    assert!(
+        quick > 8,
+        "a webhook answering quickly earns more than the first 8 ({quick})"
+    );
+    // Each round of slow answers cuts the limit; a few rounds on, what is
+    // in flight is the slowed limit.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let measured_from = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let slowed = receiver.most_at_once_where(|received| received.at >= measured_from);
+    eprintln!("slowed webhook: at most {slowed} in flight");
+    assert!(
+        (1..=4).contains(&slowed),
+        "a webhook that slowed down gets fewer at once ({slowed}, was {quick})"
+    );
+    running.stop().await;
+}

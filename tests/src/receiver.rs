@@ -560,6 +560,28 @@ impl RecordingReceiver {
         overlaps
     }
 
+    /// The most requests `keep` keeps that were being answered at once.
+    pub fn most_at_once_where(&self, keep: impl Fn(&Received) -> bool) -> usize {
+        let log = lock(&self.shared.log);
+        // Arrivals and endings share one order: +1 at an arrival, -1 at an
+        // ending; a request never ended stays open.
+        let mut steps: Vec<(u64, i64)> = Vec::new();
+        for received in log.received.iter().filter(|received| keep(received)) {
+            steps.push((received.arrived, 1));
+            if let Some(ended) = received.ended {
+                steps.push((ended, -1));
+            }
+        }
+        steps.sort_unstable();
+        let mut at_once = 0i64;
+        let mut most = 0i64;
+        for (_, step) in steps {
+            at_once += step;
+            most = most.max(at_once);
+        }
+        usize::try_from(most).unwrap_or(0)
+    }
+
     /// Waits until `condition` holds, for at most `limit`; it is checked now,
     /// and again whenever a request arrives or is answered. Returns whether
     /// it held.

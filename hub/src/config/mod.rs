@@ -141,7 +141,7 @@ pub struct DeliveryPolicy {
     /// Deliveries in flight at once, over all callbacks.
     pub concurrency: usize,
     /// The most deliveries in flight at once to one callback host. Each
-    /// host's limit starts at [`crate::dispatch::INITIAL_LIMIT`] and adapts
+    /// host's limit starts at [`crate::delivery::limit::INITIAL_LIMIT`] and adapts
     /// to how the host answers, between `per_host_min` and this.
     pub per_host: usize,
     /// The least a callback host's in-flight limit falls to.

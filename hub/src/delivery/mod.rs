@@ -19,6 +19,7 @@
 //!   first, so idle connections are bounded as a whole;
 //! - [`recorder`]: gathering, batching and retrying the writes of outcomes;
 //! - [`metrics`]: one set of metric names, labelled by [`Channel`];
+//! - [`limit`]: an endpoint's in-flight limit, adapting to how it answers;
 //! - [`health`]: failures counted per endpoint, and endpoints disabled after
 //!   too many in a row;
 //! - [`changes`]: each change of an endpoint's state, counted and kept;
@@ -29,6 +30,7 @@ pub mod attempt;
 pub mod changes;
 pub mod client;
 pub mod health;
+pub mod limit;
 pub mod metrics;
 pub mod operator;
 pub mod pool;

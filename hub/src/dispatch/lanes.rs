@@ -16,7 +16,7 @@
 //!   scheduler's periodic walk of the lanes in the log (records of a dead
 //!   process, of another replica, retries written before a restart). A
 //!   claim that finds fewer records than it asked for clears it.
-//! - **A limit that adapts** ([`Limit`]): additive increase while the host
+//! - **A limit that adapts** ([`Limit`], shared with the outbox): additive increase while the host
 //!   answers quickly and without errors, multiplicative decrease on
 //!   timeouts, refused connections, `5xx` and `429`, and when its answers
 //!   slow down well past the fastest seen; between the configured floor
@@ -41,6 +41,7 @@ use websub_store::Subscription;
 
 use super::cache::Outgoing;
 use crate::delivery::Channel;
+use crate::delivery::limit::{Limit, Reply};
 use crate::delivery::metrics::DELIVERIES_WAITING_FOR_HOST;
 use crate::delivery::pool::HostClients;
 
@@ -48,22 +49,6 @@ use crate::delivery::pool::HostClients;
 /// rest queued, so the next attempts are ready the moment a slot frees and
 /// a claim is needed only once half of it has gone out.
 pub(super) const QUEUE_ROUNDS: usize = 4;
-
-/// A lane's limit before it has learnt anything of its host.
-pub const INITIAL_LIMIT: usize = 8;
-
-/// Above the fastest answer seen, how much slower one may be and still
-/// count as quick: loopback answers take microseconds, and a scheduler
-/// hiccup must not read as a host in trouble.
-const SLOW_SLACK: Duration = Duration::from_millis(20);
-
-/// How many times the fastest answer an answer may take before the host
-/// counts as slowing down.
-const SLOW_FACTOR: u32 = 4;
-
-/// The fastest answer is the least of this window and the one before: a
-/// host that got slower for good is learnt again within two windows.
-const FASTEST_WINDOW: Duration = Duration::from_secs(10);
 
 /// The lane of a callback: its authority as written, less any credentials
 /// (up to the first `@`). The event log derives the same from every record
@@ -123,16 +108,6 @@ pub(super) enum Admission {
     Paused(Job, Duration),
 }
 
-/// How the host took an attempt, for its limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Reply {
-    /// An answer that says nothing of load (a `2xx`, a `4xx` other than
-    /// `429`), after `took`.
-    Answered(Duration),
-    /// A timeout, a refused or broken connection, a `5xx` or a `429`.
-    Overloaded,
-}
-
 /// What a runner does after an attempt.
 #[derive(Debug)]
 pub(super) enum Next {
@@ -140,84 +115,6 @@ pub(super) enum Next {
     Attempt(Job),
     /// Stop; the lane needs no more runners now.
     Stop,
-}
-
-/// The in-flight limit of one host: additive increase, multiplicative
-/// decrease.
-#[derive(Debug, Clone)]
-pub(super) struct Limit {
-    value: f64,
-    floor: f64,
-    cap: f64,
-    /// The fastest answer of this window, since `window_start`.
-    fastest: Option<Duration>,
-    /// The fastest answer of the window before.
-    fastest_before: Option<Duration>,
-    window_start: Instant,
-    last_cut: Option<Instant>,
-}
-
-impl Limit {
-    pub(super) fn new(floor: usize, cap: usize) -> Self {
-        let cap = cap.max(1);
-        let floor = floor.clamp(1, cap);
-        Self {
-            value: INITIAL_LIMIT.clamp(floor, cap) as f64,
-            floor: floor as f64,
-            cap: cap as f64,
-            fastest: None,
-            fastest_before: None,
-            window_start: Instant::now(),
-            last_cut: None,
-        }
-    }
-
-    /// Attempts in flight at most now.
-    pub(super) fn current(&self) -> usize {
-        // The value stays within [floor, cap], both small integers.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let whole = self.value.floor() as usize;
-        whole.max(1)
-    }
-
-    pub(super) fn observe(&mut self, reply: Reply, now: Instant) {
-        match reply {
-            Reply::Overloaded => self.cut(0.5, now),
-            Reply::Answered(took) => {
-                if now.saturating_duration_since(self.window_start) >= FASTEST_WINDOW {
-                    self.fastest_before = self.fastest.take();
-                    self.window_start = now;
-                }
-                self.fastest = Some(self.fastest.map_or(took, |fastest| fastest.min(took)));
-                let fastest = self.fastest_before.map_or(took, |before| before.min(took));
-                let fastest = self.fastest.map_or(fastest, |now| now.min(fastest));
-                if took > fastest * SLOW_FACTOR + SLOW_SLACK {
-                    self.cut(0.75, now);
-                } else {
-                    // One more slot per round of answers at this limit.
-                    self.value = (self.value + 1.0 / self.value).min(self.cap);
-                }
-            }
-        }
-    }
-
-    /// Lowers the limit by `factor`, at most once per round trip: the
-    /// failures of one round of attempts are one signal, not many.
-    fn cut(&mut self, factor: f64, now: Instant) {
-        let round = self
-            .fastest
-            .or(self.fastest_before)
-            .unwrap_or(Duration::from_millis(50))
-            .max(Duration::from_millis(50));
-        if self
-            .last_cut
-            .is_some_and(|at| now.saturating_duration_since(at) < round)
-        {
-            return;
-        }
-        self.value = (self.value * factor).max(self.floor);
-        self.last_cut = Some(now);
-    }
 }
 
 #[derive(Debug)]
@@ -631,48 +528,5 @@ mod tests {
         assert_eq!(lane_of("https://sub.example#frag"), "sub.example");
         assert_eq!(lane_of("https://a@b@sub.example/x"), "b@sub.example");
         assert_eq!(lane_of("orders-webhook"), "orders-webhook");
-    }
-
-    #[test]
-    fn the_limit_grows_while_quick_and_halves_on_overload() {
-        let mut limit = Limit::new(1, 32);
-        assert_eq!(limit.current(), INITIAL_LIMIT);
-        let start = Instant::now();
-        for _ in 0..2_000 {
-            limit.observe(Reply::Answered(Duration::from_millis(1)), start);
-        }
-        assert_eq!(limit.current(), 32, "capped");
-        limit.observe(Reply::Overloaded, start);
-        assert_eq!(limit.current(), 16);
-        limit.observe(Reply::Overloaded, start);
-        assert_eq!(limit.current(), 16, "one cut per round trip");
-        limit.observe(Reply::Overloaded, start + Duration::from_secs(1));
-        assert_eq!(limit.current(), 8);
-    }
-
-    #[test]
-    fn the_limit_shrinks_when_answers_slow_down_and_stops_at_the_floor() {
-        let mut limit = Limit::new(2, 32);
-        let mut now = Instant::now();
-        limit.observe(Reply::Answered(Duration::from_millis(5)), now);
-        for _ in 0..8 {
-            now += Duration::from_millis(500);
-            limit.observe(Reply::Answered(Duration::from_millis(500)), now);
-        }
-        assert_eq!(limit.current(), 2);
-    }
-
-    #[test]
-    fn a_host_slower_for_good_is_learnt_again() {
-        let mut limit = Limit::new(1, 32);
-        let mut now = Instant::now();
-        limit.observe(Reply::Answered(Duration::from_millis(5)), now);
-        // Two windows of slow answers: the fast one is forgotten, and the
-        // limit grows again at the new pace.
-        for _ in 0..100 {
-            now += Duration::from_millis(500);
-            limit.observe(Reply::Answered(Duration::from_millis(500)), now);
-        }
-        assert!(limit.current() > 1, "{}", limit.current());
     }
 }

@@ -50,10 +50,11 @@ use crate::delivery::{Channel, Endpoints, Judge};
 use crate::events::{Claimed, Completion, EventLog, EventLogError, Outcome};
 use crate::protocol::iri_to_uri;
 
+pub use crate::delivery::limit::INITIAL_LIMIT;
 pub use cache::SUBSCRIBERS_TTL;
 use cache::{EventCache, Outgoing, SubscriberCache, Subscribers};
 use lanes::{Admission, Ask, Job, Lanes, Next};
-pub use lanes::{INITIAL_LIMIT, is_ordered_lane, lane_of, ordered_lane_of};
+pub use lanes::{is_ordered_lane, lane_of, ordered_lane_of};
 use ordered::Ordered;
 pub use ordered::{ORDERED_LIMIT, ORDERED_REFRESH};
 use unsubscribed::Unsubscribed;

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::lanes::{Job, Reply};
+use super::lanes::Job;
 use super::{Distributor, STALE_RECORD_WAIT};
 use crate::delivery::Verdict;
 use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
 use crate::delivery::health::{Breaker, Gate, SKIPPED_REASON, Tried};
+use crate::delivery::limit::Reply;
 use crate::events::{Attempt, Completion, Outcome};
 
 impl Distributor {
@@ -94,12 +95,7 @@ impl Distributor {
                 let attempted =
                     attempt::post(client, request, self.inner.policy.timeout, None).await;
                 let took = in_flight.elapsed();
-                let reply = match (&attempted.answer, attempted.status) {
-                    (Answer::Local(_), _) => None,
-                    (_, Some(status)) if status == 429 || status >= 500 => Some(Reply::Overloaded),
-                    (_, Some(_)) => Some(Reply::Answered(took)),
-                    (_, None) => Some(Reply::Overloaded),
-                };
+                let reply = Reply::of(&attempted, took);
                 let history = Attempt {
                     at,
                     duration_micros: i64::try_from(took.as_micros()).unwrap_or(i64::MAX),

@@ -84,6 +84,10 @@ pub struct FeedConfig {
     /// per subscriber, where the hub's WebSub deliveries share out by
     /// callback host (`delivery_per_host`).
     pub delivery_per_subscriber: Option<usize>,
+    /// The least a subscriber's in-flight limit falls to while its webhook
+    /// is failing or slowing down (1); it adapts between this and
+    /// `delivery_per_subscriber`.
+    pub delivery_per_subscriber_min: Option<usize>,
     /// Delivery rows claimed per round trip at most (100).
     pub delivery_batch_size: Option<usize>,
     /// Deliveries to one webhook that exhaust their retries in a row before
@@ -160,6 +164,7 @@ impl FeedConfig {
             delivery_timeout: None,
             delivery_concurrency: None,
             delivery_per_subscriber: None,
+            delivery_per_subscriber_min: None,
             delivery_batch_size: None,
             disable_endpoint_after: None,
             visibility_timeout: None,
@@ -248,6 +253,9 @@ impl FeedConfig {
             per_subscriber: self
                 .delivery_per_subscriber
                 .unwrap_or(defaults.per_subscriber),
+            per_subscriber_min: self
+                .delivery_per_subscriber_min
+                .unwrap_or(defaults.per_subscriber_min),
             batch_size: self.delivery_batch_size.unwrap_or(defaults.batch_size),
             network: NetPolicy {
                 allow_private_network: self.allow_private_network.unwrap_or(false),
@@ -320,6 +328,7 @@ fn feed_setting(setting: &'static str) -> &'static str {
         "batch-size" => "feed.delivery_batch_size",
         "concurrency" => "feed.delivery_concurrency",
         "per-subscriber" => "feed.delivery_per_subscriber",
+        "per-subscriber-min" => "feed.delivery_per_subscriber_min",
         "listener-max-backoff" => "feed.listener_max_backoff",
         "resend-exhausted" => "feed.resend_exhausted",
         other => other,

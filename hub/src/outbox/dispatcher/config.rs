@@ -81,12 +81,17 @@ pub struct DispatcherConfig {
     pub batch_size: usize,
     /// Attempts in flight at once, over all subscribers (64).
     pub concurrency: usize,
-    /// Attempts in flight at once to one subscriber (16), so that a slow one
-    /// cannot take every slot. A subscriber's rows are claimed up to four
+    /// Attempts in flight at once to one subscriber at most (16), so that a
+    /// slow one cannot take every slot. Its limit adapts below this to how
+    /// its webhook answers (see [`crate::delivery::limit`]), from
+    /// [`crate::delivery::limit::INITIAL_LIMIT`] and never under
+    /// `per_subscriber_min`. A subscriber's rows are claimed up to four
     /// times this many ahead (fewer when the visibility timeout leaves less
     /// than four delivery timeouts of patience), so that its next attempt is
     /// ready the moment one finishes.
     pub per_subscriber: usize,
+    /// The least a subscriber's adapting limit falls to (1).
+    pub per_subscriber_min: usize,
     /// How far before the previous scan a polling scan starts looking (60 s):
     /// an event's `created_at` is its transaction's start, so one committed
     /// later than this after it began is found by the next full scan rather
@@ -139,6 +144,7 @@ impl Default for DispatcherConfig {
             batch_size: 100,
             concurrency: 64,
             per_subscriber: 16,
+            per_subscriber_min: 1,
             expand_lookback: Duration::from_secs(60),
             query_timeout: Duration::from_secs(60),
             catch_up_interval: Duration::from_secs(300),
@@ -193,6 +199,16 @@ impl DispatcherConfig {
             if value == 0 {
                 return Err(invalid(setting, 0, "must be at least 1"));
             }
+        }
+        if self.per_subscriber_min == 0 || self.per_subscriber_min > self.per_subscriber {
+            return Err(invalid(
+                "per-subscriber-min",
+                self.per_subscriber_min,
+                format!(
+                    "must be at least 1 and at most the per-subscriber limit ({})",
+                    self.per_subscriber
+                ),
+            ));
         }
         if let Some(channel) = &self.channel {
             check_channel(channel)
@@ -377,5 +393,21 @@ mod tests {
         };
         let error = config.validate().expect_err("a bad value");
         assert!(!error.to_string().contains("secret"), "{error}");
+        for least in [0, 17] {
+            let config = DispatcherConfig {
+                per_subscriber_min: least,
+                ..DispatcherConfig::default()
+            };
+            assert!(
+                matches!(
+                    config.validate(),
+                    Err(ConfigError::Invalid {
+                        setting: "per-subscriber-min",
+                        ..
+                    })
+                ),
+                "{least}"
+            );
+        }
     }
 }

@@ -20,6 +20,7 @@ use super::registry::{Handler, WebhookSubscriber};
 use super::signals::Scan;
 use crate::delivery::attempt::{self, Attempted, Request};
 use crate::delivery::health::{Breaker, Gate, Tried};
+use crate::delivery::limit::Reply;
 use crate::delivery::recorder::{Batching, OutcomeStore};
 use crate::delivery::{Verdict, error_chain};
 use crate::events::Attempt;
@@ -40,6 +41,8 @@ impl Dispatcher {
         let recorded = row.created_at.and_utc();
         // The webhook's breaker, when the feed has one: what it let through.
         let mut gate = None;
+        // How long the webhook asked the hub to wait before its next attempt.
+        let mut retry_after = None;
         let verdict = if inner.config.subscriber_name.as_deref() == Some(row.subscriber.as_str()) {
             let handler = registry
                 .handlers
@@ -97,9 +100,16 @@ impl Dispatcher {
             let at = chrono::Utc::now();
             let attempted = inner.webhooks.attempting();
             let answered = self.post(subscriber, prepared, deadline).await;
+            let took = attempted.elapsed();
+            self.observe(
+                &row.subscriber,
+                Reply::of(&answered, took),
+                answered.retry_after,
+            );
+            retry_after = answered.retry_after;
             let history = Attempt {
                 at,
-                duration_micros: i64::try_from(attempted.elapsed().as_micros()).unwrap_or(i64::MAX),
+                duration_micros: i64::try_from(took.as_micros()).unwrap_or(i64::MAX),
                 status: answered.status,
                 error: None,
                 response: answered.response,
@@ -114,7 +124,10 @@ impl Dispatcher {
         let mut outcome = match verdict {
             // Only a WebSub channel judges a 410 gone.
             Verdict::Delivered | Verdict::Gone => RowOutcome::Delivered,
-            Verdict::Retry { error, wait } => RowOutcome::Retry { error, wait },
+            Verdict::Retry { error, wait } => RowOutcome::Retry {
+                error,
+                wait: wait.max(retry_after.unwrap_or_default()),
+            },
             Verdict::Exhausted { error } => RowOutcome::Exhausted { error },
             Verdict::Postponed { error, wait } => RowOutcome::Postponed { error, wait },
         };

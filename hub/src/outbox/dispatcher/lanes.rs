@@ -3,16 +3,26 @@
 //! the waves that fit in the patience (see the schedule module's terms). A
 //! webhook subscriber with its own `max_in_flight` holds that times the
 //! waves; an ordered one holds one row, its head.
+//!
+//! A lane's turns follow the in-flight limit the WebSub lanes use
+//! ([`Limit`]): it adapts to how the webhook answers, between the feed's
+//! `per_subscriber_min` and the subscriber's cap, and a `Retry-After` on a
+//! `429` or `503` pauses the lane. The semaphore of turns is grown when the
+//! limit grows; when it shrinks, free turns are forgotten at once and busy
+//! ones as they come back. A lane paused, or with its limit down, outlives
+//! its last row, so that the subscriber's next row does not start afresh.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use super::Dispatcher;
 use super::config::DispatcherConfig;
 use super::registry::{Delivery, Registry};
+use crate::delivery::limit::{Limit, Reply};
 
 /// The rows this dispatcher holds claimed.
 #[derive(Debug, Default)]
@@ -29,15 +39,40 @@ pub(super) struct Lane {
     pub(super) held: usize,
     /// One permit per attempt the subscriber may have in flight.
     pub(super) turns: Arc<Semaphore>,
-    /// The most rows it may hold, as of when the lane opened.
+    /// The most rows it may hold, as of when it last held none.
     pub(super) hold: usize,
+    limit: Limit,
+    /// Turns the semaphore was given in all: the limit when it last moved.
+    issued: usize,
+    /// Turns to forget as they come back, after a cut found them busy.
+    owed: usize,
+    /// No attempt starts before this (a `Retry-After`).
+    paused_until: Option<Instant>,
+}
+
+impl Lane {
+    /// Whether the lane outlives its last row: while it is paused, or its
+    /// limit is down, a new row must not start afresh at full speed. Such
+    /// lanes are few, one per subscriber in trouble at most.
+    fn worth_keeping_idle(&self) -> bool {
+        self.paused_until
+            .is_some_and(|until| until > Instant::now())
+            || self.limit.is_lowered()
+    }
+
+    /// Whether it holds any row.
+    pub(super) fn is_busy(&self) -> bool {
+        self.held > 0
+    }
 }
 
 /// How much one subscriber may have under way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Limits {
-    /// Attempts in flight at once.
-    pub(super) turns: usize,
+    /// Attempts in flight at once at least, however the webhook answers.
+    pub(super) floor: usize,
+    /// Attempts in flight at once at most.
+    pub(super) cap: usize,
     /// Rows held claimed.
     pub(super) hold: usize,
     /// Only its head is claimed, by a claim of its own.
@@ -57,7 +92,8 @@ impl Dispatcher {
     pub(super) fn limits(&self, registry: &Registry, subscriber: &str) -> Limits {
         match registry.delivery.get(subscriber) {
             Some(delivery) if delivery.ordered => Limits {
-                turns: 1,
+                floor: 1,
+                cap: 1,
                 hold: 1,
                 ordered: true,
             },
@@ -65,12 +101,14 @@ impl Dispatcher {
                 max_in_flight: Some(limit),
                 ..
             }) => Limits {
-                turns: *limit,
+                floor: self.inner.config.per_subscriber_min.min(*limit),
+                cap: *limit,
                 hold: limit.saturating_mul(waves(&self.inner.config)),
                 ordered: false,
             },
             _ => Limits {
-                turns: self.inner.config.per_subscriber,
+                floor: self.inner.config.per_subscriber_min,
+                cap: self.inner.config.per_subscriber,
                 hold: self.inner.hold,
                 ordered: false,
             },
@@ -86,13 +124,82 @@ impl Dispatcher {
         let lane = lanes
             .by_subscriber
             .entry(subscriber.to_owned())
-            .or_insert_with(|| Lane {
-                held: 0,
-                turns: Arc::new(Semaphore::new(limits.turns)),
-                hold: limits.hold,
+            .or_insert_with(|| {
+                let limit = Limit::new(limits.floor, limits.cap);
+                Lane {
+                    held: 0,
+                    turns: Arc::new(Semaphore::new(limit.current())),
+                    hold: limits.hold,
+                    issued: limit.current(),
+                    limit,
+                    owed: 0,
+                    paused_until: None,
+                }
             });
+        if lane.held == 0 {
+            lane.hold = limits.hold;
+        }
         lane.held += 1;
         lane.turns.clone()
+    }
+
+    /// How long `subscriber`'s lane is still paused by a `Retry-After`.
+    pub(super) fn paused_for(&self, subscriber: &str) -> Option<Duration> {
+        let now = Instant::now();
+        self.lanes()
+            .by_subscriber
+            .get(subscriber)
+            .and_then(|lane| lane.paused_until)
+            .filter(|until| *until > now)
+            .map(|until| until - now)
+    }
+
+    /// What an attempt of `subscriber`'s webhook said of its load (`reply`)
+    /// and how long it asked the hub to wait (`retry_after`): the lane's
+    /// limit follows, its turns with it, and a wait pauses the lane.
+    pub(super) fn observe(
+        &self,
+        subscriber: &str,
+        reply: Option<Reply>,
+        retry_after: Option<Duration>,
+    ) {
+        let now = Instant::now();
+        let mut lanes = self.lanes();
+        let Some(lane) = lanes.by_subscriber.get_mut(subscriber) else {
+            return;
+        };
+        if let Some(wait) = retry_after {
+            let until = now + wait;
+            lane.paused_until = Some(lane.paused_until.map_or(until, |at| at.max(until)));
+        }
+        let Some(reply) = reply else {
+            return;
+        };
+        lane.limit.observe(reply, now.into_std());
+        let limit = lane.limit.current();
+        if limit > lane.issued {
+            let mut more = limit - lane.issued;
+            let repaid = more.min(lane.owed);
+            lane.owed -= repaid;
+            more -= repaid;
+            lane.turns.add_permits(more);
+        } else if limit < lane.issued {
+            let fewer = lane.issued - limit;
+            lane.owed += fewer - lane.turns.forget_permits(fewer);
+        }
+        lane.issued = limit;
+    }
+
+    /// `subscriber`'s attempt gives back its `turn`: kept by the lane, or
+    /// forgotten when a cut is still owed.
+    pub(super) fn give_back(&self, subscriber: &str, turn: OwnedSemaphorePermit) {
+        let mut lanes = self.lanes();
+        if let Some(lane) = lanes.by_subscriber.get_mut(subscriber)
+            && lane.owed > 0
+        {
+            lane.owed -= 1;
+            turn.forget();
+        }
     }
 
     /// One row of `subscriber` is done. Once half the room of the
@@ -107,7 +214,7 @@ impl Dispatcher {
         if let Some(lane) = lanes.by_subscriber.get_mut(subscriber) {
             lane.held = lane.held.saturating_sub(1);
             refill |= lane.held == refill_at(lane.hold);
-            if lane.held == 0 {
+            if lane.held == 0 && !lane.worth_keeping_idle() {
                 lanes.by_subscriber.remove(subscriber);
             }
         }

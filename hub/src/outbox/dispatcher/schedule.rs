@@ -8,7 +8,8 @@
 //!   (recent ones at every poll, all since `start_from` now and then);
 //! - a subscriber's **lane** is what it holds claimed in this dispatcher:
 //!   rows attempting or waiting, and its **turns** (one permit per attempt
-//!   it may have in flight, its `per_subscriber` limit);
+//!   it may have in flight: a limit that adapts to how its webhook answers,
+//!   up to `per_subscriber`, and that a `Retry-After` pauses);
 //! - its **room** is how many more rows a claim may give it: its **hold**
 //!   (the most rows it may hold claimed) less what its lane has;
 //! - the hold is the concurrency times the **waves**: how many rounds of
@@ -30,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -42,7 +43,7 @@ use crate::events::Attempt;
 use super::super::sql::{ClaimedRow, NewEvents, Rooms, RowCompletion, RowOutcome};
 use super::Dispatcher;
 use super::deliver::{Prepared, RowOutcomes, batching, completion};
-use super::lanes::patience;
+use super::lanes::{Lane, patience};
 use super::registry::Registry;
 use super::signals::{MAX_NOTIFIED_IDS, NEWEST_LOOKBACK, Scan, UNNAMED_LOOKBACK};
 use crate::delivery::recorder;
@@ -599,7 +600,10 @@ impl Dispatcher {
             {
                 let lanes = self.lanes();
                 if lanes.held >= self.inner.hold_overall
-                    || lanes.by_subscriber.contains_key(subscriber.as_str())
+                    || lanes
+                        .by_subscriber
+                        .get(subscriber.as_str())
+                        .is_some_and(Lane::is_busy)
                 {
                     continue;
                 }
@@ -678,7 +682,19 @@ impl Dispatcher {
         shutdown: &CancellationToken,
     ) -> (RowOutcome, Option<Attempt>) {
         let turn = async {
-            let own = turns.acquire_owned().await.ok()?;
+            let own = Turn {
+                dispatcher: self,
+                subscriber: &row.subscriber,
+                permit: Some(turns.acquire_owned().await.ok()?),
+            };
+            // A `Retry-After` pauses the lane with its turn in hand: the
+            // other rows of the subscriber queue behind it.
+            while let Some(wait) = self.paused_for(&row.subscriber) {
+                if Instant::now() + wait >= deadline {
+                    return None;
+                }
+                tokio::time::sleep(wait).await;
+            }
             let slot = self.inner.slots.clone().acquire_owned().await.ok()?;
             Some((own, slot))
         };
@@ -690,6 +706,22 @@ impl Dispatcher {
         match permits {
             Some(_permits) => self.attempt(row, prepared, deadline).await,
             None => (RowOutcome::Released, None),
+        }
+    }
+}
+
+/// A subscriber's turn, held by one attempt: given back to its lane however
+/// the attempt ends, so that a limit cut while it ran is paid.
+struct Turn<'a> {
+    dispatcher: &'a Dispatcher,
+    subscriber: &'a str,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            self.dispatcher.give_back(self.subscriber, permit);
         }
     }
 }
