@@ -860,3 +860,65 @@ async fn a_feed_with_a_breaker_delivers_everything_after_an_outage() {
     );
     drop(hub);
 }
+
+/// A feed's webhook answering `429` with `Retry-After` gets nothing more,
+/// neither the retry nor the events after it, until the wait is over; then
+/// everything arrives, the retry spent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_feed_webhooks_retry_after_pauses_all_its_deliveries() {
+    let Some(shop) = Shop::open().await else {
+        return;
+    };
+    let receiver = RecordingReceiver::start().await;
+    receiver.answer_in_turn(
+        Route::any(),
+        [
+            Answer::status(429).with_header("Retry-After", "2"),
+            Answer::status(204),
+        ],
+    );
+    let dir = scratch_dir("feed-retry-after");
+    let webhooks = dir.join("webhooks.toml");
+    write_webhooks(&webhooks, "billing", receiver.url("/paced").as_str());
+    let config = shop.config_file(&dir, &webhooks);
+    let mut text = std::fs::read_to_string(&config).expect("read the config");
+    // The patience (three quarters of the visibility timeout) must outlast
+    // the pause, or the waiting rows are handed back and claimed again.
+    text = text.replace(
+        "visibility_timeout = \"3s\"",
+        "visibility_timeout = \"10s\"",
+    );
+    text.push_str("delivery_per_subscriber_min = 2\n");
+    std::fs::write(&config, text).expect("write the config");
+    let config = config.display().to_string();
+    let hub = Websubd::spawn(&dir, free_port(), &["--config", &config])
+        .ready()
+        .await;
+    shop.produce(0..1).await;
+    assert!(receiver.wait_for("/paced", 1, WAIT).await, "the 429");
+    shop.produce(1..4).await;
+    assert!(
+        receiver
+            .wait_until(WAIT, |receiver| events_on(receiver, "paced") == 4)
+            .await,
+        "every event after the pause"
+    );
+    let attempts = receiver.received_at("/paced");
+    assert_eq!(attempts.len(), 5, "one 429, then the four events");
+    for attempt in &attempts[1..] {
+        let waited = attempt.at - attempts[0].at;
+        assert!(
+            waited >= Duration::from_millis(1_900),
+            "an attempt went out {waited:?} after the 429, inside its Retry-After"
+        );
+    }
+    let retried: Vec<i32> = sqlx::query_scalar(
+        "SELECT retry_count FROM shop.outbox_deliveries \
+         WHERE subscriber = 'billing' ORDER BY retry_count DESC",
+    )
+    .fetch_all(&shop.pool)
+    .await
+    .expect("read the rows");
+    assert_eq!(retried, vec![1, 0, 0, 0], "one retry spent, by the 429");
+    drop(hub);
+}
