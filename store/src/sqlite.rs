@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -252,6 +253,20 @@ async fn count_and_upsert(
 
 /// The one place a row becomes a [`Subscription`]; the row must carry
 /// [`columns!`].
+/// The subscriptions of `rows`, each converted as it arrives. A topic's
+/// list is read whole at times (100 000 subscriptions and more): collected
+/// as rows first, each holding copies of its values, it would sit in memory
+/// twice over at the peak.
+async fn subscriptions(
+    mut rows: impl futures::Stream<Item = Result<SqliteRow, sqlx::Error>> + Unpin,
+) -> Result<Vec<Subscription>, StoreError> {
+    let mut listed = Vec::new();
+    while let Some(row) = rows.try_next().await? {
+        listed.push(subscription_from_row(&row)?);
+    }
+    Ok(listed)
+}
+
 fn subscription_from_row(row: &SqliteRow) -> Result<Subscription, StoreError> {
     let lease_seconds = row
         .try_get::<Option<i64>, _>("lease_seconds")
@@ -327,17 +342,13 @@ impl SubscriptionStore for SqliteStore {
     async fn list_by_topic(&self, topic: &str) -> Result<Vec<Subscription>, StoreError> {
         // One statement, prepared once per connection and cached (sqlx's
         // default for `query`), over the primary key's topic prefix.
-        sqlx::query(concat!(
+        let query = sqlx::query(concat!(
             "SELECT ",
             columns!(),
             " FROM websub_subscriptions WHERE topic = ?1"
         ))
-        .bind(topic)
-        .fetch_all(&self.pool)
-        .await?
-        .iter()
-        .map(subscription_from_row)
-        .collect()
+        .bind(topic);
+        subscriptions(query.fetch(&self.pool)).await
     }
 
     async fn list_by_topic_page(
@@ -371,12 +382,7 @@ impl SubscriptionStore for SqliteStore {
             .bind(limit)
             .bind(after),
         };
-        query
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(subscription_from_row)
-            .collect()
+        subscriptions(query.fetch(&self.pool)).await
     }
 
     async fn has_subscriptions(&self, topic: &str) -> Result<bool, StoreError> {
