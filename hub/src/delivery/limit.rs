@@ -1,7 +1,9 @@
 //! The in-flight limit of one endpoint, shared by both schedulers: it
 //! grows while the endpoint answers quickly and without errors and shrinks
 //! on timeouts, refused connections, `5xx` and `429`, and when its answers
-//! slow down well past the fastest seen, between a floor and a cap.
+//! slow down well past the fastest seen, between a floor and a cap. A
+//! `Retry-After` the endpoint sends pauses it: no attempt starts until the
+//! wait is over.
 
 use std::time::{Duration, Instant};
 
@@ -60,6 +62,8 @@ pub struct Limit {
     fastest_before: Option<Duration>,
     window_start: Instant,
     last_cut: Option<Instant>,
+    /// No attempt starts before this (a `Retry-After`).
+    paused_until: Option<Instant>,
 }
 
 impl Limit {
@@ -74,7 +78,22 @@ impl Limit {
             fastest_before: None,
             window_start: Instant::now(),
             last_cut: None,
+            paused_until: None,
         }
+    }
+
+    /// Pauses the endpoint for `wait` from `now` (a `Retry-After`); a pause
+    /// already longer stands.
+    pub fn pause(&mut self, wait: Duration, now: Instant) {
+        let until = now + wait;
+        self.paused_until = Some(self.paused_until.map_or(until, |at| at.max(until)));
+    }
+
+    /// How long the endpoint is still paused at `now`, if it is.
+    pub fn paused_for(&self, now: Instant) -> Option<Duration> {
+        self.paused_until
+            .and_then(|until| until.checked_duration_since(now))
+            .filter(|wait| !wait.is_zero())
     }
 
     /// Attempts in flight at most now.
@@ -85,10 +104,13 @@ impl Limit {
         whole.max(1)
     }
 
-    /// Whether the limit is below where it started: the endpoint has been
-    /// failing or slowing down, and that is worth remembering while idle.
-    pub fn is_lowered(&self) -> bool {
-        self.value < (INITIAL_LIMIT as f64).clamp(self.floor, self.cap)
+    /// Whether it is worth keeping while its endpoint has nothing under
+    /// way: it is paused at `now`, or below where it started (the endpoint
+    /// has been failing or slowing down), so that the next attempt does not
+    /// start afresh at full speed.
+    pub fn is_worth_keeping(&self, now: Instant) -> bool {
+        self.paused_for(now).is_some()
+            || self.value < (INITIAL_LIMIT as f64).clamp(self.floor, self.cap)
     }
 
     pub fn observe(&mut self, reply: Reply, now: Instant) {

@@ -135,8 +135,6 @@ struct Lane {
     due: Option<DateTime<Utc>>,
     /// Counts the times `due` was set, so a claim clears only what it saw.
     marks: u64,
-    /// No attempt starts before this (a `Retry-After`).
-    paused_until: Option<Instant>,
     /// With a rate limit: when the next attempt may start, and the most
     /// records the rate sends within a queue's wait.
     paced: Option<Pace>,
@@ -165,7 +163,6 @@ impl Lane {
             limit,
             due: None,
             marks: 0,
-            paused_until: None,
         }
     }
 
@@ -192,7 +189,7 @@ impl Lane {
     }
 
     fn is_paused(&self, now: Instant) -> bool {
-        self.paused_until.is_some_and(|until| until > now)
+        self.limit.paused_for(now).is_some()
     }
 
     fn is_idle(&self) -> bool {
@@ -350,8 +347,8 @@ impl Lanes {
         let mut lanes = self.lock();
         let entry = self.entry(&mut lanes, lane);
         let now = Instant::now();
-        if let Some(until) = entry.paused_until.filter(|until| *until > now) {
-            return Admission::Paused(job, until - now);
+        if let Some(wait) = entry.limit.paused_for(now) {
+            return Admission::Paused(job, wait);
         }
         if entry.runners < entry.limit.current() {
             let client = match &entry.client {
@@ -447,8 +444,7 @@ impl Lanes {
     pub(super) fn pause(&self, lane: &str, wait: Duration) {
         let mut lanes = self.lock();
         if let Some(entry) = lanes.get_mut(lane) {
-            let until = Instant::now() + wait;
-            entry.paused_until = Some(entry.paused_until.map_or(until, |at| at.max(until)));
+            entry.limit.pause(wait, Instant::now());
         }
     }
 
@@ -473,9 +469,7 @@ impl Lanes {
         let now = Instant::now();
         self.lock()
             .get(lane)
-            .and_then(|lane| lane.paused_until)
-            .filter(|until| *until > now)
-            .map(|until| until - now)
+            .and_then(|lane| lane.limit.paused_for(now))
     }
 
     fn entry<'a>(&self, lanes: &'a mut HashMap<Arc<str>, Lane>, lane: &str) -> &'a mut Lane {

@@ -14,10 +14,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
 
 use super::Dispatcher;
 use super::config::DispatcherConfig;
@@ -46,18 +45,14 @@ pub(super) struct Lane {
     issued: usize,
     /// Turns to forget as they come back, after a cut found them busy.
     owed: usize,
-    /// No attempt starts before this (a `Retry-After`).
-    paused_until: Option<Instant>,
 }
 
 impl Lane {
-    /// Whether the lane outlives its last row: while it is paused, or its
-    /// limit is down, a new row must not start afresh at full speed. Such
-    /// lanes are few, one per subscriber in trouble at most.
+    /// Whether the lane outlives its last row (see
+    /// [`Limit::is_worth_keeping`]). Such lanes are few, one per subscriber
+    /// in trouble at most.
     fn worth_keeping_idle(&self) -> bool {
-        self.paused_until
-            .is_some_and(|until| until > Instant::now())
-            || self.limit.is_lowered()
+        self.limit.is_worth_keeping(Instant::now())
     }
 
     /// Whether it holds any row.
@@ -133,7 +128,6 @@ impl Dispatcher {
                     issued: limit.current(),
                     limit,
                     owed: 0,
-                    paused_until: None,
                 }
             });
         if lane.held == 0 {
@@ -149,9 +143,7 @@ impl Dispatcher {
         self.lanes()
             .by_subscriber
             .get(subscriber)
-            .and_then(|lane| lane.paused_until)
-            .filter(|until| *until > now)
-            .map(|until| until - now)
+            .and_then(|lane| lane.limit.paused_for(now))
     }
 
     /// What an attempt of `subscriber`'s webhook said of its load (`reply`)
@@ -169,13 +161,12 @@ impl Dispatcher {
             return;
         };
         if let Some(wait) = retry_after {
-            let until = now + wait;
-            lane.paused_until = Some(lane.paused_until.map_or(until, |at| at.max(until)));
+            lane.limit.pause(wait, now);
         }
         let Some(reply) = reply else {
             return;
         };
-        lane.limit.observe(reply, now.into_std());
+        lane.limit.observe(reply, now);
         let limit = lane.limit.current();
         if limit > lane.issued {
             let mut more = limit - lane.issued;
