@@ -15,30 +15,44 @@ macro_rules! lane_of {
             $subscriber,
             ", '://') = 0 THEN ",
             $subscriber,
-            " ELSE substr(substr(substr(",
-            $subscriber,
+            " ELSE substr(",
+            $crate::events::sqlite::statements::authority_of!($subscriber),
             ", instr(",
-            $subscriber,
-            ", '://') + 3), 1, ",
-            "instr(replace(replace(substr(",
-            $subscriber,
-            ", instr(",
-            $subscriber,
-            ", '://') + 3), '?', '/'), '#', '/') || '/', '/') - 1), ",
-            "instr(substr(substr(",
-            $subscriber,
-            ", instr(",
-            $subscriber,
-            ", '://') + 3), 1, ",
-            "instr(replace(replace(substr(",
-            $subscriber,
-            ", instr(",
-            $subscriber,
-            ", '://') + 3), '?', '/'), '#', '/') || '/', '/') - 1), '@') + 1) END"
+            $crate::events::sqlite::statements::authority_of!($subscriber),
+            ", '@') + 1) END"
         )
     };
 }
 pub(super) use lane_of;
+
+/// What follows `://` in `$subscriber` up to its path, query or fragment:
+/// user info included, which [`lane_of`] strips.
+macro_rules! authority_of {
+    ($subscriber:literal) => {
+        concat!(
+            "substr(",
+            $crate::events::sqlite::statements::after_scheme!($subscriber),
+            ", 1, instr(replace(replace(",
+            $crate::events::sqlite::statements::after_scheme!($subscriber),
+            ", '?', '/'), '#', '/') || '/', '/') - 1)"
+        )
+    };
+}
+pub(super) use authority_of;
+
+/// What follows `://` in `$subscriber`.
+macro_rules! after_scheme {
+    ($subscriber:literal) => {
+        concat!(
+            "substr(",
+            $subscriber,
+            ", instr(",
+            $subscriber,
+            ", '://') + 3)"
+        )
+    };
+}
+pub(super) use after_scheme;
 
 pub(super) const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at) \
      VALUES (?1, ?2, ?3, ?4, ?5)";
