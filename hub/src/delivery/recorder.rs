@@ -75,7 +75,20 @@ pub async fn record<S: OutcomeStore>(
             }
         };
         let _ = tokio::time::timeout(batching.gathering, gather).await;
-        let Ok(writer) = writers.clone().acquire_owned().await else {
+        // While every writer is busy the batch goes on growing: the busier
+        // the store, the fewer and larger its writes.
+        let mut open = true;
+        let writer = loop {
+            let room = limit - batch.len();
+            tokio::select! {
+                biased;
+                writer = writers.clone().acquire_owned() => break writer,
+                received = outcomes.recv_many(&mut batch, room), if open && room > 0 => {
+                    open = received > 0;
+                }
+            }
+        };
+        let Ok(writer) = writer else {
             break;
         };
         let store = store.clone();

@@ -111,11 +111,29 @@ impl EventCache {
 /// another replica (a renewed secret, an unsubscribe) takes to be seen.
 pub const SUBSCRIBERS_TTL: Duration = Duration::from_secs(10);
 
-/// A topic's subscriptions by callback, as read at one moment.
+/// A topic's subscriptions by callback, as read at one moment: in the pages
+/// they were read in, so that a list still being read is kept page by page
+/// without copying the pages before.
 #[derive(Debug)]
 pub(super) struct Subscribers {
-    pub(super) by_callback: HashMap<String, Arc<Subscription>>,
-    pub(super) read_at: std::time::Instant,
+    pages: Vec<Arc<ByCallback>>,
+    read_at: std::time::Instant,
+}
+
+/// Subscriptions by callback.
+pub(super) type ByCallback = HashMap<String, Arc<Subscription>>;
+
+impl Subscribers {
+    pub(super) fn new(pages: Vec<Arc<ByCallback>>) -> Self {
+        Self {
+            pages,
+            read_at: std::time::Instant::now(),
+        }
+    }
+
+    pub(super) fn get(&self, callback: &str) -> Option<&Arc<Subscription>> {
+        self.pages.iter().find_map(|page| page.get(callback))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -141,25 +159,16 @@ impl SubscriberCache {
     }
 
     pub(super) fn put(&self, topic: &str, listed: Vec<Subscription>) -> Arc<Subscribers> {
-        self.put_read(
-            topic,
-            listed
-                .into_iter()
-                .map(|subscription| (subscription.callback.clone(), Arc::new(subscription)))
-                .collect(),
-        )
+        let page = listed
+            .into_iter()
+            .map(|subscription| (subscription.callback.clone(), Arc::new(subscription)))
+            .collect();
+        self.put_read(topic, vec![Arc::new(page)])
     }
 
-    /// Keeps `by_callback`, read just now, as `topic`'s subscribers.
-    pub(super) fn put_read(
-        &self,
-        topic: &str,
-        by_callback: HashMap<String, Arc<Subscription>>,
-    ) -> Arc<Subscribers> {
-        let subscribers = Arc::new(Subscribers {
-            by_callback,
-            read_at: std::time::Instant::now(),
-        });
+    /// Keeps `pages`, read just now, as `topic`'s subscribers.
+    pub(super) fn put_read(&self, topic: &str, pages: Vec<Arc<ByCallback>>) -> Arc<Subscribers> {
+        let subscribers = Arc::new(Subscribers::new(pages));
         let mut topics = self
             .topics
             .lock()

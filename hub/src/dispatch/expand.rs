@@ -3,7 +3,7 @@
 //! have room already claimed and handed straight to the attempts, the rest
 //! unclaimed, for their lanes to claim as they free room.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use tokio::sync::OwnedSemaphorePermit;
@@ -13,7 +13,7 @@ use websub_store::{Subscription, SubscriptionStore};
 
 use crate::events::{Completion, LoggedEvent, Outcome};
 
-use super::cache::Outgoing;
+use super::cache::{ByCallback, Outgoing};
 use super::{DispatchError, Distributor, LEASE_EXPIRED, Pipeline, lane_of, ordered_lane_of};
 
 impl Distributor {
@@ -68,7 +68,7 @@ impl Distributor {
         let outgoing = Arc::new(Outgoing::new(event, &self.inner.hub_url));
         self.inner.bodies.insert(outgoing.clone());
         let topic = outgoing.event.topic.as_str();
-        let mut limit = self.inner.policy.concurrency.clamp(1, MAX_PAGE);
+        let mut limit = FIRST_PAGE;
         let mut page = self
             .inner
             .store
@@ -79,22 +79,25 @@ impl Distributor {
         // claim later: the pages read here become the cached list those
         // claims find, so that none of them lists the whole topic again
         // (over a second at 100 000 on SQLite, the claim loop held).
-        let mut read: HashMap<String, Arc<Subscription>> = HashMap::new();
+        let mut read: Vec<Arc<ByCallback>> = Vec::new();
         loop {
             subscribers += page.len();
-            if page.len() == limit || !read.is_empty() {
-                read.extend(page.iter().map(|subscription| {
-                    (
-                        subscription.callback.clone(),
-                        Arc::new(subscription.clone()),
-                    )
-                }));
+            let shared: Vec<Arc<Subscription>> = page.into_iter().map(Arc::new).collect();
+            let full = shared.len() == limit;
+            if full || !read.is_empty() {
+                read.push(Arc::new(
+                    shared
+                        .iter()
+                        .map(|subscription| (subscription.callback.clone(), subscription.clone()))
+                        .collect(),
+                ));
                 self.inner.subscribers.put_read(topic, read.clone());
             }
             let next_limit = (limit * 4).min(MAX_PAGE);
-            let after = (page.len() == limit)
+            let after = full
                 .then(|| {
-                    page.last()
+                    shared
+                        .last()
                         .map(|subscription| subscription.callback.clone())
                 })
                 .flatten();
@@ -112,7 +115,7 @@ impl Distributor {
                 Ok::<_, websub_store::StoreError>(Some(next))
             };
             let (delivered, next) = tokio::join!(
-                self.deliver_page(&outgoing, page, pipeline, shutdown),
+                self.deliver_page(&outgoing, shared, pipeline, shutdown),
                 read_next
             );
             let Some(delivered) = delivered? else {
@@ -151,7 +154,7 @@ impl Distributor {
     pub(super) async fn deliver_page(
         &self,
         outgoing: &Arc<Outgoing>,
-        page: Vec<Subscription>,
+        page: Vec<Arc<Subscription>>,
         pipeline: &Pipeline,
         shutdown: &CancellationToken,
     ) -> Result<Option<u64>, DispatchError> {
@@ -211,11 +214,15 @@ impl Distributor {
             }
         }
         // The others, due now and unclaimed, with their lanes told: the
-        // host's, or the line of an ordered subscription.
-        for (records, ordered) in [(waiting, false), (ordered, true)] {
-            if records.is_empty() {
-                continue;
-            }
+        // host's, or the line of an ordered subscription. In parts, each
+        // told as it is in, so that a lane claims its first records while
+        // the rest are written, and claims and outcomes queued for the log
+        // go in between.
+        let parts = waiting
+            .chunks(WAITING_PART)
+            .map(|part| (part, false))
+            .chain(ordered.chunks(WAITING_PART).map(|part| (part, true)));
+        for (records, ordered) in parts {
             let started = std::time::Instant::now();
             let callbacks: Vec<&str> = records
                 .iter()
@@ -251,7 +258,7 @@ impl Distributor {
     async fn write_claimed(
         &self,
         outgoing: &Arc<Outgoing>,
-        part: Vec<(Subscription, Option<OwnedSemaphorePermit>)>,
+        part: Vec<(Arc<Subscription>, Option<OwnedSemaphorePermit>)>,
         now: chrono::DateTime<chrono::Utc>,
         pipeline: &Pipeline,
     ) -> Result<u64, DispatchError> {
@@ -291,7 +298,7 @@ impl Distributor {
                 if mine {
                     let _ = pipeline.completed.send(Completion {
                         event_id: outgoing.event.id,
-                        subscriber: subscription.callback,
+                        subscriber: subscription.callback.clone(),
                         outcome: Outcome::Dropped {
                             reason: LEASE_EXPIRED.to_owned(),
                         },
@@ -302,7 +309,6 @@ impl Distributor {
             };
             // Handed over before its slot is given back, so the lane is
             // never seen idle in between.
-            let subscription = Arc::new(subscription);
             if mine {
                 let lane = lane_of(&subscription.callback);
                 self.enqueue(
@@ -342,3 +348,12 @@ impl Distributor {
 /// The largest page of subscribers an expansion reads at once: a 100 000
 /// fan-out takes a dozen reads, and two pages in memory stay a few MB.
 pub(super) const MAX_PAGE: usize = 10_000;
+
+/// The first page of subscribers an expansion reads: small, so that the
+/// first deliveries leave a few milliseconds after the event, whatever the
+/// size of its topic; each page after is four times larger.
+const FIRST_PAGE: usize = 256;
+
+/// The most records that wait for their lanes written at once: a part
+/// holds the log's write connection for a few milliseconds.
+const WAITING_PART: usize = 1_024;

@@ -235,7 +235,7 @@ impl Distributor {
         let recorder = tokio::spawn(recorder::record(
             LogOutcomes(self.clone()),
             completions,
-            batching(&policy),
+            batching(&policy, &*self.inner.events),
         ));
         let expander = tokio::spawn(
             self.clone()
@@ -441,7 +441,7 @@ impl Distributor {
             let Some((known, fresh)) = subscribers.get(&claim.topic).cloned() else {
                 continue;
             };
-            if !fresh && !known.by_callback.contains_key(&claim.subscriber) {
+            if !fresh && known.get(&claim.subscriber).is_none() {
                 // Subscribed after the cached list was read: read it again
                 // rather than drop a delivery the expansion wrote for it.
                 let refreshed = self.subscribers(&claim.topic, true).await?;
@@ -458,7 +458,7 @@ impl Distributor {
         for (claim, lane) in claimed {
             let subscription = subscribers
                 .get(&claim.topic)
-                .and_then(|(known, _)| known.by_callback.get(&claim.subscriber))
+                .and_then(|(known, _)| known.get(&claim.subscriber))
                 .cloned();
             let event = events.get(&claim.event_id).cloned();
             let (subscription, event) = match (subscription, event) {
@@ -643,10 +643,7 @@ impl Distributor {
                 Err(error) => return Err(error.into()),
             }
         }
-        Ok(Subscribers {
-            by_callback,
-            read_at: std::time::Instant::now(),
-        })
+        Ok(Subscribers::new(vec![Arc::new(by_callback)]))
     }
 
     async fn event(&self, id: Uuid) -> Result<Option<Arc<Outgoing>>, DispatchError> {
@@ -823,14 +820,14 @@ const POINT_READS: usize = 64;
 
 /// How WebSub outcomes are written: in a fan-out of tens of thousands of
 /// deliveries a second, a batched update on PostgreSQL takes tens of
-/// milliseconds, so several writes run at once (the records of different
-/// batches never overlap) and each gathers only briefly, keeping the log
-/// abreast of the network.
-fn batching(policy: &DeliveryPolicy) -> Batching {
+/// milliseconds, so as many writes run at once as the log takes (the
+/// records of different batches never overlap), and each gathers only
+/// briefly, keeping the log abreast of the network.
+fn batching(policy: &DeliveryPolicy, events: &dyn EventLog) -> Batching {
     Batching {
         limit: policy.batch_size,
         gathering: Duration::from_millis(2),
-        writers: 4,
+        writers: events.writes_at_once(),
     }
 }
 

@@ -669,6 +669,10 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
 
     /// The history of endpoint changes, in the same database.
     fn changes(&self) -> &dyn EndpointChanges;
+
+    /// How many writes the log makes progress on at once: a writer beyond
+    /// them only waits, with a batch that could have grown meanwhile.
+    fn writes_at_once(&self) -> usize;
 }
 
 /// The oldest claim still alive at `now`, or `None` when the visibility

@@ -919,4 +919,10 @@ impl EventLog for PostgresEventLog {
     fn changes(&self) -> &dyn super::EndpointChanges {
         self
     }
+
+    /// Each write its own connection and transaction: they overlap on the
+    /// server.
+    fn writes_at_once(&self) -> usize {
+        4
+    }
 }

@@ -30,6 +30,12 @@
 //!   outcomes would stall deliveries), and that connection's page cache
 //!   stays valid from one write to the next (a write by another connection
 //!   invalidates it, and the next write would read its pages again).
+//! - **A transaction, one round trip.** sqlx runs SQLite on a thread of its
+//!   own, and each statement, `BEGIN` and `COMMIT` is a round trip to it:
+//!   two thread switches, and tens of microseconds on a busy machine. The
+//!   writes of the delivery path (claims, outcomes) therefore go as one
+//!   script, `BEGIN IMMEDIATE; …; COMMIT`, in one round trip
+//!   ([`SqliteEventLog::run_script`]).
 //! - **JSON parameters.** SQLite has no array type and allows at most 32 766
 //!   bind parameters per statement, so batches (subscribers to expand,
 //!   completions) travel as one JSON array parameter read with `json_each`:
@@ -41,9 +47,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
-use sqlx::sqlite::{SqliteConnection, SqlitePool};
+use sqlx::query::Query;
+use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
 use sqlx::{AssertSqlSafe, Connection, Row};
-use tokio::sync::{Mutex, MutexGuard, OnceCell};
+use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard, OnceCell};
 use uuid::Uuid;
 
 mod changes;
@@ -60,8 +67,8 @@ use super::{
 };
 use rows::{
     attempt_from_row, attempts_json, claimed_from_row, completions_json, delivered_json,
-    delivery_from_row, event_from_row, from_micros, is_unique_violation, optional_time,
-    retry_count,
+    delivery_from_row, event_from_row, from_micros, is_foreign_key_violation, is_unique_violation,
+    optional_time, retry_count,
 };
 
 /// The file is opened the way the subscription store opens it (the two share
@@ -84,7 +91,16 @@ pub struct SqliteEventLog {
     pool: SqlitePool,
     /// The connection every write of this log goes through, taken from the
     /// pool at the first write; see the module doc.
-    writer: Arc<OnceCell<Mutex<SqliteConnection>>>,
+    writer: Arc<OnceCell<Mutex<Writer>>>,
+}
+
+/// The write connection and what it may have been left with.
+#[derive(Debug)]
+struct Writer {
+    connection: SqliteConnection,
+    /// A script was sent and its end not seen: its caller went away before
+    /// the `COMMIT` came back, so its transaction may still be open.
+    unfinished: bool,
 }
 
 impl SqliteEventLog {
@@ -131,21 +147,106 @@ impl SqliteEventLog {
 
     /// The write connection, for one write: the writes of this log queue
     /// here, one at a time.
-    async fn writer(&self) -> Result<MutexGuard<'_, SqliteConnection>, EventLogError> {
+    async fn writer(&self) -> Result<MappedMutexGuard<'_, SqliteConnection>, EventLogError> {
+        let writer = self.locked_writer().await?;
+        Ok(MutexGuard::map(writer, |writer| &mut writer.connection))
+    }
+
+    /// The write connection, with what an unfinished script left rolled
+    /// back.
+    async fn locked_writer(&self) -> Result<MutexGuard<'_, Writer>, sqlx::Error> {
         let writer = self
             .writer
             .get_or_try_init(|| async {
-                Ok::<_, sqlx::Error>(Mutex::new(self.pool.acquire().await?.detach()))
+                Ok::<_, sqlx::Error>(Mutex::new(Writer {
+                    connection: self.pool.acquire().await?.detach(),
+                    unfinished: false,
+                }))
             })
             .await?;
-        Ok(writer.lock().await)
+        let mut writer = writer.lock().await;
+        if writer.unfinished {
+            rollback(&mut writer.connection).await;
+            writer.unfinished = false;
+        }
+        Ok(writer)
     }
+
+    /// Runs `script` (statements between `BEGIN IMMEDIATE` and `COMMIT`,
+    /// [`statements::script`]) on the write connection in one round trip,
+    /// and returns the rows its statements return. A statement that fails
+    /// stops the script with its transaction open: it is rolled back here,
+    /// or, when the caller goes away first, before the next write.
+    async fn run_script(
+        &self,
+        script: Query<'_, Sqlite, SqliteArguments>,
+    ) -> Result<Vec<SqliteRow>, sqlx::Error> {
+        let mut writer = self.locked_writer().await?;
+        writer.unfinished = true;
+        let rows = script.fetch_all(&mut writer.connection).await;
+        if rows.is_err() {
+            rollback(&mut writer.connection).await;
+        }
+        writer.unfinished = false;
+        rows
+    }
+
+    /// `error`, from writing records of `event_id`: a missing event is
+    /// [`EventLogError::UnknownEvent`] rather than a foreign-key failure.
+    async fn unknown_event(&self, error: sqlx::Error, event_id: Uuid) -> EventLogError {
+        if is_foreign_key_violation(&error)
+            && matches!(
+                event_must_exist(&self.pool, event_id).await,
+                Err(EventLogError::UnknownEvent(_))
+            )
+        {
+            EventLogError::UnknownEvent(event_id)
+        } else {
+            error.into()
+        }
+    }
+}
+
+/// Ends a transaction a script left open. When there is none (the script
+/// ended after all) SQLite says so, and there is nothing to do.
+async fn rollback(connection: &mut SqliteConnection) {
+    let _ = sqlx::raw_sql("ROLLBACK").execute(connection).await;
 }
 
 fn migrator() -> Migrator {
     let mut migrator = sqlx::migrate!("../migrations/sqlite/hub");
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator
+}
+
+/// A claim's now and stale bound, in µs: the bound is `None` when the
+/// visibility timeout reaches before the epoch (then no claim is stale).
+fn claim_times(now: DateTime<Utc>, visibility: Duration) -> (i64, Option<i64>) {
+    let stale = super::stale_bound(now, visibility).map(|bound| bound.timestamp_micros());
+    (now.timestamp_micros(), stale)
+}
+
+/// `lanes`, a claim's, in chunks of at most the largest of
+/// [`LANES_PER_SCRIPT`], each with the script of its size (from `scripts`,
+/// one per size) and padded up to it with `nothing`, which claims nothing.
+fn lanes_scripts<T: Copy>(
+    scripts: &'static [String],
+    lanes: &[T],
+    nothing: T,
+) -> Vec<(&'static str, Vec<T>)> {
+    let most = LANES_PER_SCRIPT[LANES_PER_SCRIPT.len() - 1];
+    lanes
+        .chunks(most)
+        .map(|chunk| {
+            let size = LANES_PER_SCRIPT
+                .iter()
+                .position(|size| *size >= chunk.len())
+                .unwrap_or(LANES_PER_SCRIPT.len() - 1);
+            let mut padded = chunk.to_vec();
+            padded.resize(LANES_PER_SCRIPT[size], nothing);
+            (scripts[size].as_str(), padded)
+        })
+        .collect()
 }
 
 /// The body of [`EventLog::expand`], on a transaction holding the write lock.
@@ -194,10 +295,10 @@ fn json_chunks(subscribers: &[&str]) -> Result<Vec<String>, EventLogError> {
 
 /// An expansion's records need their event: a missing one is
 /// [`EventLogError::UnknownEvent`] rather than a foreign-key failure.
-async fn event_must_exist(tx: &mut SqliteConnection, event_id: Uuid) -> Result<(), EventLogError> {
+async fn event_must_exist(pool: &SqlitePool, event_id: Uuid) -> Result<(), EventLogError> {
     let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
         .bind(event_id)
-        .fetch_one(&mut *tx)
+        .fetch_one(pool)
         .await?;
     if exists {
         Ok(())
@@ -301,33 +402,41 @@ impl EventLog for SqliteEventLog {
         now: DateTime<Utc>,
     ) -> Result<Vec<String>, EventLogError> {
         let subscribers = super::sorted_unique(subscribers.iter().copied());
-        let chunks = json_chunks(&subscribers)?;
-        let mut writer = self.writer().await?;
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
-        event_must_exist(&mut tx, event_id).await?;
         let mut created = Vec::with_capacity(subscribers.len());
-        for (part, json) in subscribers.chunks(EXPAND_CHUNK).zip(chunks) {
-            let first = sqlx::query(EXPAND_CLAIMED_FIRST)
-                .bind(event_id)
-                .bind(now.timestamp_micros())
-                .bind(&json)
-                .execute(&mut *tx)
-                .await;
-            match first {
+        for (part, json) in subscribers
+            .chunks(EXPAND_CHUNK)
+            .zip(json_chunks(&subscribers)?)
+        {
+            let written = |script: &'static str| {
+                sqlx::query(script)
+                    .bind(event_id)
+                    .bind(now.timestamp_micros())
+                    .bind(now.timestamp_micros())
+                    .bind(json.clone())
+            };
+            match self
+                .run_script(written(EXPAND_CLAIMED_FIRST_SCRIPT.as_str()))
+                .await
+            {
                 Ok(_) => created.extend(part.iter().map(|subscriber| (*subscriber).to_owned())),
                 Err(error) if is_unique_violation(&error) => {
-                    let rows: Vec<String> = sqlx::query_scalar(EXPAND_CLAIMED_AGAIN)
-                        .bind(event_id)
-                        .bind(now.timestamp_micros())
-                        .bind(json)
-                        .fetch_all(&mut *tx)
-                        .await?;
-                    created.extend(rows);
+                    let rows = match self
+                        .run_script(written(EXPAND_CLAIMED_AGAIN_SCRIPT.as_str()))
+                        .await
+                    {
+                        Ok(rows) => rows,
+                        Err(error) => return Err(self.unknown_event(error, event_id).await),
+                    };
+                    for row in rows {
+                        created.push(row.try_get("subscriber").map_err(super::invalid)?);
+                    }
                 }
-                Err(error) => return Err(error.into()),
+                Err(error) => return Err(self.unknown_event(error, event_id).await),
             }
         }
-        tx.commit().await?;
+        if subscribers.is_empty() {
+            event_must_exist(&self.pool, event_id).await?;
+        }
         Ok(created)
     }
 
@@ -354,22 +463,36 @@ impl EventLog for SqliteEventLog {
         ordered: bool,
     ) -> Result<u64, EventLogError> {
         let subscribers = super::sorted_unique(subscribers.iter().copied());
-        let chunks = json_chunks(&subscribers)?;
-        let mut writer = self.writer().await?;
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
-        event_must_exist(&mut tx, event_id).await?;
-        let statement = if ordered { EXPAND_ORDERED } else { EXPAND };
+        let script = if ordered {
+            EXPAND_ORDERED_SCRIPT.as_str()
+        } else {
+            EXPAND_WAITING_SCRIPT.as_str()
+        };
         let mut created = 0;
-        for json in chunks {
-            created += sqlx::query(statement)
-                .bind(event_id)
-                .bind(due.timestamp_micros())
-                .bind(json)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
+        for json in json_chunks(&subscribers)? {
+            let query = if ordered {
+                sqlx::query(script)
+                    .bind(event_id)
+                    .bind(due.timestamp_micros())
+                    .bind(event_id)
+                    .bind(json)
+            } else {
+                sqlx::query(script)
+                    .bind(event_id)
+                    .bind(due.timestamp_micros())
+                    .bind(json)
+            };
+            let rows = match self.run_script(query).await {
+                Ok(rows) => rows,
+                Err(error) => return Err(self.unknown_event(error, event_id).await),
+            };
+            for row in rows {
+                created += super::count(row.try_get("created").map_err(super::invalid)?)?;
+            }
         }
-        tx.commit().await?;
+        if subscribers.is_empty() {
+            event_must_exist(&self.pool, event_id).await?;
+        }
         Ok(created)
     }
 
@@ -379,27 +502,23 @@ impl EventLog for SqliteEventLog {
         now: DateTime<Utc>,
         visibility: Duration,
     ) -> Result<Vec<Claimed>, EventLogError> {
-        if lanes.iter().all(|(_, count)| *count == 0) {
-            return Ok(Vec::new());
-        }
-        let stale = super::stale_bound(now, visibility).map(|bound| bound.timestamp_micros());
-        // One transaction for every lane: one wait for the write lock.
-        let mut writer = self.writer().await?;
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let lanes: Vec<(Option<&str>, i64)> = lanes
+            .iter()
+            .filter(|(_, count)| *count > 0)
+            .map(|(lane, count)| (Some(*lane), i64::try_from(*count).unwrap_or(i64::MAX)))
+            .collect();
+        let (now, stale) = claim_times(now, visibility);
         let mut claimed = Vec::new();
-        for (lane, count) in lanes.iter().filter(|(_, count)| *count > 0) {
-            let rows = sqlx::query(CLAIM_LANE)
-                .bind(now.timestamp_micros())
-                .bind(stale)
-                .bind(i64::try_from(*count).unwrap_or(i64::MAX))
-                .bind(*lane)
-                .fetch_all(&mut *tx)
-                .await?;
-            for row in &rows {
-                claimed.push(claimed_from_row(row)?);
+        for (script, chunk) in lanes_scripts(&CLAIM_LANES_SCRIPTS, &lanes, (None, 0)) {
+            let query = chunk
+                .into_iter()
+                .fold(sqlx::query(script), |query, (lane, count)| {
+                    query.bind(now).bind(lane).bind(now).bind(stale).bind(count)
+                });
+            for row in self.run_script(query).await? {
+                claimed.push(claimed_from_row(&row)?);
             }
         }
-        tx.commit().await?;
         Ok(claimed)
     }
 
@@ -409,25 +528,17 @@ impl EventLog for SqliteEventLog {
         now: DateTime<Utc>,
         visibility: Duration,
     ) -> Result<Vec<Claimed>, EventLogError> {
-        if lanes.is_empty() {
-            return Ok(Vec::new());
-        }
-        let stale = super::stale_bound(now, visibility).map(|bound| bound.timestamp_micros());
-        let mut writer = self.writer().await?;
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let lanes: Vec<Option<&str>> = lanes.iter().copied().map(Some).collect();
+        let (now, stale) = claim_times(now, visibility);
         let mut claimed = Vec::new();
-        for lane in lanes {
-            if let Some(row) = sqlx::query(CLAIM_ORDERED)
-                .bind(now.timestamp_micros())
-                .bind(stale)
-                .bind(*lane)
-                .fetch_optional(&mut *tx)
-                .await?
-            {
+        for (script, chunk) in lanes_scripts(&CLAIM_ORDERED_SCRIPTS, &lanes, None) {
+            let query = chunk.into_iter().fold(sqlx::query(script), |query, lane| {
+                query.bind(now).bind(lane).bind(now).bind(stale)
+            });
+            for row in self.run_script(query).await? {
                 claimed.push(claimed_from_row(&row)?);
             }
         }
-        tx.commit().await?;
         Ok(claimed)
     }
 
@@ -598,29 +709,18 @@ impl EventLog for SqliteEventLog {
             (Some(completions_json(&others)?), attempts_json(&others)?)
         };
         let now = now.timestamp_micros();
-        let mut writer = self.writer().await?;
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
-        if let Some(delivered) = delivered {
-            sqlx::query(COMPLETE_DELIVERED)
-                .bind(delivered)
+        let query = match (others, attempts) {
+            (None, _) => sqlx::query(COMPLETE_DELIVERED_SCRIPT.as_str())
                 .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if let Some(others) = others {
-            sqlx::query(COMPLETE)
+                .bind(delivered),
+            (others, attempts) => sqlx::query(COMPLETE_SCRIPT.as_str())
+                .bind(now)
+                .bind(delivered.unwrap_or_else(|| "[]".to_owned()))
+                .bind(now)
                 .bind(others)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if let Some(attempts) = attempts {
-            sqlx::query(RECORD_ATTEMPTS)
-                .bind(attempts)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
+                .bind(attempts.unwrap_or_else(|| "[]".to_owned())),
+        };
+        self.run_script(query).await?;
         Ok(())
     }
 
@@ -901,5 +1001,10 @@ impl EventLog for SqliteEventLog {
 
     fn changes(&self) -> &dyn super::EndpointChanges {
         self
+    }
+
+    /// One: the writes of this log queue for its one write connection.
+    fn writes_at_once(&self) -> usize {
+        1
     }
 }

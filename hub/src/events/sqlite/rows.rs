@@ -78,6 +78,13 @@ pub(super) fn is_unique_violation(error: &sqlx::Error) -> bool {
         .is_some_and(|error| error.is_unique_violation())
 }
 
+/// A record refused for want of its event.
+pub(super) fn is_foreign_key_violation(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|error| error.is_foreign_key_violation())
+}
+
 /// The completions as the JSON array [`COMPLETE`] reads.
 pub(super) fn completions_json(completions: &[&Completion]) -> Result<String, EventLogError> {
     let rows: Vec<_> = completions

@@ -1,6 +1,8 @@
 //! The SQLite event log's statements, apart from the code that runs
 //! them; each says why it is written as it is.
 
+use std::sync::LazyLock;
+
 /// The table the hub's migrations are recorded in; see the log's module doc.
 pub(super) const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
 
@@ -54,6 +56,74 @@ macro_rules! after_scheme {
 }
 pub(super) use after_scheme;
 
+/// `statements` as one transaction, sent in one round trip (see
+/// `SqliteEventLog::run_script`): the write lock is taken at `BEGIN
+/// IMMEDIATE`, so that no statement meets a snapshot another write made
+/// stale.
+///
+/// The statements of a script take their parameters by position (`?`),
+/// each the next of the script's values in the order written: sqlx binds a
+/// numbered parameter (`?3`) to the script's value of that number, and
+/// numbers missing from a statement shift the values it gives by position
+/// to the statements after.
+pub(super) fn script(statements: &[&str]) -> String {
+    format!("BEGIN IMMEDIATE; {}; COMMIT", statements.join("; "))
+}
+
+/// How many lanes a claim's script serves, the last of a claim's chunks
+/// padded up to the next size: a few scripts, each prepared once.
+pub(super) const LANES_PER_SCRIPT: [usize; 6] = [1, 2, 4, 8, 16, 32];
+
+/// A [`script`] of `claim`, the claim of one lane, for each size of
+/// [`LANES_PER_SCRIPT`].
+fn lanes_scripts(claim: &str) -> Vec<String> {
+    LANES_PER_SCRIPT
+        .iter()
+        .map(|lanes| script(&vec![claim; *lanes]))
+        .collect()
+}
+
+/// [`EXPAND_CLAIMED_FIRST`], alone in its transaction.
+pub(super) static EXPAND_CLAIMED_FIRST_SCRIPT: LazyLock<String> =
+    LazyLock::new(|| script(&[EXPAND_CLAIMED_FIRST]));
+
+/// [`EXPAND_CLAIMED_AGAIN`], alone in its transaction.
+pub(super) static EXPAND_CLAIMED_AGAIN_SCRIPT: LazyLock<String> =
+    LazyLock::new(|| script(&[EXPAND_CLAIMED_AGAIN]));
+
+/// [`EXPAND`] in its transaction: records that wait for their lane. Its
+/// one row is how many it created.
+pub(super) static EXPAND_WAITING_SCRIPT: LazyLock<String> =
+    LazyLock::new(|| script(&[EXPAND, CREATED]));
+
+/// [`EXPAND_ORDERED`] in its transaction; its one row is how many it created.
+pub(super) static EXPAND_ORDERED_SCRIPT: LazyLock<String> =
+    LazyLock::new(|| script(&[EXPAND_ORDERED, CREATED]));
+
+/// How many rows the statement before wrote. A script's statements count
+/// as one execution, whose total would count each of them again at every
+/// statement after it (SQLite's count of changes stays until the next
+/// write).
+const CREATED: &str = "SELECT changes() AS created";
+
+/// [`CLAIM_LANE`] for as many lanes as each size of [`LANES_PER_SCRIPT`].
+pub(super) static CLAIM_LANES_SCRIPTS: LazyLock<Vec<String>> =
+    LazyLock::new(|| lanes_scripts(CLAIM_LANE));
+
+/// [`CLAIM_ORDERED`] for as many lanes as each size of [`LANES_PER_SCRIPT`].
+pub(super) static CLAIM_ORDERED_SCRIPTS: LazyLock<Vec<String>> =
+    LazyLock::new(|| lanes_scripts(CLAIM_ORDERED));
+
+/// Outcomes that are all deliveries.
+pub(super) static COMPLETE_DELIVERED_SCRIPT: LazyLock<String> =
+    LazyLock::new(|| script(&[COMPLETE_DELIVERED]));
+
+/// Any outcomes: the deliveries ([`COMPLETE_DELIVERED`]), the others
+/// ([`COMPLETE`]) and their attempts ([`RECORD_ATTEMPTS`]), each `[]` when
+/// there is none.
+pub(super) static COMPLETE_SCRIPT: LazyLock<String> =
+    LazyLock::new(|| script(&[COMPLETE_DELIVERED, COMPLETE, RECORD_ATTEMPTS]));
+
 pub(super) const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at) \
      VALUES (?1, ?2, ?3, ?4, ?5)";
 
@@ -65,34 +135,36 @@ pub(super) const MARK_EXPANDED: &str =
     "UPDATE websub_events SET expanded_at = COALESCE(expanded_at, ?2) WHERE id = ?1";
 
 // `WHERE true` is SQLite's required disambiguation between an upsert's ON and
-// a join's ON after INSERT … SELECT.
+// a join's ON after INSERT … SELECT. Its values, also in a script: the
+// event, when the records are due, the subscribers as JSON.
 pub(super) const EXPAND: &str = concat!(
     "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
-     SELECT ?1, value, ?2, ",
+     SELECT ?, value, ?, ",
     lane_of!("value"),
-    " FROM json_each(?3) WHERE true ON CONFLICT DO NOTHING"
+    " FROM json_each(?) WHERE true ON CONFLICT DO NOTHING"
 );
 
-// Records claimed for their first attempt as they are written. The first try
-// has no ON CONFLICT: nothing conflicts unless the event is being (or was)
-// expanded elsewhere, and then every row went in and none need be read back.
-// On a conflict the statement alone is rolled back and EXPAND_CLAIMED_AGAIN
-// runs in the same transaction; its RETURNING reports only the rows it
+// Records claimed for their first attempt as they are written, in a
+// script; the values: the event, now (due), now (claimed), the subscribers
+// as JSON. The first try has no ON CONFLICT: nothing conflicts unless the
+// event is being (or was) expanded elsewhere, and then every row went in
+// and none need be read back. On a conflict the script is rolled back and
+// EXPAND_CLAIMED_AGAIN runs; its RETURNING reports only the rows it
 // inserted, not those it skipped.
 pub(super) const EXPAND_CLAIMED_FIRST: &str = concat!(
     "INSERT INTO websub_deliveries \
      (event_id, subscriber, next_attempt_at, processing_since, lane) \
-     SELECT ?1, value, ?2, ?2, ",
+     SELECT ?, value, ?, ?, ",
     lane_of!("value"),
-    " FROM json_each(?3)"
+    " FROM json_each(?)"
 );
 
 pub(super) const EXPAND_CLAIMED_AGAIN: &str = concat!(
     "INSERT INTO websub_deliveries \
      (event_id, subscriber, next_attempt_at, processing_since, lane) \
-     SELECT ?1, value, ?2, ?2, ",
+     SELECT ?, value, ?, ?, ",
     lane_of!("value"),
-    " FROM json_each(?3) WHERE true ON CONFLICT DO NOTHING RETURNING subscriber"
+    " FROM json_each(?) WHERE true ON CONFLICT DO NOTHING RETURNING subscriber"
 );
 
 pub(super) const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = ?1)";
@@ -122,33 +194,34 @@ pub(super) const CLAIM: &str = "UPDATE websub_deliveries SET processing_since = 
          (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
          subscriber, retry_count";
 
-// The usual outcome, delivered, with its attempt: one row of `?1` per
-// record, [event id as hex, subscriber, attempted at in µs, duration in µs,
-// status, response as hex]. The attempt stays in the record (no row of
+// The usual outcome, delivered, with its attempt, in a script; its values:
+// now, and the records as JSON, one row per record, [event id as hex,
+// subscriber, attempted at in µs, duration in µs, status, response as hex]. The attempt stays in the record (no row of
 // websub_attempts): closing the record is the delivery's only write. Each
 // row names its event so that the planner walks the JSON and probes the
 // primary key; with the event bound once it would walk the event's records
 // instead, all of them for every batch. Otherwise as COMPLETE does for a
 // `Delivered` outcome.
 pub(super) const COMPLETE_DELIVERED: &str = "UPDATE websub_deliveries AS d \
-     SET processed_at = ?2, processing_since = NULL, next_attempt_at = NULL, \
+     SET processed_at = ?, processing_since = NULL, next_attempt_at = NULL, \
          outcome = 'delivered', delivered_attempt_at = c.attempted_at, \
          delivered_duration_us = c.duration_us, delivered_status = c.status, \
          delivered_response = unhex(c.response) \
      FROM (SELECT unhex(value ->> 0) AS event_id, value ->> 1 AS subscriber, \
                   value ->> 2 AS attempted_at, value ->> 3 AS duration_us, \
                   value ->> 4 AS status, value ->> 5 AS response \
-           FROM json_each(?1)) AS c \
+           FROM json_each(?)) AS c \
      WHERE d.event_id = c.event_id AND d.subscriber = c.subscriber \
        AND d.processed_at IS NULL";
 
-// One row of `?1` per completion: [event id as hex, subscriber, kind, error,
-// next attempt in µs]. `processed_at IS NULL` keeps a late completion (from a
+// Any outcome, in a script; its values: now, and the completions as JSON,
+// one row per completion, [event id as hex, subscriber, kind, error, next
+// attempt in µs]. `processed_at IS NULL` keeps a late completion (from a
 // dispatcher whose claim went stale and was taken over) from reopening or
 // re-counting a closed record. A `Delivered` outcome carries no error, so the
 // last failure stays in `last_error` for inspection.
 pub(super) const COMPLETE: &str = "UPDATE websub_deliveries AS d SET \
-     processed_at = CASE WHEN c.kind IN ('delivered', 'dropped', 'skipped') THEN ?2 ELSE NULL END, \
+     processed_at = CASE WHEN c.kind IN ('delivered', 'dropped', 'skipped') THEN ? ELSE NULL END, \
      outcome = c.kind, \
      retry_count = d.retry_count + CASE WHEN c.kind IN ('retry', 'exhausted') THEN 1 ELSE 0 END, \
      last_error = COALESCE(c.error, d.last_error), \
@@ -156,17 +229,18 @@ pub(super) const COMPLETE: &str = "UPDATE websub_deliveries AS d SET \
      next_attempt_at = c.next_attempt_at \
      FROM (SELECT unhex(value ->> 0) AS event_id, value ->> 1 AS subscriber, \
                   value ->> 2 AS kind, value ->> 3 AS error, value ->> 4 AS next_attempt_at \
-           FROM json_each(?1)) AS c \
+           FROM json_each(?)) AS c \
      WHERE d.event_id = c.event_id AND d.subscriber = c.subscriber \
        AND d.processed_at IS NULL";
 
-// One row of `?1` per attempt: [event id as hex, subscriber, attempted at in
-// µs, duration in µs, status, error, response as hex].
+// In a script; its value: the attempts as JSON, one row per attempt, [event
+// id as hex, subscriber, attempted at in µs, duration in µs, status, error,
+// response as hex].
 pub(super) const RECORD_ATTEMPTS: &str = "INSERT INTO websub_attempts \
      (event_id, subscriber, attempted_at, duration_us, status, error, response) \
      SELECT unhex(value ->> 0), value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
             value ->> 5, unhex(value ->> 6) \
-     FROM json_each(?1)";
+     FROM json_each(?)";
 
 // The attempts' rows and the successful attempt its record keeps.
 pub(super) const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
@@ -266,27 +340,29 @@ pub(super) const DELIVER_SINCE: &str = concat!(
      ON CONFLICT DO NOTHING"
 );
 
-// EXPAND (records due at `?2`, not claimed) for ordered subscriptions: each record takes its place in
-// its callback's line, the event's recording time; its lane is the callback,
-// whole (`websub_hub::dispatch::ordered_lane_of`).
+// EXPAND (records due, not claimed) for ordered subscriptions: each record
+// takes its place in its callback's line, the event's recording time; its
+// lane is the callback, whole (`websub_hub::dispatch::ordered_lane_of`). In
+// a script; its values: the event, when due, the event again, the
+// subscribers as JSON.
 pub(super) const EXPAND_ORDERED: &str = "INSERT INTO websub_deliveries \
      (event_id, subscriber, next_attempt_at, order_key, lane) \
-     SELECT ?1, value, ?2, (SELECT created_at FROM websub_events WHERE id = ?1), value \
-     FROM json_each(?3) WHERE true \
+     SELECT ?, value, ?, (SELECT created_at FROM websub_events WHERE id = ?), value \
+     FROM json_each(?) WHERE true \
      ON CONFLICT DO NOTHING";
 
 // The head of an ordered lane, through its index in recording order; taken
 // only when due and free. Exhausted records (no `next_attempt_at`) have left
-// the line.
-pub(super) const CLAIM_ORDERED: &str = "UPDATE websub_deliveries SET processing_since = ?1 \
+// the line. In a script; its values: now, the lane, now, the stale bound.
+pub(super) const CLAIM_ORDERED: &str = "UPDATE websub_deliveries SET processing_since = ? \
      WHERE rowid = ( \
          SELECT rowid FROM websub_deliveries \
-         WHERE lane = ?3 AND order_key IS NOT NULL AND processed_at IS NULL \
+         WHERE lane = ? AND order_key IS NOT NULL AND processed_at IS NULL \
            AND next_attempt_at IS NOT NULL \
          ORDER BY order_key, event_id \
          LIMIT 1) \
-       AND next_attempt_at <= ?1 \
-       AND (processing_since IS NULL OR processing_since < ?2) \
+       AND next_attempt_at <= ? \
+       AND (processing_since IS NULL OR processing_since < ?) \
      RETURNING event_id, \
          (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
          subscriber, retry_count";
@@ -300,14 +376,15 @@ pub(super) const UNORDER: &str =
 pub(super) const ORDERED_SUBSCRIPTIONS: &str = "SELECT topic, callback, since \
      FROM websub_ordered_subscriptions ORDER BY topic, callback LIMIT ?1";
 
-// CLAIM, for one lane: the lane index gives its due records in due order.
-pub(super) const CLAIM_LANE: &str = "UPDATE websub_deliveries SET processing_since = ?1 \
+// CLAIM, for one lane, in a script: the lane index gives its due records
+// in due order. Its values: now, the lane, now, the stale bound, how many.
+pub(super) const CLAIM_LANE: &str = "UPDATE websub_deliveries SET processing_since = ? \
      WHERE rowid IN ( \
          SELECT rowid FROM websub_deliveries \
-         WHERE lane = ?4 AND processed_at IS NULL AND next_attempt_at <= ?1 \
-           AND (processing_since IS NULL OR processing_since < ?2) \
+         WHERE lane = ? AND processed_at IS NULL AND next_attempt_at <= ? \
+           AND (processing_since IS NULL OR processing_since < ?) \
          ORDER BY next_attempt_at \
-         LIMIT CAST(?3 AS INTEGER)) \
+         LIMIT CAST(? AS INTEGER)) \
      RETURNING event_id, \
          (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
          subscriber, retry_count";
