@@ -56,6 +56,24 @@ macro_rules! columns {
     };
 }
 
+/// A page of a topic's subscriptions in callback order, `$after` narrowing
+/// where it starts, as one JSON value: an array of each one's [`columns!`].
+/// sqlx hands each row over from SQLite's thread as a message of its own,
+/// and a reader that keeps up is woken for each; a page is one message.
+macro_rules! page_of {
+    ($after:literal) => {
+        concat!(
+            "SELECT coalesce(json_group_array(json_array(",
+            columns!(),
+            ") ORDER BY callback), '[]') FROM (SELECT ",
+            columns!(),
+            " FROM websub_subscriptions WHERE topic = ?1 ",
+            $after,
+            " ORDER BY callback LIMIT CAST(?2 AS INTEGER))"
+        )
+    };
+}
+
 const UPSERT: &str = "INSERT INTO websub_subscriptions \
      (topic, callback, secret, lease_seconds, created_at, verified_at, expires_at, owner) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
@@ -268,28 +286,48 @@ async fn subscriptions(
 }
 
 fn subscription_from_row(row: &SqliteRow) -> Result<Subscription, StoreError> {
-    let lease_seconds = row
-        .try_get::<Option<i64>, _>("lease_seconds")
-        .map_err(invalid)?
+    subscription_from_columns((
+        row.try_get("topic").map_err(invalid)?,
+        row.try_get("callback").map_err(invalid)?,
+        row.try_get("secret").map_err(invalid)?,
+        row.try_get("lease_seconds").map_err(invalid)?,
+        row.try_get("created_at").map_err(invalid)?,
+        row.try_get("verified_at").map_err(invalid)?,
+        row.try_get("expires_at").map_err(invalid)?,
+        row.try_get("owner").map_err(invalid)?,
+    ))
+}
+
+/// A subscription's stored values, in the order of [`columns!`].
+type Columns = (
+    String,
+    String,
+    Option<String>,
+    Option<i64>,
+    i64,
+    i64,
+    Option<i64>,
+    Option<String>,
+);
+
+fn subscription_from_columns(
+    (topic, callback, secret, lease_seconds, created_at, verified_at, expires_at, owner): Columns,
+) -> Result<Subscription, StoreError> {
+    let lease_seconds = lease_seconds
         .map(|seconds| {
             u32::try_from(seconds)
                 .map_err(|_| StoreError::Invalid(format!("lease_seconds {seconds} out of range")))
         })
         .transpose()?;
-    let expires_at = row
-        .try_get::<Option<i64>, _>("expires_at")
-        .map_err(invalid)?
-        .map(from_micros)
-        .transpose()?;
     Ok(Subscription {
-        topic: row.try_get("topic").map_err(invalid)?,
-        callback: row.try_get("callback").map_err(invalid)?,
-        secret: row.try_get("secret").map_err(invalid)?,
+        topic,
+        callback,
+        secret,
         lease_seconds,
-        created_at: from_micros(row.try_get("created_at").map_err(invalid)?)?,
-        verified_at: from_micros(row.try_get("verified_at").map_err(invalid)?)?,
-        expires_at,
-        owner: row.try_get("owner").map_err(invalid)?,
+        created_at: from_micros(created_at)?,
+        verified_at: from_micros(verified_at)?,
+        expires_at: expires_at.map(from_micros).transpose()?,
+        owner,
     })
 }
 
@@ -365,24 +403,18 @@ impl SubscriptionStore for SqliteStore {
         // another size would prepare the statement again.
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let query = match after {
-            None => sqlx::query(concat!(
-                "SELECT ",
-                columns!(),
-                " FROM websub_subscriptions WHERE topic = ?1 ORDER BY callback LIMIT CAST(?2 AS INTEGER)"
-            ))
-            .bind(topic)
-            .bind(limit),
-            Some(after) => sqlx::query(concat!(
-                "SELECT ",
-                columns!(),
-                " FROM websub_subscriptions WHERE topic = ?1 AND callback > ?3 \
-                 ORDER BY callback LIMIT CAST(?2 AS INTEGER)"
-            ))
-            .bind(topic)
-            .bind(limit)
-            .bind(after),
+            None => sqlx::query_scalar(page_of!("")).bind(topic).bind(limit),
+            Some(after) => sqlx::query_scalar(page_of!("AND callback > ?3"))
+                .bind(topic)
+                .bind(limit)
+                .bind(after),
         };
-        subscriptions(query.fetch(&self.pool)).await
+        let page: String = query.fetch_one(&self.pool).await?;
+        serde_json::from_str::<Vec<Columns>>(&page)
+            .map_err(|error| StoreError::Invalid(format!("a page of subscriptions: {error}")))?
+            .into_iter()
+            .map(subscription_from_columns)
+            .collect()
     }
 
     async fn has_subscriptions(&self, topic: &str) -> Result<bool, StoreError> {

@@ -78,7 +78,8 @@ pub async fn list_by_topic_page_walks_every_subscription_once(store: SharedStore
     let topic = unique_topic();
     let base = unique_callback();
     // Prefixes of one another, punctuation that byte order and linguistic
-    // collations place differently, query strings, unicode, a long URL.
+    // collations place differently, query strings, unicode, a long URL,
+    // characters a backend that reads pages as JSON must escape.
     let mut callbacks = vec![
         base.clone(),
         format!("{base}?x=1"),
@@ -89,6 +90,7 @@ pub async fn list_by_topic_page_walks_every_subscription_once(store: SharedStore
         format!("{base}.b"),
         format!("{base}/ünïcode/日本"),
         format!("{base}/{}", "long".repeat(600)),
+        format!("{base}/\"quoted\"\\back\tslash"),
     ];
     callbacks.extend((0..14).map(|_| unique_callback()));
     for callback in &callbacks {
