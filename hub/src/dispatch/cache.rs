@@ -3,6 +3,7 @@
 //! for a short while.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -117,6 +118,9 @@ pub const SUBSCRIBERS_TTL: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub(super) struct Subscribers {
     pages: Vec<Arc<ByCallback>>,
+    /// The page the last lookup found its callback in, tried first: the
+    /// records of a claimed batch come mostly from one page.
+    last_found: AtomicUsize,
     read_at: std::time::Instant,
 }
 
@@ -127,12 +131,23 @@ impl Subscribers {
     pub(super) fn new(pages: Vec<Arc<ByCallback>>) -> Self {
         Self {
             pages,
+            last_found: AtomicUsize::new(0),
             read_at: std::time::Instant::now(),
         }
     }
 
     pub(super) fn get(&self, callback: &str) -> Option<&Arc<Subscription>> {
-        self.pages.iter().find_map(|page| page.get(callback))
+        let hint = self.last_found.load(Ordering::Relaxed);
+        if let Some(found) = self.pages.get(hint).and_then(|page| page.get(callback)) {
+            return Some(found);
+        }
+        let (index, found) = self
+            .pages
+            .iter()
+            .enumerate()
+            .find_map(|(index, page)| page.get(callback).map(|found| (index, found)))?;
+        self.last_found.store(index, Ordering::Relaxed);
+        Some(found)
     }
 }
 
@@ -176,5 +191,51 @@ impl SubscriberCache {
         topics.retain(|_, cached| cached.read_at.elapsed() < SUBSCRIBERS_TTL);
         topics.insert(topic.to_owned(), subscribers.clone());
         subscribers
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(callbacks: &[&str]) -> Arc<ByCallback> {
+        Arc::new(
+            callbacks
+                .iter()
+                .map(|callback| {
+                    let subscription = Subscription::new("https://topic.example/", *callback);
+                    ((*callback).to_owned(), Arc::new(subscription))
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_lookup_finds_its_callback_in_any_page_whichever_was_found_last() {
+        let subscribers = Subscribers::new(vec![
+            page(&["https://a.example/1", "https://a.example/2"]),
+            page(&["https://b.example/1"]),
+            page(&["https://c.example/1"]),
+        ]);
+        for callback in [
+            "https://c.example/1",
+            "https://a.example/2",
+            "https://b.example/1",
+            "https://b.example/1",
+            "https://a.example/1",
+        ] {
+            let found = subscribers
+                .get(callback)
+                .map(|found| found.callback.as_str());
+            assert_eq!(found, Some(callback));
+        }
+        assert!(subscribers.get("https://d.example/1").is_none());
+        assert_eq!(
+            subscribers
+                .get("https://c.example/1")
+                .map(|found| found.callback.as_str()),
+            Some("https://c.example/1"),
+            "a miss leaves the lookups after it whole"
+        );
     }
 }
