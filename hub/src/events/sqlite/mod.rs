@@ -47,16 +47,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
-use sqlx::query::Query;
-use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteConnection, SqlitePool, SqliteRow};
+use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::{AssertSqlSafe, Connection, Row};
-use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard, OnceCell};
+use tokio::sync::{Mutex, OnceCell};
 use uuid::Uuid;
 
 mod changes;
 mod operate;
 mod rows;
 mod statements;
+mod writer;
 
 use statements::*;
 
@@ -91,16 +91,7 @@ pub struct SqliteEventLog {
     pool: SqlitePool,
     /// The connection every write of this log goes through, taken from the
     /// pool at the first write; see the module doc.
-    writer: Arc<OnceCell<Mutex<Writer>>>,
-}
-
-/// The write connection and what it may have been left with.
-#[derive(Debug)]
-struct Writer {
-    connection: SqliteConnection,
-    /// A script was sent and its end not seen: its caller went away before
-    /// the `COMMIT` came back, so its transaction may still be open.
-    unfinished: bool,
+    writer: Arc<OnceCell<Mutex<writer::Writer>>>,
 }
 
 impl SqliteEventLog {
@@ -145,52 +136,6 @@ impl SqliteEventLog {
         &self.pool
     }
 
-    /// The write connection, for one write: the writes of this log queue
-    /// here, one at a time.
-    async fn writer(&self) -> Result<MappedMutexGuard<'_, SqliteConnection>, EventLogError> {
-        let writer = self.locked_writer().await?;
-        Ok(MutexGuard::map(writer, |writer| &mut writer.connection))
-    }
-
-    /// The write connection, with what an unfinished script left rolled
-    /// back.
-    async fn locked_writer(&self) -> Result<MutexGuard<'_, Writer>, sqlx::Error> {
-        let writer = self
-            .writer
-            .get_or_try_init(|| async {
-                Ok::<_, sqlx::Error>(Mutex::new(Writer {
-                    connection: self.pool.acquire().await?.detach(),
-                    unfinished: false,
-                }))
-            })
-            .await?;
-        let mut writer = writer.lock().await;
-        if writer.unfinished {
-            rollback(&mut writer.connection).await;
-            writer.unfinished = false;
-        }
-        Ok(writer)
-    }
-
-    /// Runs `script` (statements between `BEGIN IMMEDIATE` and `COMMIT`,
-    /// [`statements::script`]) on the write connection in one round trip,
-    /// and returns the rows its statements return. A statement that fails
-    /// stops the script with its transaction open: it is rolled back here,
-    /// or, when the caller goes away first, before the next write.
-    async fn run_script(
-        &self,
-        script: Query<'_, Sqlite, SqliteArguments>,
-    ) -> Result<Vec<SqliteRow>, sqlx::Error> {
-        let mut writer = self.locked_writer().await?;
-        writer.unfinished = true;
-        let rows = script.fetch_all(&mut writer.connection).await;
-        if rows.is_err() {
-            rollback(&mut writer.connection).await;
-        }
-        writer.unfinished = false;
-        rows
-    }
-
     /// `error`, from writing records of `event_id`: a missing event is
     /// [`EventLogError::UnknownEvent`] rather than a foreign-key failure.
     async fn unknown_event(&self, error: sqlx::Error, event_id: Uuid) -> EventLogError {
@@ -205,12 +150,6 @@ impl SqliteEventLog {
             error.into()
         }
     }
-}
-
-/// Ends a transaction a script left open. When there is none (the script
-/// ended after all) SQLite says so, and there is nothing to do.
-async fn rollback(connection: &mut SqliteConnection) {
-    let _ = sqlx::raw_sql("ROLLBACK").execute(connection).await;
 }
 
 fn migrator() -> Migrator {
@@ -411,7 +350,6 @@ impl EventLog for SqliteEventLog {
                 sqlx::query(script)
                     .bind(event_id)
                     .bind(now.timestamp_micros())
-                    .bind(now.timestamp_micros())
                     .bind(json.clone())
             };
             match self
@@ -470,18 +408,10 @@ impl EventLog for SqliteEventLog {
         };
         let mut created = 0;
         for json in json_chunks(&subscribers)? {
-            let query = if ordered {
-                sqlx::query(script)
-                    .bind(event_id)
-                    .bind(due.timestamp_micros())
-                    .bind(event_id)
-                    .bind(json)
-            } else {
-                sqlx::query(script)
-                    .bind(event_id)
-                    .bind(due.timestamp_micros())
-                    .bind(json)
-            };
+            let query = sqlx::query(script)
+                .bind(event_id)
+                .bind(due.timestamp_micros())
+                .bind(json);
             let rows = match self.run_script(query).await {
                 Ok(rows) => rows,
                 Err(error) => return Err(self.unknown_event(error, event_id).await),
@@ -664,9 +594,10 @@ impl EventLog for SqliteEventLog {
         // its mark; see `expand` for why IMMEDIATE.
         let mut writer = self.writer().await?;
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let (now, stale) = claim_times(now, visibility);
         let rows = sqlx::query(CLAIM)
-            .bind(now.timestamp_micros())
-            .bind(super::stale_bound(now, visibility).map(|bound| bound.timestamp_micros()))
+            .bind(now)
+            .bind(stale)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&mut *tx)
             .await?;

@@ -61,11 +61,12 @@ pub(super) use after_scheme;
 /// IMMEDIATE`, so that no statement meets a snapshot another write made
 /// stale.
 ///
-/// The statements of a script take their parameters by position (`?`),
+/// Statements that share a script take their parameters by position (`?`),
 /// each the next of the script's values in the order written: sqlx binds a
 /// numbered parameter (`?3`) to the script's value of that number, and
 /// numbers missing from a statement shift the values it gives by position
-/// to the statements after.
+/// to the statements after. The one statement of a script with values may
+/// number them.
 pub(super) fn script(statements: &[&str]) -> String {
     format!("BEGIN IMMEDIATE; {}; COMMIT", statements.join("; "))
 }
@@ -135,18 +136,17 @@ pub(super) const MARK_EXPANDED: &str =
     "UPDATE websub_events SET expanded_at = COALESCE(expanded_at, ?2) WHERE id = ?1";
 
 // `WHERE true` is SQLite's required disambiguation between an upsert's ON and
-// a join's ON after INSERT … SELECT. Its values, also in a script: the
-// event, when the records are due, the subscribers as JSON.
+// a join's ON after INSERT … SELECT. `?1` is the event, `?2` when the
+// records are due, `?3` the subscribers as JSON.
 pub(super) const EXPAND: &str = concat!(
     "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
-     SELECT ?, value, ?, ",
+     SELECT ?1, value, ?2, ",
     lane_of!("value"),
-    " FROM json_each(?) WHERE true ON CONFLICT DO NOTHING"
+    " FROM json_each(?3) WHERE true ON CONFLICT DO NOTHING"
 );
 
-// Records claimed for their first attempt as they are written, in a
-// script; the values: the event, now (due), now (claimed), the subscribers
-// as JSON. The first try has no ON CONFLICT: nothing conflicts unless the
+// Records claimed for their first attempt as they are written: `?1` the
+// event, `?2` now (due and claimed), `?3` the subscribers as JSON. The first try has no ON CONFLICT: nothing conflicts unless the
 // event is being (or was) expanded elsewhere, and then every row went in
 // and none need be read back. On a conflict the script is rolled back and
 // EXPAND_CLAIMED_AGAIN runs; its RETURNING reports only the rows it
@@ -154,17 +154,17 @@ pub(super) const EXPAND: &str = concat!(
 pub(super) const EXPAND_CLAIMED_FIRST: &str = concat!(
     "INSERT INTO websub_deliveries \
      (event_id, subscriber, next_attempt_at, processing_since, lane) \
-     SELECT ?, value, ?, ?, ",
+     SELECT ?1, value, ?2, ?2, ",
     lane_of!("value"),
-    " FROM json_each(?)"
+    " FROM json_each(?3)"
 );
 
 pub(super) const EXPAND_CLAIMED_AGAIN: &str = concat!(
     "INSERT INTO websub_deliveries \
      (event_id, subscriber, next_attempt_at, processing_since, lane) \
-     SELECT ?, value, ?, ?, ",
+     SELECT ?1, value, ?2, ?2, ",
     lane_of!("value"),
-    " FROM json_each(?) WHERE true ON CONFLICT DO NOTHING RETURNING subscriber"
+    " FROM json_each(?3) WHERE true ON CONFLICT DO NOTHING RETURNING subscriber"
 );
 
 pub(super) const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = ?1)";
@@ -342,13 +342,12 @@ pub(super) const DELIVER_SINCE: &str = concat!(
 
 // EXPAND (records due, not claimed) for ordered subscriptions: each record
 // takes its place in its callback's line, the event's recording time; its
-// lane is the callback, whole (`websub_hub::dispatch::ordered_lane_of`). In
-// a script; its values: the event, when due, the event again, the
-// subscribers as JSON.
+// lane is the callback, whole (`websub_hub::dispatch::ordered_lane_of`).
+// Its values as EXPAND's.
 pub(super) const EXPAND_ORDERED: &str = "INSERT INTO websub_deliveries \
      (event_id, subscriber, next_attempt_at, order_key, lane) \
-     SELECT ?, value, ?, (SELECT created_at FROM websub_events WHERE id = ?), value \
-     FROM json_each(?) WHERE true \
+     SELECT ?1, value, ?2, (SELECT created_at FROM websub_events WHERE id = ?1), value \
+     FROM json_each(?3) WHERE true \
      ON CONFLICT DO NOTHING";
 
 // The head of an ordered lane, through its index in recording order; taken
