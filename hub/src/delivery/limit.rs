@@ -1,5 +1,7 @@
 //! The in-flight limit of one endpoint, shared by both schedulers: it
-//! grows while the endpoint answers quickly and without errors and shrinks
+//! grows while the endpoint answers quickly and without errors (doubling
+//! each round until the first sign of trouble, then one more per round) and
+//! shrinks
 //! on timeouts, refused connections, `5xx` and `429`, and when its answers
 //! slow down well past the fastest seen, between a floor and a cap. A
 //! `Retry-After` the endpoint sends pauses it: no attempt starts until the
@@ -49,8 +51,8 @@ impl Reply {
     }
 }
 
-/// The in-flight limit of one endpoint: additive increase, multiplicative
-/// decrease.
+/// The in-flight limit of one endpoint: a slow start, then additive
+/// increase, multiplicative decrease.
 #[derive(Debug, Clone)]
 pub struct Limit {
     value: f64,
@@ -62,6 +64,12 @@ pub struct Limit {
     fastest_before: Option<Duration>,
     window_start: Instant,
     last_cut: Option<Instant>,
+    /// Until the first cut, each quick answer adds a slot, as TCP's slow
+    /// start does: growing by one per round would take a fan-out to a
+    /// healthy host hundreds of answers to reach its cap, and the first
+    /// tens of milliseconds of every fan-out would go at a fraction of the
+    /// host's speed. The first sign of trouble ends it for good.
+    slow_start: bool,
     /// No attempt starts before this (a `Retry-After`).
     paused_until: Option<Instant>,
 }
@@ -78,6 +86,7 @@ impl Limit {
             fastest_before: None,
             window_start: Instant::now(),
             last_cut: None,
+            slow_start: true,
             paused_until: None,
         }
     }
@@ -126,6 +135,8 @@ impl Limit {
                 let fastest = self.fastest.map_or(fastest, |now| now.min(fastest));
                 if took > fastest * SLOW_FACTOR + SLOW_SLACK {
                     self.cut(0.75, now);
+                } else if self.slow_start {
+                    self.value = (self.value + 1.0).min(self.cap);
                 } else {
                     // One more slot per round of answers at this limit.
                     self.value = (self.value + 1.0 / self.value).min(self.cap);
@@ -137,6 +148,7 @@ impl Limit {
     /// Lowers the limit by `factor`, at most once per round trip: the
     /// failures of one round of attempts are one signal, not many.
     fn cut(&mut self, factor: f64, now: Instant) {
+        self.slow_start = false;
         let round = self
             .fastest
             .or(self.fastest_before)
@@ -198,5 +210,26 @@ mod tests {
             limit.observe(Reply::Answered(Duration::from_millis(500)), now);
         }
         assert!(limit.current() > 1, "{}", limit.current());
+    }
+
+    #[test]
+    fn the_limit_doubles_each_round_until_the_first_cut_then_adds_one() {
+        let mut limit = Limit::new(1, 64);
+        let now = Instant::now();
+        let quick = Reply::Answered(Duration::from_millis(1));
+        for _ in 0..INITIAL_LIMIT {
+            limit.observe(quick, now);
+        }
+        assert_eq!(limit.current(), 2 * INITIAL_LIMIT, "one round doubles");
+        for _ in 0..48 {
+            limit.observe(quick, now);
+        }
+        assert_eq!(limit.current(), 64, "capped");
+        limit.observe(Reply::Overloaded, now);
+        assert_eq!(limit.current(), 32);
+        for _ in 0..34 {
+            limit.observe(quick, now);
+        }
+        assert_eq!(limit.current(), 33, "after a cut, one more per round");
     }
 }

@@ -139,11 +139,12 @@ impl Distributor {
         Ok(Some(created))
     }
 
-    /// Writes one page of an event's subscribers: the records whose lanes
-    /// have room (and the scheduler too) claimed, a part at a time, their
-    /// attempts started as each part is in; then the others unclaimed, due
-    /// now, in one write, and their lanes told. Returns how many records
-    /// were created, or `None` on shutdown.
+    /// Writes one page of an event's subscribers, a part at a time: of each
+    /// part, the records whose lanes have room (and the scheduler too)
+    /// claimed, their attempts started as they are in, then the others
+    /// unclaimed, due now, and their lanes told; the records of ordered
+    /// subscriptions last, unclaimed. Returns how many records were
+    /// created, or `None` on shutdown.
     ///
     /// Expansion never waits for a lane: a host with a hundred thousand
     /// subscriptions is written out at the log's pace (a page a statement
@@ -160,96 +161,134 @@ impl Distributor {
     ) -> Result<Option<u64>, DispatchError> {
         let now = self.inner.clock.now();
         let lanes = &self.inner.lanes;
-        // Each record with room in its lane and in the scheduler is written
-        // claimed, holding both until it is handed over.
-        let mut claimable = Vec::with_capacity(page.len());
-        let mut waiting = Vec::new();
         let mut ordered = Vec::new();
-        for subscription in page {
-            let lane = lane_of(&subscription.callback);
-            let permit = if subscription.is_expired(now) {
-                // Written claimed and closed at once, without a slot.
-                None
-            } else if self.inner.ordered.is_ordered(&subscription) {
-                // Its line is claimed head first: never written claimed.
-                ordered.push(subscription);
-                continue;
-            } else if lanes.try_reserve(lane) {
-                match pipeline.pending.clone().try_acquire_owned() {
-                    Ok(permit) => Some(permit),
-                    Err(_) => {
-                        lanes.unreserve(lane, 1);
-                        waiting.push(subscription);
-                        continue;
-                    }
+        let page: Vec<_> = page
+            .into_iter()
+            .filter_map(|subscription| {
+                if self.inner.ordered.is_ordered(&subscription) && !subscription.is_expired(now) {
+                    // Its line is claimed head first: never written claimed.
+                    ordered.push(subscription);
+                    None
+                } else {
+                    Some(subscription)
                 }
-            } else {
-                waiting.push(subscription);
-                continue;
-            };
-            claimable.push((subscription, permit));
-        }
+            })
+            .collect();
         let mut created = 0;
-        let mut rest = claimable.into_iter();
-        while rest.len() > 0 {
-            if shutdown.is_cancelled() {
-                for (subscription, permit) in rest {
-                    if permit.is_some() {
-                        lanes.unreserve(lane_of(&subscription.callback), 1);
-                    }
-                }
-                return Ok(None);
-            }
-            let part: Vec<_> = rest.by_ref().take(pipeline.batch).collect();
-            match self.write_claimed(outgoing, part, now, pipeline).await {
-                Ok(written) => created += written,
-                Err(error) => {
+        // A part at a time, each sorted again by the room its lanes have
+        // then: a host's lane frees room while the parts before are
+        // written, and what it can take is written claimed and sent
+        // rather than written to wait and claimed again.
+        for part in page.chunks(WAITING_PART) {
+            let (claimable, waiting) = self.sort_by_room(part, now, pipeline);
+            let mut rest = claimable.into_iter();
+            while rest.len() > 0 {
+                if shutdown.is_cancelled() {
                     for (subscription, permit) in rest {
                         if permit.is_some() {
                             lanes.unreserve(lane_of(&subscription.callback), 1);
                         }
                     }
-                    return Err(error);
+                    return Ok(None);
                 }
+                let part: Vec<_> = rest.by_ref().take(pipeline.batch).collect();
+                match self.write_claimed(outgoing, part, now, pipeline).await {
+                    Ok(written) => created += written,
+                    Err(error) => {
+                        for (subscription, permit) in rest {
+                            if permit.is_some() {
+                                lanes.unreserve(lane_of(&subscription.callback), 1);
+                            }
+                        }
+                        return Err(error);
+                    }
+                }
+            }
+            if !waiting.is_empty() {
+                created += self.write_waiting(outgoing, &waiting, now, false).await?;
             }
         }
-        // The others, due now and unclaimed, with their lanes told: the
-        // host's, or the line of an ordered subscription. In parts, each
-        // told as it is in, so that a lane claims its first records while
-        // the rest are written, and claims and outcomes queued for the log
-        // go in between.
-        let parts = waiting
-            .chunks(WAITING_PART)
-            .map(|part| (part, false))
-            .chain(ordered.chunks(WAITING_PART).map(|part| (part, true)));
-        for (records, ordered) in parts {
-            let started = std::time::Instant::now();
-            let callbacks: Vec<&str> = records
-                .iter()
-                .map(|subscription| subscription.callback.as_str())
-                .collect();
-            created += self
-                .inner
-                .events
-                .expand_waiting(outgoing.event.id, &callbacks, now, ordered)
-                .await?;
-            let mut told: Option<&str> = None;
-            for callback in callbacks {
-                let lane = if ordered {
-                    ordered_lane_of(callback)
-                } else {
-                    lane_of(callback)
-                };
-                // The list comes lane by lane, mostly: tell each once.
-                if told != Some(lane) {
-                    lanes.mark_due(lane, now);
-                    told = Some(lane);
-                }
-            }
-            self.inner.room.notify_one();
-            debug!(waiting = records.len(), ordered, took = ?started.elapsed(), "wrote the records that wait");
+        for part in ordered.chunks(WAITING_PART) {
+            created += self.write_waiting(outgoing, part, now, true).await?;
         }
         Ok(Some(created))
+    }
+
+    /// `part` sorted into the records whose lanes have room (and the
+    /// scheduler too), each holding both until it is handed over, and
+    /// those that wait. An expired subscription's record goes with the
+    /// first, without a slot: it is written claimed and closed at once.
+    #[allow(clippy::type_complexity)]
+    fn sort_by_room(
+        &self,
+        part: &[Arc<Subscription>],
+        now: chrono::DateTime<chrono::Utc>,
+        pipeline: &Pipeline,
+    ) -> (
+        Vec<(Arc<Subscription>, Option<OwnedSemaphorePermit>)>,
+        Vec<Arc<Subscription>>,
+    ) {
+        let lanes = &self.inner.lanes;
+        let mut claimable = Vec::with_capacity(part.len());
+        let mut waiting = Vec::new();
+        for subscription in part {
+            let lane = lane_of(&subscription.callback);
+            let permit = if subscription.is_expired(now) {
+                None
+            } else if lanes.try_reserve(lane) {
+                match pipeline.pending.clone().try_acquire_owned() {
+                    Ok(permit) => Some(permit),
+                    Err(_) => {
+                        lanes.unreserve(lane, 1);
+                        waiting.push(subscription.clone());
+                        continue;
+                    }
+                }
+            } else {
+                waiting.push(subscription.clone());
+                continue;
+            };
+            claimable.push((subscription.clone(), permit));
+        }
+        (claimable, waiting)
+    }
+
+    /// Writes `records` unclaimed, due now, and tells their lanes: the
+    /// host's, or the line of an ordered subscription. Returns how many
+    /// were created.
+    async fn write_waiting(
+        &self,
+        outgoing: &Arc<Outgoing>,
+        records: &[Arc<Subscription>],
+        now: chrono::DateTime<chrono::Utc>,
+        ordered: bool,
+    ) -> Result<u64, DispatchError> {
+        let started = std::time::Instant::now();
+        let callbacks: Vec<&str> = records
+            .iter()
+            .map(|subscription| subscription.callback.as_str())
+            .collect();
+        let created = self
+            .inner
+            .events
+            .expand_waiting(outgoing.event.id, &callbacks, now, ordered)
+            .await?;
+        let mut told: Option<&str> = None;
+        for callback in callbacks {
+            let lane = if ordered {
+                ordered_lane_of(callback)
+            } else {
+                lane_of(callback)
+            };
+            // The list comes lane by lane, mostly: tell each once.
+            if told != Some(lane) {
+                self.inner.lanes.mark_due(lane, now);
+                told = Some(lane);
+            }
+        }
+        self.inner.room.notify_one();
+        debug!(waiting = records.len(), ordered, took = ?started.elapsed(), "wrote the records that wait");
+        Ok(created)
     }
 
     /// Writes `part` claimed and starts the attempts of the records it

@@ -16,8 +16,9 @@
 //!   scheduler's periodic walk of the lanes in the log (records of a dead
 //!   process, of another replica, retries written before a restart). A
 //!   claim that finds fewer records than it asked for clears it.
-//! - **A limit that adapts** ([`Limit`], shared with the outbox): additive increase while the host
-//!   answers quickly and without errors, multiplicative decrease on
+//! - **A limit that adapts** ([`Limit`], shared with the outbox): a slow
+//!   start, then additive increase, while the host answers quickly and
+//!   without errors, multiplicative decrease on
 //!   timeouts, refused connections, `5xx` and `429`, and when its answers
 //!   slow down well past the fastest seen; between the configured floor
 //!   and cap. A `Retry-After` on a `429` or `503` pauses the lane.
