@@ -160,7 +160,6 @@ impl Distributor {
         shutdown: &CancellationToken,
     ) -> Result<Option<u64>, DispatchError> {
         let now = self.inner.clock.now();
-        let lanes = &self.inner.lanes;
         let mut ordered = Vec::new();
         let page: Vec<_> = page
             .into_iter()
@@ -184,22 +183,14 @@ impl Distributor {
             let mut rest = claimable.into_iter();
             while rest.len() > 0 {
                 if shutdown.is_cancelled() {
-                    for (subscription, permit) in rest {
-                        if permit.is_some() {
-                            lanes.unreserve(lane_of(&subscription.callback), 1);
-                        }
-                    }
+                    self.give_back(rest);
                     return Ok(None);
                 }
                 let part: Vec<_> = rest.by_ref().take(pipeline.batch).collect();
                 match self.write_claimed(outgoing, part, now, pipeline).await {
                     Ok(written) => created += written,
                     Err(error) => {
-                        for (subscription, permit) in rest {
-                            if permit.is_some() {
-                                lanes.unreserve(lane_of(&subscription.callback), 1);
-                            }
-                        }
+                        self.give_back(rest);
                         return Err(error);
                     }
                 }
@@ -218,16 +209,12 @@ impl Distributor {
     /// scheduler too), each holding both until it is handed over, and
     /// those that wait. An expired subscription's record goes with the
     /// first, without a slot: it is written claimed and closed at once.
-    #[allow(clippy::type_complexity)]
     fn sort_by_room(
         &self,
         part: &[Arc<Subscription>],
         now: chrono::DateTime<chrono::Utc>,
         pipeline: &Pipeline,
-    ) -> (
-        Vec<(Arc<Subscription>, Option<OwnedSemaphorePermit>)>,
-        Vec<Arc<Subscription>>,
-    ) {
+    ) -> (Vec<Reserved>, Vec<Arc<Subscription>>) {
         let lanes = &self.inner.lanes;
         let mut claimable = Vec::with_capacity(part.len());
         let mut waiting = Vec::new();
@@ -251,6 +238,17 @@ impl Distributor {
             claimable.push((subscription.clone(), permit));
         }
         (claimable, waiting)
+    }
+
+    /// Gives back the lane slots `reserved` records held, unwritten.
+    fn give_back(&self, reserved: impl IntoIterator<Item = Reserved>) {
+        for (subscription, permit) in reserved {
+            if permit.is_some() {
+                self.inner
+                    .lanes
+                    .unreserve(lane_of(&subscription.callback), 1);
+            }
+        }
     }
 
     /// Writes `records` unclaimed, due now, and tells their lanes: the
@@ -297,7 +295,7 @@ impl Distributor {
     async fn write_claimed(
         &self,
         outgoing: &Arc<Outgoing>,
-        part: Vec<(Arc<Subscription>, Option<OwnedSemaphorePermit>)>,
+        part: Vec<Reserved>,
         now: chrono::DateTime<chrono::Utc>,
         pipeline: &Pipeline,
     ) -> Result<u64, DispatchError> {
@@ -315,11 +313,7 @@ impl Distributor {
         {
             Ok(inserted) => inserted,
             Err(error) => {
-                for (subscription, permit) in &part {
-                    if permit.is_some() {
-                        lanes.unreserve(lane_of(&subscription.callback), 1);
-                    }
-                }
+                self.give_back(part);
                 return Err(error.into());
             }
         };
@@ -383,6 +377,10 @@ impl Distributor {
         self.inner.expand.notify_one();
     }
 }
+
+/// A record to be written claimed, with its slot in the scheduler; none for
+/// an expired subscription's, closed as it is written.
+type Reserved = (Arc<Subscription>, Option<OwnedSemaphorePermit>);
 
 /// The largest page of subscribers an expansion reads at once: a 100 000
 /// fan-out takes a dozen reads, and two pages in memory stay a few MB.

@@ -39,6 +39,7 @@ use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 mod changes;
+mod delivery_path;
 mod operate;
 mod rows;
 mod statements;
@@ -52,7 +53,7 @@ use super::{
 };
 use async_trait::async_trait;
 use rows::{
-    CompletionColumns, attempt_from_row, claimed_from_row, delivery_from_row, event_from_row,
+    attempt_from_row, claimed_from_row, delivery_from_row, event_from_row, is_unique_violation,
     retry_count,
 };
 
@@ -150,24 +151,6 @@ fn migrator() -> Migrator {
     let mut migrator = sqlx::migrate!("../migrations/postgres/hub");
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator
-}
-
-fn is_unique_violation(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|error| error.is_unique_violation())
-}
-
-/// A foreign-key failure of an insert means the event is not in the log.
-fn missing_event(error: sqlx::Error, event_id: Uuid) -> EventLogError {
-    if error
-        .as_database_error()
-        .is_some_and(|error| error.is_foreign_key_violation())
-    {
-        EventLogError::UnknownEvent(event_id)
-    } else {
-        EventLogError::Database(error)
-    }
 }
 
 /// How [`expand_in`] inserts records on the path where it marks the event.
@@ -361,46 +344,7 @@ impl EventLog for PostgresEventLog {
         subscribers: &[&str],
         now: DateTime<Utc>,
     ) -> Result<Vec<String>, EventLogError> {
-        let subscribers = super::sorted_unique(subscribers.iter().copied());
-        if subscribers.is_empty() {
-            // No insert, so no trigger to find the event missing.
-            let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
-                .bind(event_id)
-                .fetch_one(&self.pool)
-                .await?;
-            return if exists {
-                Ok(Vec::new())
-            } else {
-                Err(EventLogError::UnknownEvent(event_id))
-            };
-        }
-        let mut created = Vec::with_capacity(subscribers.len());
-        for chunk in subscribers.chunks(EXPAND_CHUNK) {
-            // The insert's statement trigger fails it when the event is gone.
-            let first = sqlx::query(EXPAND_CLAIMED_FIRST)
-                .bind(event_id)
-                .bind(now)
-                .bind(chunk)
-                .bind(self.replica)
-                .execute(&self.pool)
-                .await;
-            match first {
-                Ok(_) => created.extend(chunk.iter().map(|subscriber| (*subscriber).to_owned())),
-                Err(error) if is_unique_violation(&error) => {
-                    let rows: Vec<String> = sqlx::query_scalar(EXPAND_CLAIMED_AGAIN)
-                        .bind(event_id)
-                        .bind(now)
-                        .bind(chunk)
-                        .bind(self.replica)
-                        .fetch_all(&self.pool)
-                        .await
-                        .map_err(|error| missing_event(error, event_id))?;
-                    created.extend(rows);
-                }
-                Err(error) => return Err(missing_event(error, event_id)),
-            }
-        }
-        Ok(created)
+        delivery_path::expand_claimed(self, event_id, subscribers, now).await
     }
 
     async fn expand_waiting(
@@ -410,36 +354,7 @@ impl EventLog for PostgresEventLog {
         due: DateTime<Utc>,
         ordered: bool,
     ) -> Result<u64, EventLogError> {
-        let subscribers = super::sorted_unique(subscribers.iter().copied());
-        if subscribers.is_empty() {
-            let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
-                .bind(event_id)
-                .fetch_one(&self.pool)
-                .await?;
-            return if exists {
-                Ok(0)
-            } else {
-                Err(EventLogError::UnknownEvent(event_id))
-            };
-        }
-        let mut created = 0;
-        for chunk in subscribers.chunks(EXPAND_CHUNK) {
-            // The insert's statement trigger fails it when the event is gone.
-            let statement = if ordered {
-                EXPAND_ORDERED
-            } else {
-                EXPAND_AGAIN
-            };
-            created += sqlx::query(statement)
-                .bind(event_id)
-                .bind(due)
-                .bind(chunk)
-                .execute(&self.pool)
-                .await
-                .map_err(|error| missing_event(error, event_id))?
-                .rows_affected();
-        }
-        Ok(created)
+        delivery_path::expand_waiting(self, event_id, subscribers, due, ordered).await
     }
 
     async fn claim_lanes(
@@ -448,25 +363,7 @@ impl EventLog for PostgresEventLog {
         now: DateTime<Utc>,
         visibility: std::time::Duration,
     ) -> Result<Vec<Claimed>, EventLogError> {
-        let (names, counts): (Vec<&str>, Vec<i64>) = lanes
-            .iter()
-            .filter(|(_, count)| *count > 0)
-            .map(|(lane, count)| (*lane, i64::try_from(*count).unwrap_or(i64::MAX)))
-            .unzip();
-        if names.is_empty() {
-            return Ok(Vec::new());
-        }
-        sqlx::query(CLAIM_LANES)
-            .bind(now)
-            .bind(super::stale_bound(now, visibility))
-            .bind(names)
-            .bind(counts)
-            .bind(self.replica)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(claimed_from_row)
-            .collect()
+        delivery_path::claim_lanes(self, lanes, now, visibility).await
     }
 
     async fn claim_ordered(
@@ -475,23 +372,7 @@ impl EventLog for PostgresEventLog {
         now: DateTime<Utc>,
         visibility: std::time::Duration,
     ) -> Result<Vec<Claimed>, EventLogError> {
-        let stale = super::stale_bound(now, visibility);
-        let mut claimed = Vec::new();
-        // A statement of its own per lane: one head locked at a time, so
-        // claimers of several lanes never wait on each other in a circle.
-        for lane in lanes {
-            if let Some(row) = sqlx::query(CLAIM_ORDERED)
-                .bind(now)
-                .bind(stale)
-                .bind(*lane)
-                .bind(self.replica)
-                .fetch_optional(&self.pool)
-                .await?
-            {
-                claimed.push(claimed_from_row(&row)?);
-            }
-        }
-        Ok(claimed)
+        delivery_path::claim_ordered(self, lanes, now, visibility).await
     }
 
     async fn set_ordered(
@@ -631,24 +512,7 @@ impl EventLog for PostgresEventLog {
         completions: &[Completion],
         now: DateTime<Utc>,
     ) -> Result<(), EventLogError> {
-        if completions.is_empty() {
-            return Ok(());
-        }
-        let columns = CompletionColumns::new(completions);
-        sqlx::query(COMPLETE)
-            .bind(&columns.event_ids)
-            .bind(&columns.subscribers)
-            .bind(&columns.kinds)
-            .bind(&columns.errors)
-            .bind(&columns.next_attempts)
-            .bind(now)
-            .bind(&columns.attempted_ats)
-            .bind(&columns.durations)
-            .bind(&columns.statuses)
-            .bind(&columns.responses)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        delivery_path::complete(self, completions, now).await
     }
 
     async fn delivery(

@@ -1,6 +1,6 @@
 //! The PostgreSQL event log's encodings: rows read back into the log's
-//! types, and the column arrays a batch of completions and their attempts
-//! is written as.
+//! types, the column arrays a batch of completions and their attempts is
+//! written as, and the database's refusals read as the log's errors.
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -140,4 +140,23 @@ pub(super) fn attempt_from_row(row: &PgRow) -> Result<Attempt, EventLogError> {
                 .map_err(super::super::invalid)?,
         ),
     })
+}
+
+/// A record refused because one like it exists.
+pub(super) fn is_unique_violation(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|error| error.is_unique_violation())
+}
+
+/// A foreign-key failure of an insert means the event is not in the log.
+pub(super) fn missing_event(error: sqlx::Error, event_id: Uuid) -> EventLogError {
+    if error
+        .as_database_error()
+        .is_some_and(|error| error.is_foreign_key_violation())
+    {
+        EventLogError::UnknownEvent(event_id)
+    } else {
+        EventLogError::Database(error)
+    }
 }

@@ -53,6 +53,7 @@ use tokio::sync::{Mutex, OnceCell};
 use uuid::Uuid;
 
 mod changes;
+mod delivery_path;
 mod operate;
 mod rows;
 mod statements;
@@ -63,11 +64,10 @@ use statements::*;
 use super::{
     Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
     EndpointRecord, EventLog, EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent,
-    NewEvent, OrderedSubscription, Outcome, Recorded, Replayed, Undelivered, WebhookAttempt,
+    NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered, WebhookAttempt,
 };
 use rows::{
-    attempt_from_row, attempts_json, claimed_from_row, completions_json, delivered_json,
-    delivery_from_row, event_from_row, from_micros, is_foreign_key_violation, is_unique_violation,
+    attempt_from_row, claimed_from_row, delivery_from_row, event_from_row, from_micros,
     optional_time, retry_count,
 };
 
@@ -135,57 +135,12 @@ impl SqliteEventLog {
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
-
-    /// `error`, from writing records of `event_id`: a missing event is
-    /// [`EventLogError::UnknownEvent`] rather than a foreign-key failure.
-    async fn unknown_event(&self, error: sqlx::Error, event_id: Uuid) -> EventLogError {
-        if is_foreign_key_violation(&error)
-            && matches!(
-                event_must_exist(&self.pool, event_id).await,
-                Err(EventLogError::UnknownEvent(_))
-            )
-        {
-            EventLogError::UnknownEvent(event_id)
-        } else {
-            error.into()
-        }
-    }
 }
 
 fn migrator() -> Migrator {
     let mut migrator = sqlx::migrate!("../migrations/sqlite/hub");
     migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
     migrator
-}
-
-/// A claim's now and stale bound, in µs: the bound is `None` when the
-/// visibility timeout reaches before the epoch (then no claim is stale).
-fn claim_times(now: DateTime<Utc>, visibility: Duration) -> (i64, Option<i64>) {
-    let stale = super::stale_bound(now, visibility).map(|bound| bound.timestamp_micros());
-    (now.timestamp_micros(), stale)
-}
-
-/// `lanes`, a claim's, in chunks of at most the largest of
-/// [`LANES_PER_SCRIPT`], each with the script of its size (from `scripts`,
-/// one per size) and padded up to it with `nothing`, which claims nothing.
-fn lanes_scripts<T: Copy>(
-    scripts: &'static [String],
-    lanes: &[T],
-    nothing: T,
-) -> Vec<(&'static str, Vec<T>)> {
-    let most = LANES_PER_SCRIPT[LANES_PER_SCRIPT.len() - 1];
-    lanes
-        .chunks(most)
-        .map(|chunk| {
-            let size = LANES_PER_SCRIPT
-                .iter()
-                .position(|size| *size >= chunk.len())
-                .unwrap_or(LANES_PER_SCRIPT.len() - 1);
-            let mut padded = chunk.to_vec();
-            padded.resize(LANES_PER_SCRIPT[size], nothing);
-            (scripts[size].as_str(), padded)
-        })
-        .collect()
 }
 
 /// The body of [`EventLog::expand`], on a transaction holding the write lock.
@@ -340,42 +295,7 @@ impl EventLog for SqliteEventLog {
         subscribers: &[&str],
         now: DateTime<Utc>,
     ) -> Result<Vec<String>, EventLogError> {
-        let subscribers = super::sorted_unique(subscribers.iter().copied());
-        let mut created = Vec::with_capacity(subscribers.len());
-        for (part, json) in subscribers
-            .chunks(EXPAND_CHUNK)
-            .zip(json_chunks(&subscribers)?)
-        {
-            let written = |script: &'static str| {
-                sqlx::query(script)
-                    .bind(event_id)
-                    .bind(now.timestamp_micros())
-                    .bind(json.clone())
-            };
-            match self
-                .run_script(written(EXPAND_CLAIMED_FIRST_SCRIPT.as_str()))
-                .await
-            {
-                Ok(_) => created.extend(part.iter().map(|subscriber| (*subscriber).to_owned())),
-                Err(error) if is_unique_violation(&error) => {
-                    let rows = match self
-                        .run_script(written(EXPAND_CLAIMED_AGAIN_SCRIPT.as_str()))
-                        .await
-                    {
-                        Ok(rows) => rows,
-                        Err(error) => return Err(self.unknown_event(error, event_id).await),
-                    };
-                    for row in rows {
-                        created.push(row.try_get("subscriber").map_err(super::invalid)?);
-                    }
-                }
-                Err(error) => return Err(self.unknown_event(error, event_id).await),
-            }
-        }
-        if subscribers.is_empty() {
-            event_must_exist(&self.pool, event_id).await?;
-        }
-        Ok(created)
+        delivery_path::expand_claimed(self, event_id, subscribers, now).await
     }
 
     async fn expand(
@@ -400,30 +320,7 @@ impl EventLog for SqliteEventLog {
         due: DateTime<Utc>,
         ordered: bool,
     ) -> Result<u64, EventLogError> {
-        let subscribers = super::sorted_unique(subscribers.iter().copied());
-        let script = if ordered {
-            EXPAND_ORDERED_SCRIPT.as_str()
-        } else {
-            EXPAND_WAITING_SCRIPT.as_str()
-        };
-        let mut created = 0;
-        for json in json_chunks(&subscribers)? {
-            let query = sqlx::query(script)
-                .bind(event_id)
-                .bind(due.timestamp_micros())
-                .bind(json);
-            let rows = match self.run_script(query).await {
-                Ok(rows) => rows,
-                Err(error) => return Err(self.unknown_event(error, event_id).await),
-            };
-            for row in rows {
-                created += super::count(row.try_get("created").map_err(super::invalid)?)?;
-            }
-        }
-        if subscribers.is_empty() {
-            event_must_exist(&self.pool, event_id).await?;
-        }
-        Ok(created)
+        delivery_path::expand_waiting(self, event_id, subscribers, due, ordered).await
     }
 
     async fn claim_lanes(
@@ -432,24 +329,7 @@ impl EventLog for SqliteEventLog {
         now: DateTime<Utc>,
         visibility: Duration,
     ) -> Result<Vec<Claimed>, EventLogError> {
-        let lanes: Vec<(Option<&str>, i64)> = lanes
-            .iter()
-            .filter(|(_, count)| *count > 0)
-            .map(|(lane, count)| (Some(*lane), i64::try_from(*count).unwrap_or(i64::MAX)))
-            .collect();
-        let (now, stale) = claim_times(now, visibility);
-        let mut claimed = Vec::new();
-        for (script, chunk) in lanes_scripts(&CLAIM_LANES_SCRIPTS, &lanes, (None, 0)) {
-            let query = chunk
-                .into_iter()
-                .fold(sqlx::query(script), |query, (lane, count)| {
-                    query.bind(now).bind(lane).bind(now).bind(stale).bind(count)
-                });
-            for row in self.run_script(query).await? {
-                claimed.push(claimed_from_row(&row)?);
-            }
-        }
-        Ok(claimed)
+        delivery_path::claim_lanes(self, lanes, now, visibility).await
     }
 
     async fn claim_ordered(
@@ -458,18 +338,7 @@ impl EventLog for SqliteEventLog {
         now: DateTime<Utc>,
         visibility: Duration,
     ) -> Result<Vec<Claimed>, EventLogError> {
-        let lanes: Vec<Option<&str>> = lanes.iter().copied().map(Some).collect();
-        let (now, stale) = claim_times(now, visibility);
-        let mut claimed = Vec::new();
-        for (script, chunk) in lanes_scripts(&CLAIM_ORDERED_SCRIPTS, &lanes, None) {
-            let query = chunk.into_iter().fold(sqlx::query(script), |query, lane| {
-                query.bind(now).bind(lane).bind(now).bind(stale)
-            });
-            for row in self.run_script(query).await? {
-                claimed.push(claimed_from_row(&row)?);
-            }
-        }
-        Ok(claimed)
+        delivery_path::claim_ordered(self, lanes, now, visibility).await
     }
 
     async fn set_ordered(
@@ -594,7 +463,7 @@ impl EventLog for SqliteEventLog {
         // its mark; see `expand` for why IMMEDIATE.
         let mut writer = self.writer().await?;
         let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
-        let (now, stale) = claim_times(now, visibility);
+        let (now, stale) = delivery_path::claim_times(now, visibility);
         let rows = sqlx::query(CLAIM)
             .bind(now)
             .bind(stale)
@@ -620,39 +489,7 @@ impl EventLog for SqliteEventLog {
         completions: &[Completion],
         now: DateTime<Utc>,
     ) -> Result<(), EventLogError> {
-        if completions.is_empty() {
-            return Ok(());
-        }
-        // Deliveries through their own statement, each with the attempt its
-        // record keeps; every other outcome through the general one, its
-        // attempt a row.
-        let (delivered, others): (Vec<&Completion>, Vec<&Completion>) = completions
-            .iter()
-            .partition(|completion| completion.outcome == Outcome::Delivered);
-        let delivered = if delivered.is_empty() {
-            None
-        } else {
-            Some(delivered_json(&delivered)?)
-        };
-        let (others, attempts) = if others.is_empty() {
-            (None, None)
-        } else {
-            (Some(completions_json(&others)?), attempts_json(&others)?)
-        };
-        let now = now.timestamp_micros();
-        let query = match (others, attempts) {
-            (None, _) => sqlx::query(COMPLETE_DELIVERED_SCRIPT.as_str())
-                .bind(now)
-                .bind(delivered),
-            (others, attempts) => sqlx::query(COMPLETE_SCRIPT.as_str())
-                .bind(now)
-                .bind(delivered.unwrap_or_else(|| "[]".to_owned()))
-                .bind(now)
-                .bind(others)
-                .bind(attempts.unwrap_or_else(|| "[]".to_owned())),
-        };
-        self.run_script(query).await?;
-        Ok(())
+        delivery_path::complete(self, completions, now).await
     }
 
     async fn delivery(
