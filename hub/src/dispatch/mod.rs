@@ -25,6 +25,7 @@ mod cache;
 mod expand;
 mod lanes;
 mod ordered;
+mod outcomes;
 mod send;
 mod unsubscribed;
 
@@ -33,7 +34,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -43,9 +43,8 @@ use websub_store::{Subscription, SubscriptionStore};
 
 use crate::clock::Clock;
 use crate::config::DeliveryPolicy;
-use crate::delivery::health::Tallied;
 use crate::delivery::pool::HostClients;
-use crate::delivery::recorder::{self, Batching, OutcomeStore};
+use crate::delivery::recorder;
 use crate::delivery::{Channel, Endpoints, Judge};
 use crate::events::{Claimed, Completion, EventLog, EventLogError, Outcome};
 use crate::protocol::iri_to_uri;
@@ -57,6 +56,7 @@ use lanes::{Admission, Ask, Job, Lanes, Next};
 pub use lanes::{is_ordered_lane, lane_of, ordered_lane_of};
 use ordered::Ordered;
 pub use ordered::{ORDERED_LIMIT, ORDERED_REFRESH};
+use outcomes::{LogOutcomes, batching};
 use unsubscribed::Unsubscribed;
 
 /// The WebSub scheduler. Cheap to clone; clones share state.
@@ -686,75 +686,6 @@ impl Distributor {
     }
 }
 
-/// The event log as the recorder writes to it.
-#[derive(Debug)]
-struct LogOutcomes(Distributor);
-
-#[async_trait]
-impl OutcomeStore for LogOutcomes {
-    type Entry = Completion;
-
-    async fn write(&self, batch: &[Completion]) -> Result<(), String> {
-        let inner = &self.0.inner;
-        let now = inner.clock.now();
-        inner
-            .events
-            .complete(batch, now)
-            .await
-            .map_err(|error| error.to_string())?;
-        // Written: a claim may find them now. An ordered line's next record
-        // may be due once the one before is done, whatever became of it.
-        let mut lines_moved = false;
-        for completion in batch {
-            let next_attempt_at = match completion.outcome {
-                Outcome::Retry {
-                    next_attempt_at, ..
-                }
-                | Outcome::Postponed {
-                    next_attempt_at, ..
-                } => Some(next_attempt_at),
-                _ => None,
-            };
-            if let Some(due) = next_attempt_at {
-                inner.lanes.mark_due(lane_of(&completion.subscriber), due);
-            }
-            if inner.ordered.has_callback(&completion.subscriber) {
-                let line = ordered_lane_of(&completion.subscriber);
-                inner.lanes.mark_due(line, next_attempt_at.unwrap_or(now));
-                lines_moved = true;
-            }
-        }
-        if lines_moved {
-            inner.room.notify_one();
-        }
-        inner
-            .endpoints
-            .tally(batch.iter().filter_map(Tallied::of), now)
-            .await;
-        Ok(())
-    }
-
-    fn retry_in(&self, completion: &Completion) -> Option<Duration> {
-        match completion.outcome {
-            Outcome::Retry {
-                next_attempt_at, ..
-            }
-            | Outcome::Postponed {
-                next_attempt_at, ..
-            } => Some(
-                (next_attempt_at - self.0.inner.clock.now())
-                    .to_std()
-                    .unwrap_or_default(),
-            ),
-            _ => None,
-        }
-    }
-
-    fn wake(&self) {
-        self.0.wake();
-    }
-}
-
 fn dropped(claim: &Claimed, reason: &str) -> Completion {
     Completion {
         event_id: claim.event_id,
@@ -817,19 +748,6 @@ const WALKED_LANES: usize = 100_000;
 /// meanwhile, so a lane's rounds read their own (websub-bench slow); a
 /// larger claim lists the topic once, kept for [`SUBSCRIBERS_TTL`].
 const POINT_READS: usize = 64;
-
-/// How WebSub outcomes are written: in a fan-out of tens of thousands of
-/// deliveries a second, a batched update on PostgreSQL takes tens of
-/// milliseconds, so as many writes run at once as the log takes (the
-/// records of different batches never overlap), and each gathers only
-/// briefly, keeping the log abreast of the network.
-fn batching(policy: &DeliveryPolicy, events: &dyn EventLog) -> Batching {
-    Batching {
-        limit: policy.batch_size,
-        gathering: Duration::from_millis(2),
-        writers: events.writes_at_once(),
-    }
-}
 
 /// Failures the dispatcher reports (each is retried; none loses a record).
 #[derive(Debug, thiserror::Error)]
