@@ -92,6 +92,20 @@ async fn metrics_of(hub: &Websubd) -> String {
         .expect("metrics text")
 }
 
+/// The metrics once they contain `sample`, or after 10 s: an outcome is
+/// counted after the work it counts is written, so after what the test
+/// waited for.
+async fn metrics_with(hub: &Websubd, sample: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = metrics_of(hub).await;
+        if metrics.contains(sample) || tokio::time::Instant::now() >= deadline {
+            return metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn kill_9_while_a_thin_ping_is_fetched_loses_nothing(database_url: String) {
     let dir = scratch_dir("ping");
     let subscriber = TestSubscriber::start().await;
@@ -152,11 +166,11 @@ async fn kill_9_while_a_thin_ping_is_fetched_loses_nothing(database_url: String)
         Some(b"the content after the kill".as_slice()),
         "the ping acknowledged before the kill was never honoured"
     );
-    let metrics = metrics_of(&second).await;
-    assert!(
-        metrics.contains("websub_topic_fetches_total{outcome=\"recorded\"} 1"),
-        "{metrics}"
-    );
+    // The fetch is counted after its content is recorded, which may be
+    // after the delivery arrived.
+    let recorded = "websub_topic_fetches_total{outcome=\"recorded\"} 1";
+    let metrics = metrics_with(&second, recorded).await;
+    assert!(metrics.contains(recorded), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,11 +227,10 @@ async fn kill_9_with_verifications_pending_loses_none(database_url: String) {
         held, REQUESTS,
         "{before} subscribed before the kill, {held} of {REQUESTS} after the restart"
     );
-    let metrics = metrics_of(&second).await;
-    assert!(
-        metrics.contains("websub_verifications_total{mode=\"subscribe\",outcome=\"verified\"}"),
-        "{metrics}"
-    );
+    // A verification is counted after its subscription is saved.
+    let verified = "websub_verifications_total{mode=\"subscribe\",outcome=\"verified\"}";
+    let metrics = metrics_with(&second, verified).await;
+    assert!(metrics.contains(verified), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -251,7 +251,19 @@ async fn an_outage_is_kept_shown_and_sent(database_url: String) {
     );
     assert_eq!(ours[0]["type"], "endpoint.changed");
     assert_eq!(ours[0]["hub"], hub.url.as_str());
-    let history = changes(&hub, &of_flaky).await;
+    // A change is marked sent after the operator webhook's answer: wait
+    // for the marks rather than read them at once.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let history = loop {
+        let history = changes(&hub, &of_flaky).await;
+        let all_sent = history
+            .iter()
+            .all(|change| change["webhook_state"] == "delivered");
+        if all_sent || Instant::now() > deadline {
+            break history;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(
         history
             .iter()

@@ -334,6 +334,12 @@ async fn without_the_extra_ca_the_callback_is_not_trusted() {
         "the recorded error says why: {error}"
     );
     assert_eq!(peer.log().verifications, 0, "no request got through");
+    // The peer counts the refused handshake when it reads the hub's alert,
+    // which may be after the hub recorded the failure.
+    peer.wait_until("the refused handshake counted", |peer| {
+        peer.handshakes().2 >= 1
+    })
+    .await;
     let (full, resumed, refused) = peer.handshakes();
     assert_eq!((full, resumed), (0, 0));
     assert!(refused >= 1, "the hub refused the handshake");

@@ -181,7 +181,11 @@ async fn the_bridge_records_each_event_as_a_hub_event_on_its_topic() {
         // Byte for byte what a webhook would get.
         assert_eq!(hub_event.body.as_ref(), envelope.to_json().as_slice());
     }
-    assert!(wakes.load(Ordering::SeqCst) >= 2, "the hub was woken");
+    // The bridge wakes the hub after its recording commits.
+    assert!(
+        eventually(WAIT, || wakes.load(Ordering::SeqCst) >= 2).await,
+        "the hub was woken"
+    );
     for id in [with_app, without_app] {
         let processed = eventually_async(WAIT, || async {
             db.delivery(id, "websub-hub")

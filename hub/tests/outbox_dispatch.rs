@@ -159,8 +159,14 @@ async fn start_from_bounds_expansion_but_existing_rows_are_always_delivered() {
     let delivered: HashSet<Uuid> = receiver.event_ids("/hook").into_iter().collect();
     assert_eq!(delivered, HashSet::from([old_with_row, recent]));
     assert!(db.delivery(old_without_row, "hook").await.is_none());
-    let existing = db.delivery(old_with_row, "hook").await.expect("row");
-    assert!(existing.processed_at.is_some());
+    // The outcome is recorded after the receiver's answer: wait for it.
+    let recorded = eventually_async(WAIT, || async {
+        db.delivery(old_with_row, "hook")
+            .await
+            .is_some_and(|row| row.processed_at.is_some())
+    })
+    .await;
+    assert!(recorded, "the existing row is recorded delivered");
     running.stop().await;
 }
 
@@ -1184,6 +1190,15 @@ async fn a_webhook_failing_in_a_row_is_disabled_its_rows_skipped_and_its_attempt
     })
     .await;
     assert!(delivered, "an enabled webhook is delivered to again");
+    // Attempts are kept in the hub's log after the row is written.
+    let attempt_kept = eventually_async(WAIT, || async {
+        !log.webhook_attempts(fourth, "flaky")
+            .await
+            .expect("attempts")
+            .is_empty()
+    })
+    .await;
+    assert!(attempt_kept, "the delivering attempt is kept");
     let kept = log
         .webhook_attempts(fourth, "flaky")
         .await
@@ -1227,6 +1242,16 @@ async fn a_webhook_failing_in_a_row_is_disabled_its_rows_skipped_and_its_attempt
     })
     .await;
     assert!(all_delivered, "every re-opened row is delivered");
+    // Attempts are kept in the hub's log after the rows are written.
+    let history_kept = eventually_async(WAIT, || async {
+        log.webhook_attempts(first, "flaky")
+            .await
+            .expect("attempts")
+            .len()
+            >= 5
+    })
+    .await;
+    assert!(history_kept, "the delivering attempt joins the history");
     let history = log
         .webhook_attempts(first, "flaky")
         .await

@@ -83,6 +83,15 @@ async fn a_removed_subscriber_pauses_with_its_rows_kept_and_resumes_when_back() 
     // finish with the old registrations; after that, nothing.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let attempts = receiver.received_at("/a").len();
+    // Each failure is recorded after its answer: wait for the row to count
+    // every attempt the receiver got.
+    let recorded = eventually_async(WAIT, || async {
+        db.delivery(pending, "a")
+            .await
+            .is_some_and(|row| usize::try_from(row.retry_count).is_ok_and(|n| n >= attempts))
+    })
+    .await;
+    assert!(recorded, "the row did not record the {attempts} failures");
     let row = db.delivery(pending, "a").await.expect("the row stays");
     assert!(row.processed_at.is_none() && row.retry_count >= 1);
 
