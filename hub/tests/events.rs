@@ -1659,6 +1659,102 @@ async fn complete_mixes_events_and_ignores_late_deliveries(log: &dyn EventLog) {
 }
 both!(complete_mixes_events_and_ignores_late_deliveries);
 
+async fn unwritten_records_are_created_with_their_first_outcome(log: &dyn EventLog) {
+    // A scheduler that held records in memory writes each with its first
+    // outcome: delivered (its attempt kept in the record), retried, dropped.
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    assert!(!log.has_records(event.id).await.expect("has records"));
+    let subs = subscribers("unwritten", 4);
+    let t1 = t0 + secs(1);
+    let retry_at = t1 + secs(5);
+    let delivering = Attempt {
+        at: t0,
+        duration_micros: 900,
+        status: Some(204),
+        error: None,
+        response: Bytes::new(),
+    };
+    // A resend wrote one of them meanwhile: it is completed, not created.
+    log.expand_waiting(event.id, &[subs[3].as_str()], t0, false)
+        .await
+        .expect("written meanwhile");
+    let gone = Uuid::now_v7();
+    log.complete_unwritten(
+        &[
+            Completion {
+                attempt: Some(delivering.clone()),
+                ..completion(event.id, &subs[0], Outcome::Delivered)
+            },
+            completion(
+                event.id,
+                &subs[1],
+                Outcome::Retry {
+                    error: "HTTP 502".to_owned(),
+                    next_attempt_at: retry_at,
+                },
+            ),
+            completion(
+                event.id,
+                &subs[2],
+                Outcome::Dropped {
+                    reason: "the lease expired".to_owned(),
+                },
+            ),
+            completion(event.id, &subs[3], Outcome::Delivered),
+            completion(gone, &subs[0], Outcome::Delivered),
+        ],
+        t1,
+    )
+    .await
+    .expect("complete unwritten");
+    assert!(log.has_records(event.id).await.expect("has records"));
+    assert!(!log.has_records(gone).await.expect("has records"));
+    let delivered = |subscriber: &str| DeliveryRecord {
+        processed_at: Some(t1),
+        next_attempt_at: None,
+        state: DeliveryState::Delivered,
+        ..pending(event.id, subscriber, t0)
+    };
+    let records = log.deliveries(event.id).await.expect("deliveries");
+    assert_eq!(records.len(), 4, "{}", backend(log));
+    assert_eq!(record_of(&records, &subs[0]), &delivered(&subs[0]));
+    assert_eq!(
+        record_of(&records, &subs[1]),
+        &DeliveryRecord {
+            retry_count: 1,
+            last_error: Some("HTTP 502".to_owned()),
+            next_attempt_at: Some(retry_at),
+            ..pending(event.id, &subs[1], t0)
+        }
+    );
+    assert_eq!(
+        record_of(&records, &subs[2]),
+        &DeliveryRecord {
+            processed_at: Some(t1),
+            last_error: Some("the lease expired".to_owned()),
+            next_attempt_at: None,
+            state: DeliveryState::Dropped,
+            ..pending(event.id, &subs[2], t0)
+        }
+    );
+    assert_eq!(record_of(&records, &subs[3]), &delivered(&subs[3]));
+    assert_eq!(
+        log.attempts(event.id, &subs[0]).await.expect("attempts"),
+        vec![delivering]
+    );
+
+    // A late first outcome of a record closed meanwhile changes nothing.
+    log.complete_unwritten(
+        &[completion(event.id, &subs[0], Outcome::Delivered)],
+        t1 + secs(100),
+    )
+    .await
+    .expect("late");
+    assert_eq!(log.deliveries(event.id).await.expect("deliveries"), records);
+}
+both!(unwritten_records_are_created_with_their_first_outcome);
+
 // ---------------------------------------------------------------------------
 // What operators read and steer
 // ---------------------------------------------------------------------------

@@ -29,6 +29,10 @@ pub trait OutcomeStore: Send + Sync + 'static {
 
     /// Asks the scheduler to look for due work (a retry fell due).
     fn wake(&self);
+
+    /// Writing `batch` failed for good: its records are left to the
+    /// visibility timeout, or to whatever else the store knows to do.
+    fn given_up(&self, _batch: &[Self::Entry]) {}
 }
 
 /// How a scheduler's outcomes are batched. The two schedulers tune these
@@ -117,6 +121,7 @@ async fn write<S: OutcomeStore>(store: Arc<S>, batch: &[S::Entry]) {
             }
             Err(error) => {
                 warn!(%error, records = batch.len(), "recording outcomes failed; they will be attempted again");
+                store.given_up(batch);
                 return;
             }
         }

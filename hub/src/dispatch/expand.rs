@@ -1,7 +1,10 @@
 //! Expansion: an event of the log becomes one delivery record per
 //! subscription of its topic, written in parts: the records whose lanes
 //! have room already claimed and handed straight to the attempts, the rest
-//! unclaimed, for their lanes to claim as they free room.
+//! unclaimed, for their lanes to claim as they free room. On a log only
+//! one process uses, a fresh expansion writes neither: the records go
+//! straight to their attempts or are held for their lanes ([`super::held`]),
+//! and the event is marked expanded once the last of them is written.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,10 +14,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 use websub_store::{Subscription, SubscriptionStore};
 
-use crate::events::{Completion, LoggedEvent, Outcome};
+use crate::events::LoggedEvent;
 
 use super::cache::{ByCallback, Outgoing};
-use super::{DispatchError, Distributor, LEASE_EXPIRED, Pipeline, lane_of, ordered_lane_of};
+use super::lanes::Job;
+use super::{DispatchError, Distributor, Pipeline, lane_of, lease_expired, ordered_lane_of};
 
 impl Distributor {
     /// Expands every recorded but unexpanded event and starts the first
@@ -28,7 +32,17 @@ impl Distributor {
     ) -> Result<u64, DispatchError> {
         let mut created = 0;
         loop {
-            let pending = self.inner.events.unexpanded(64).await?;
+            // Events whose records are held are expanded already, as far as
+            // this process goes: they are marked once their records are in.
+            let held = &self.inner.held;
+            let pending: Vec<LoggedEvent> = self
+                .inner
+                .events
+                .unexpanded(64 + held.draining())
+                .await?
+                .into_iter()
+                .filter(|event| !held.is_draining(event.id))
+                .collect();
             if pending.is_empty() {
                 return Ok(created);
             }
@@ -67,6 +81,45 @@ impl Distributor {
     ) -> Result<Option<u64>, DispatchError> {
         let outgoing = Arc::new(Outgoing::new(event, &self.inner.hub_url));
         self.inner.bodies.insert(outgoing.clone());
+        let id = outgoing.event.id;
+        // Records are held only for an expansion that starts afresh: one
+        // taken up after a crash writes what is missing, leaving what was
+        // written as it is.
+        let holding = self.holds_records()
+            && !self.inner.events.has_records(id).await?
+            && self.inner.held.begin(id);
+        let expanded = self
+            .expand_listed(&outgoing, holding, pipeline, shutdown)
+            .await;
+        if holding {
+            let drained = match &expanded {
+                Ok(Some(_)) => self.inner.held.listed(id, true),
+                Ok(None) => None,
+                Err(_) => self.inner.held.listed(id, false),
+            };
+            if let Some(drained) = drained {
+                self.settle(vec![drained]).await;
+            }
+        } else if matches!(expanded, Ok(Some(_))) {
+            self.inner
+                .events
+                .expand(id, &[], self.inner.clock.now())
+                .await?;
+        }
+        let created = expanded?;
+        debug!(event = %id, topic = %outgoing.event.topic, ?created, holding, "expanded");
+        Ok(created)
+    }
+
+    /// The pages of [`expand_event`](Self::expand_event): returns how many
+    /// records were created (or held), or `None` on shutdown.
+    async fn expand_listed(
+        &self,
+        outgoing: &Arc<Outgoing>,
+        holding: bool,
+        pipeline: &Pipeline,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<u64>, DispatchError> {
         let topic = outgoing.event.topic.as_str();
         let mut limit = FIRST_PAGE;
         let mut page = self
@@ -115,7 +168,7 @@ impl Distributor {
                 Ok::<_, websub_store::StoreError>(Some(next))
             };
             let (delivered, next) = tokio::join!(
-                self.deliver_page(&outgoing, shared, pipeline, shutdown),
+                self.deliver_page(outgoing, shared, holding, pipeline, shutdown),
                 read_next
             );
             let Some(delivered) = delivered? else {
@@ -130,12 +183,7 @@ impl Distributor {
                 None => break,
             }
         }
-        let id = outgoing.event.id;
-        self.inner
-            .events
-            .expand(id, &[], self.inner.clock.now())
-            .await?;
-        debug!(event = %id, %topic, subscribers, created, "expanded");
+        debug!(%topic, subscribers, created, "listed");
         Ok(Some(created))
     }
 
@@ -156,6 +204,7 @@ impl Distributor {
         &self,
         outgoing: &Arc<Outgoing>,
         page: Vec<Arc<Subscription>>,
+        holding: bool,
         pipeline: &Pipeline,
         shutdown: &CancellationToken,
     ) -> Result<Option<u64>, DispatchError> {
@@ -180,6 +229,12 @@ impl Distributor {
         // rather than written to wait and claimed again.
         for part in page.chunks(WAITING_PART) {
             let (claimable, waiting) = self.sort_by_room(part, now, pipeline);
+            if holding {
+                created += self
+                    .hand_over(outgoing, claimable, waiting, now, pipeline)
+                    .await?;
+                continue;
+            }
             let mut rest = claimable.into_iter();
             while rest.len() > 0 {
                 if shutdown.is_cancelled() {
@@ -240,6 +295,58 @@ impl Distributor {
         (claimable, waiting)
     }
 
+    /// Of a part of a page whose records are held in memory: hands the
+    /// `claimable` records to their attempts, unwritten, and holds the
+    /// `waiting` ones for their lanes, writing to wait those past the
+    /// bound. Returns how many records it made.
+    async fn hand_over(
+        &self,
+        outgoing: &Arc<Outgoing>,
+        claimable: Vec<Reserved>,
+        waiting: Vec<Arc<Subscription>>,
+        now: chrono::DateTime<chrono::Utc>,
+        pipeline: &Pipeline,
+    ) -> Result<u64, DispatchError> {
+        let held = &self.inner.held;
+        let lanes = &self.inner.lanes;
+        let made = (claimable.len() + waiting.len()) as u64;
+        held.sent(outgoing.event.id, claimable.len());
+        for (subscription, permit) in claimable {
+            let lane = lane_of(&subscription.callback);
+            let Some(permit) = permit else {
+                let _ = pipeline
+                    .completed_unwritten
+                    .send(lease_expired(outgoing, &subscription));
+                continue;
+            };
+            // Handed over before its slot is given back, so the lane is
+            // never seen idle in between.
+            let job = Job::new(permit, (outgoing.clone(), subscription.clone()), 0, true);
+            self.enqueue(pipeline, lane, job);
+            lanes.unreserve(lane, 1);
+        }
+        let mut spilled = Vec::new();
+        let mut told: Option<&str> = None;
+        for subscription in &waiting {
+            let lane = lane_of(&subscription.callback);
+            if !held.hold(lane, (outgoing.clone(), subscription.clone())) {
+                spilled.push(subscription.clone());
+                continue;
+            }
+            if told != Some(lane) {
+                lanes.mark_due(lane, now);
+                told = Some(lane);
+            }
+        }
+        if told.is_some() {
+            self.inner.room.notify_one();
+        }
+        if !spilled.is_empty() {
+            self.write_waiting(outgoing, &spilled, now, false).await?;
+        }
+        Ok(made)
+    }
+
     /// Gives back the lane slots `reserved` records held, unwritten.
     fn give_back(&self, reserved: impl IntoIterator<Item = Reserved>) {
         for (subscription, permit) in reserved {
@@ -254,7 +361,7 @@ impl Distributor {
     /// Writes `records` unclaimed, due now, and tells their lanes: the
     /// host's, or the line of an ordered subscription. Returns how many
     /// were created.
-    async fn write_waiting(
+    pub(super) async fn write_waiting(
         &self,
         outgoing: &Arc<Outgoing>,
         records: &[Arc<Subscription>],
@@ -329,14 +436,9 @@ impl Distributor {
                 .is_none_or(|ours| ours.contains(&subscription.callback));
             let Some(permit) = permit else {
                 if mine {
-                    let _ = pipeline.completed.send(Completion {
-                        event_id: outgoing.event.id,
-                        subscriber: subscription.callback.clone(),
-                        outcome: Outcome::Dropped {
-                            reason: LEASE_EXPIRED.to_owned(),
-                        },
-                        attempt: None,
-                    });
+                    let _ = pipeline
+                        .completed
+                        .send(lease_expired(outgoing, &subscription));
                 }
                 continue;
             };
@@ -344,14 +446,8 @@ impl Distributor {
             // never seen idle in between.
             if mine {
                 let lane = lane_of(&subscription.callback);
-                self.enqueue(
-                    pipeline,
-                    lane,
-                    permit,
-                    outgoing.clone(),
-                    subscription.clone(),
-                    0,
-                );
+                let job = Job::new(permit, (outgoing.clone(), subscription.clone()), 0, false);
+                self.enqueue(pipeline, lane, job);
             }
             lanes.unreserve(lane_of(&subscription.callback), 1);
         }

@@ -11,8 +11,8 @@
 //!   written back to make room.
 //! - **Knowing what is due without asking for everything.** A lane knows
 //!   the earliest time the log may hold an unclaimed due record of its own
-//!   ([`Lane::due`]): set when the expander writes records the lane had no
-//!   room for, when an outcome is recorded with a next attempt, and by the
+//!   ([`Lane::due`]), or held for it in memory: set when the expander
+//!   writes or holds records the lane had no room for, when an outcome is recorded with a next attempt, and by the
 //!   scheduler's periodic walk of the lanes in the log (records of a dead
 //!   process, of another replica, retries written before a restart). A
 //!   claim that finds fewer records than it asked for clears it.
@@ -87,9 +87,29 @@ pub(super) struct Job {
     /// Its share of the scheduler's room, released when its outcome is sent.
     pub(super) permit: OwnedSemaphorePermit,
     pub(super) queued: Instant,
+    /// Its record is held in memory, not in the log: its outcome creates it.
+    pub(super) unwritten: bool,
 }
 
 impl Job {
+    /// A record handed to its lane now, holding `permit` until its outcome
+    /// is sent; `unwritten` when it is held in memory rather than the log.
+    pub(super) fn new(
+        permit: OwnedSemaphorePermit,
+        (outgoing, subscription): (Arc<Outgoing>, Arc<Subscription>),
+        retry_count: u32,
+        unwritten: bool,
+    ) -> Self {
+        Self {
+            subscription,
+            outgoing,
+            retry_count,
+            permit,
+            queued: Instant::now(),
+            unwritten,
+        }
+    }
+
     /// Whether it waited longer than `max_wait` and goes back to the log.
     pub(super) fn is_stale(&self, max_wait: Duration) -> bool {
         self.queued.elapsed() > max_wait
@@ -310,6 +330,17 @@ impl Lanes {
             });
         }
         asks
+    }
+
+    /// `count` of what `ask` asked for was found held in memory and is
+    /// being handed over: its room is freed, and the claim asks the log
+    /// only for the rest.
+    pub(super) fn handed(&self, ask: &mut Ask, count: usize) {
+        let mut lanes = self.lock();
+        if let Some(lane) = lanes.get_mut(&ask.lane) {
+            lane.asking = lane.asking.saturating_sub(count);
+        }
+        ask.count -= count;
     }
 
     /// The claim for `asks` came back with `got` records per lane (`None`

@@ -17,12 +17,16 @@
 //! already claimed and hands it straight to the attempts; the records a
 //! lane has no room for are written unclaimed and claimed for that lane as
 //! it frees room, in due order, with retries and the records another
-//! process left. Nothing is written back to make room. One slow or dead
+//! process left. Nothing is written back to make room. On a log only one
+//! process uses (SQLite) a fresh expansion writes nothing up front: its
+//! records are held in memory ([`held`]) and each is written with its
+//! first outcome. One slow or dead
 //! subscriber never delays another: attempts run concurrently, bounded
 //! overall and per lane, and each carries its own timeout.
 
 mod cache;
 mod expand;
+mod held;
 mod lanes;
 mod ordered;
 mod outcomes;
@@ -34,7 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, debug_span, info, warn};
@@ -52,6 +56,7 @@ use crate::protocol::iri_to_uri;
 pub use crate::delivery::limit::INITIAL_LIMIT;
 pub use cache::SUBSCRIBERS_TTL;
 use cache::{EventCache, Outgoing, SubscriberCache, Subscribers};
+use held::{Drained, Held, HeldRecord};
 use lanes::{Admission, Ask, Job, Lanes, Next};
 pub use lanes::{is_ordered_lane, lane_of, ordered_lane_of};
 use ordered::Ordered;
@@ -87,6 +92,9 @@ struct DistributorState {
     lanes: Lanes,
     unsubscribed: Unsubscribed,
     ordered: Ordered,
+    /// Records held in memory until their first outcome, on a log only one
+    /// process uses.
+    held: Held,
 }
 
 /// What the claim loop and the expander share to start attempts.
@@ -102,6 +110,8 @@ struct Pipeline {
     /// being attempted.
     shutdown: CancellationToken,
     completed: mpsc::UnboundedSender<Completion>,
+    /// The outcomes of records held in memory, which create their records.
+    completed_unwritten: mpsc::UnboundedSender<Completion>,
     /// How much room a claim waits for, and the size of an expanded part.
     /// Each costs a round trip whatever its size, so they are made for half
     /// the queue at a time rather than one record per finished attempt.
@@ -147,6 +157,7 @@ impl Distributor {
                 judge: Judge::new(Channel::WebSub, policy.retry),
                 unsubscribed: Unsubscribed::default(),
                 ordered: Ordered::default(),
+                held: Held::default(),
                 lanes: Lanes::new(
                     policy.per_host_min,
                     policy.per_host,
@@ -224,19 +235,28 @@ impl Distributor {
     pub async fn run(self, shutdown: CancellationToken) {
         let policy = self.inner.policy;
         let (completed, completions) = mpsc::unbounded_channel();
+        let (completed_unwritten, unwritten_completions) = mpsc::unbounded_channel();
         let pipeline = Pipeline {
             pending: Arc::new(Semaphore::new(policy.concurrency + waiting_room(&policy))),
             attempts: TaskTracker::new(),
             shutdown: shutdown.clone(),
             completed,
+            completed_unwritten,
             batch: (policy.batch_size / 2).max(1),
             starved: Arc::new(AtomicBool::new(false)),
         };
-        let recorder = tokio::spawn(recorder::record(
-            LogOutcomes(self.clone()),
-            completions,
-            batching(&policy, &*self.inner.events),
-        ));
+        let recorders = [(completions, false), (unwritten_completions, true)].map(
+            |(completions, unwritten)| {
+                tokio::spawn(recorder::record(
+                    LogOutcomes {
+                        distributor: self.clone(),
+                        unwritten,
+                    },
+                    completions,
+                    batching(&policy, &*self.inner.events),
+                ))
+            },
+        );
         let expander = tokio::spawn(
             self.clone()
                 .run_expander(pipeline.clone(), shutdown.clone()),
@@ -269,6 +289,12 @@ impl Distributor {
             if budget < pipeline.batch {
                 pipeline.starved.store(true, Ordering::Release);
             }
+            if self.holds_records() {
+                let overdue = self.inner.held.overdue(Instant::now());
+                if !overdue.is_empty() {
+                    self.write_held(overdue).await;
+                }
+            }
             let asks = if budget == 0 {
                 Vec::new()
             } else {
@@ -300,13 +326,16 @@ impl Distributor {
         let Pipeline {
             attempts,
             completed,
+            completed_unwritten,
             ..
         } = pipeline;
         attempts.close();
         attempts.wait().await;
-        drop(completed);
-        if let Err(error) = recorder.await {
-            warn!(%error, "the outcome recorder stopped abnormally");
+        drop((completed, completed_unwritten));
+        for recorder in recorders {
+            if let Err(error) = recorder.await {
+                warn!(%error, "the outcome recorder stopped abnormally");
+            }
         }
     }
 
@@ -317,13 +346,105 @@ impl Distributor {
         now: chrono::DateTime<chrono::Utc>,
         pipeline: &Pipeline,
     ) {
-        let (lines, hosts): (Vec<Ask>, Vec<Ask>) =
+        let (lines, mut hosts): (Vec<Ask>, Vec<Ask>) =
             asks.into_iter().partition(|ask| is_ordered_lane(&ask.lane));
+        if self.holds_records() {
+            hosts = self.take_held(hosts, pipeline).await;
+        }
         for (asks, ordered) in [(hosts, false), (lines, true)] {
             if !asks.is_empty() {
                 self.claim_lanes(asks, ordered, now, pipeline).await;
             }
         }
+    }
+
+    /// Hands the lanes of `asks` the records held for them, as many as each
+    /// asked for; returns the asks with what is left to claim from the log.
+    async fn take_held(&self, asks: Vec<Ask>, pipeline: &Pipeline) -> Vec<Ask> {
+        let mut left = Vec::with_capacity(asks.len());
+        let mut handed = Vec::new();
+        for mut ask in asks {
+            let taken = self.inner.held.take(&ask.lane, ask.count);
+            if !taken.is_empty() {
+                self.inner.lanes.handed(&mut ask, taken.len());
+                handed.push((ask.lane.clone(), taken));
+            }
+            if ask.count > 0 {
+                left.push(ask);
+            }
+        }
+        let now = self.inner.clock.now();
+        for (lane, taken) in handed {
+            for (outgoing, subscription) in taken {
+                if subscription.is_expired(now) {
+                    let _ = pipeline
+                        .completed_unwritten
+                        .send(lease_expired(&outgoing, &subscription));
+                    continue;
+                }
+                let Ok(permit) = pipeline.pending.clone().acquire_owned().await else {
+                    return left;
+                };
+                let job = Job::new(permit, (outgoing, subscription), 0, true);
+                self.enqueue(pipeline, &lane, job);
+            }
+        }
+        left
+    }
+
+    /// Writes `records`, held too long, to wait in the log for their lanes.
+    async fn write_held(&self, records: Vec<HeldRecord>) {
+        let mut by_event: HashMap<Uuid, (Arc<Outgoing>, Vec<Arc<Subscription>>)> = HashMap::new();
+        for (outgoing, subscription) in records {
+            by_event
+                .entry(outgoing.event.id)
+                .or_insert_with(|| (outgoing, Vec::new()))
+                .1
+                .push(subscription);
+        }
+        let now = self.inner.clock.now();
+        for (id, (outgoing, subscriptions)) in by_event {
+            match self
+                .write_waiting(&outgoing, &subscriptions, now, false)
+                .await
+            {
+                Ok(_) => {
+                    let drained = self
+                        .inner
+                        .held
+                        .written(std::iter::repeat_n(id, subscriptions.len()));
+                    self.settle(drained).await;
+                }
+                Err(error) => {
+                    warn!(%error, event = %id, "writing held records failed; the event is expanded again");
+                    self.inner.held.abandon(id);
+                    self.expand_soon();
+                }
+            }
+        }
+    }
+
+    /// Marks expanded the events whose held records are all written; has
+    /// those let go expanded again.
+    async fn settle(&self, drained: Vec<Drained>) {
+        for drained in drained {
+            match drained {
+                Drained::Expanded(id) => {
+                    let now = self.inner.clock.now();
+                    if let Err(error) = self.inner.events.expand(id, &[], now).await {
+                        warn!(%error, event = %id, "marking an event expanded failed; it is expanded again");
+                        self.expand_soon();
+                    }
+                }
+                Drained::Abandoned(_) => self.expand_soon(),
+            }
+        }
+    }
+
+    /// Whether expansions hold records in memory: on a log only one
+    /// process uses.
+    fn holds_records(&self) -> bool {
+        self.inner.events.is_single_process()
     }
 
     /// Claims for `asks`, the lanes of hosts or (`ordered`) the lines of
@@ -483,36 +604,15 @@ impl Distributor {
             let Ok(permit) = pipeline.pending.clone().acquire_owned().await else {
                 return Ok(());
             };
-            self.enqueue(
-                pipeline,
-                &lane,
-                permit,
-                event,
-                subscription,
-                claim.retry_count,
-            );
+            let job = Job::new(permit, (event, subscription), claim.retry_count, false);
+            self.enqueue(pipeline, &lane, job);
         }
         Ok(())
     }
 
-    /// Hands one record to `lane`, holding `permit` until its outcome is
+    /// Hands `job` to `lane`, whose permit is held until its outcome is
     /// sent; starts a runner for the lane if it has a free slot.
-    fn enqueue(
-        &self,
-        pipeline: &Pipeline,
-        lane: &str,
-        permit: OwnedSemaphorePermit,
-        outgoing: Arc<Outgoing>,
-        subscription: Arc<Subscription>,
-        retry_count: u32,
-    ) {
-        let job = Job {
-            subscription,
-            outgoing,
-            retry_count,
-            permit,
-            queued: Instant::now(),
-        };
+    fn enqueue(&self, pipeline: &Pipeline, lane: &str, job: Job) {
         match self.inner.lanes.admit(lane, job) {
             Admission::Run(lane, job, client) => {
                 let runner = self.clone().run_lane(pipeline.clone(), lane, job, client);
@@ -585,7 +685,12 @@ impl Distributor {
 
     /// Sends `completion` to the recorder and frees `job`'s room.
     fn finish(&self, pipeline: &Pipeline, completion: Completion, job: Job) {
-        let _ = pipeline.completed.send(completion);
+        let completed = if job.unwritten {
+            &pipeline.completed_unwritten
+        } else {
+            &pipeline.completed
+        };
+        let _ = completed.send(completion);
         drop(job.permit);
     }
 
@@ -686,6 +791,19 @@ impl Distributor {
     }
 }
 
+/// The outcome of a record whose subscription's lease ran out before its
+/// attempt: dropped.
+fn lease_expired(outgoing: &Outgoing, subscription: &Subscription) -> Completion {
+    Completion {
+        event_id: outgoing.event.id,
+        subscriber: subscription.callback.clone(),
+        outcome: Outcome::Dropped {
+            reason: LEASE_EXPIRED.to_owned(),
+        },
+        attempt: None,
+    }
+}
+
 fn dropped(claim: &Claimed, reason: &str) -> Completion {
     Completion {
         event_id: claim.event_id,
@@ -713,13 +831,16 @@ pub fn link_header(hub_url: &str, topic: &str) -> String {
 const LEASE_EXPIRED: &str = "the subscription's lease has expired";
 
 /// How many claimed records may wait in their lanes' queues, besides the
-/// attempts in flight: four rounds of them, so the queues of many lanes
-/// reach far enough ahead to keep their slots busy. A waiting record costs
-/// a few dozen bytes. A lane's own queue is bounded besides
+/// attempts in flight: one round of them, enough for the queues of many
+/// lanes to keep their slots busy. A waiting record costs a few dozen
+/// bytes, but every lane that holds one is a host at work, with its
+/// connections open: with four rounds, a fan-out over a thousand slow
+/// hosts had half of them at work at once and peaked 100 MB higher, no
+/// faster (docs/benchmarks.md). A lane's own queue is bounded besides
 /// ([`lanes::QUEUE_ROUNDS`]), so one host cannot take the room: what it
-/// cannot take stays in the log, where other replicas claim it too.
+/// cannot take stays in the log, or held, for later.
 fn waiting_room(policy: &DeliveryPolicy) -> usize {
-    policy.batch_size.max(policy.concurrency.saturating_mul(4))
+    policy.batch_size.max(policy.concurrency)
 }
 
 /// How long a claimed record may wait for a slot of its host before it

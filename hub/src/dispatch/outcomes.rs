@@ -1,7 +1,9 @@
 //! The WebSub scheduler's outcomes on their way to the event log: written
 //! in batches by the delivery core's recorder, after which the lanes they
 //! make due (retries, the next record of an ordered line) are told and the
-//! endpoints' health tallied.
+//! endpoints' health tallied. The first outcomes of records held in memory
+//! ([`super::held`]) have a recorder of their own: they create their
+//! records, and an event whose last record is written is marked expanded.
 
 use std::time::Duration;
 
@@ -16,20 +18,31 @@ use super::{Distributor, lane_of, ordered_lane_of};
 
 /// The event log as the recorder writes to it.
 #[derive(Debug)]
-pub(super) struct LogOutcomes(pub(super) Distributor);
+pub(super) struct LogOutcomes {
+    pub(super) distributor: Distributor,
+    /// The outcomes are of records never written before.
+    pub(super) unwritten: bool,
+}
 
 #[async_trait]
 impl OutcomeStore for LogOutcomes {
     type Entry = Completion;
 
     async fn write(&self, batch: &[Completion]) -> Result<(), String> {
-        let inner = &self.0.inner;
+        let inner = &self.distributor.inner;
         let now = inner.clock.now();
-        inner
-            .events
-            .complete(batch, now)
-            .await
-            .map_err(|error| error.to_string())?;
+        let written = if self.unwritten {
+            inner.events.complete_unwritten(batch, now).await
+        } else {
+            inner.events.complete(batch, now).await
+        };
+        written.map_err(|error| error.to_string())?;
+        if self.unwritten {
+            let drained = inner
+                .held
+                .written(batch.iter().map(|completion| completion.event_id));
+            self.distributor.settle(drained).await;
+        }
         // Written: a claim may find them now. An ordered line's next record
         // may be due once the one before is done, whatever became of it.
         let mut lines_moved = false;
@@ -70,7 +83,7 @@ impl OutcomeStore for LogOutcomes {
             | Outcome::Postponed {
                 next_attempt_at, ..
             } => Some(
-                (next_attempt_at - self.0.inner.clock.now())
+                (next_attempt_at - self.distributor.inner.clock.now())
                     .to_std()
                     .unwrap_or_default(),
             ),
@@ -79,7 +92,17 @@ impl OutcomeStore for LogOutcomes {
     }
 
     fn wake(&self) {
-        self.0.wake();
+        self.distributor.wake();
+    }
+
+    fn given_up(&self, batch: &[Completion]) {
+        if self.unwritten {
+            // Their events are expanded again, the way of any log.
+            for completion in batch {
+                self.distributor.inner.held.abandon(completion.event_id);
+            }
+            self.distributor.expand_soon();
+        }
     }
 }
 

@@ -497,6 +497,35 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         now: DateTime<Utc>,
     ) -> Result<(), EventLogError>;
 
+    /// Records the outcomes of records nobody wrote before: on a log only
+    /// one process uses ([`EventLog::is_single_process`]) a scheduler may
+    /// hold an expansion's records in memory and write each only with its
+    /// first outcome, one write where a record written, claimed and
+    /// completed takes three. Each record is created as
+    /// [`EventLog::expand_waiting`] creates it and completed as
+    /// [`EventLog::complete`] completes it; a record that exists already
+    /// (an operator's resend meanwhile) gets the outcome as `complete`
+    /// gives it. An outcome for an event no longer in the log (purged
+    /// meanwhile) is left out.
+    async fn complete_unwritten(
+        &self,
+        completions: &[Completion],
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError> {
+        write_then_complete(self, completions, now).await
+    }
+
+    /// Whether the event has any delivery record: an expansion that finds
+    /// some is taking up one a process began and did not finish.
+    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError>;
+
+    /// Whether only one process can use this log at a time (SQLite): then
+    /// nothing but this process writes its records, and an expansion may
+    /// hold records in memory ([`EventLog::complete_unwritten`]).
+    fn is_single_process(&self) -> bool {
+        false
+    }
+
     /// Every delivery record of an event.
     async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError>;
 
@@ -673,6 +702,29 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// How many writes the log makes progress on at once: a writer beyond
     /// them only waits, with a batch that could have grown meanwhile.
     fn writes_at_once(&self) -> usize;
+}
+
+/// [`EventLog::complete_unwritten`] in two steps: the records created
+/// waiting, then completed.
+pub(crate) async fn write_then_complete<L: EventLog + ?Sized>(
+    log: &L,
+    completions: &[Completion],
+    now: DateTime<Utc>,
+) -> Result<(), EventLogError> {
+    let mut by_event: std::collections::HashMap<Uuid, Vec<&str>> = std::collections::HashMap::new();
+    for completion in completions {
+        by_event
+            .entry(completion.event_id)
+            .or_default()
+            .push(&completion.subscriber);
+    }
+    for (event_id, subscribers) in by_event {
+        match log.expand_waiting(event_id, &subscribers, now, false).await {
+            Ok(_) | Err(EventLogError::UnknownEvent(_)) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    log.complete(completions, now).await
 }
 
 /// The oldest claim still alive at `now`, or `None` when the visibility

@@ -515,6 +515,13 @@ impl EventLog for PostgresEventLog {
         delivery_path::complete(self, completions, now).await
     }
 
+    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError> {
+        Ok(sqlx::query_scalar(HAS_RECORDS)
+            .bind(event_id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
     async fn delivery(
         &self,
         event_id: Uuid,

@@ -27,6 +27,9 @@ pub(super) const MARK_EXPANDED: &str =
 
 pub(super) const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = $1)";
 
+pub(super) const HAS_RECORDS: &str =
+    "SELECT EXISTS (SELECT 1 FROM websub_deliveries WHERE event_id = $1)";
+
 // The first expansion of an event: nothing can conflict unless parts were
 // written before a crash (then it fails and is retried as EXPAND_AGAIN), and leaving out
 // ON CONFLICT saves its speculative-insertion work on every row (a quarter

@@ -11,7 +11,9 @@ use sqlx::query::Query;
 use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteRow};
 use uuid::Uuid;
 
-use super::super::{Claimed, Completion, EventLogError, Outcome, count, invalid, sorted_unique};
+use super::super::{
+    Claimed, Completion, EventLogError, Outcome, count, invalid, sorted_unique, write_then_complete,
+};
 use super::rows::{
     attempts_json, claimed_from_row, completions_json, delivered_json, is_foreign_key_violation,
     is_unique_violation,
@@ -159,6 +161,29 @@ pub(super) async fn complete(
             .bind(attempts.unwrap_or_else(|| "[]".to_owned())),
     };
     log.run_script(query).await?;
+    Ok(())
+}
+
+pub(super) async fn complete_unwritten(
+    log: &SqliteEventLog,
+    completions: &[Completion],
+    now: DateTime<Utc>,
+) -> Result<(), EventLogError> {
+    // Deliveries, nearly all of them, in one insert; the rest created
+    // waiting and completed, as on any log.
+    let (delivered, others): (Vec<&Completion>, Vec<&Completion>) = completions
+        .iter()
+        .partition(|completion| completion.outcome == Outcome::Delivered);
+    if !delivered.is_empty() {
+        let query = sqlx::query(INSERT_DELIVERED_SCRIPT.as_str())
+            .bind(now.timestamp_micros())
+            .bind(delivered_json(&delivered)?);
+        log.run_script(query).await?;
+    }
+    if !others.is_empty() {
+        let others: Vec<Completion> = others.into_iter().cloned().collect();
+        write_then_complete(log, &others, now).await?;
+    }
     Ok(())
 }
 

@@ -492,6 +492,26 @@ impl EventLog for SqliteEventLog {
         delivery_path::complete(self, completions, now).await
     }
 
+    async fn complete_unwritten(
+        &self,
+        completions: &[Completion],
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError> {
+        delivery_path::complete_unwritten(self, completions, now).await
+    }
+
+    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError> {
+        Ok(sqlx::query_scalar(HAS_RECORDS)
+            .bind(event_id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Yes: the log's file is opened by one process at a time.
+    fn is_single_process(&self) -> bool {
+        true
+    }
+
     async fn delivery(
         &self,
         event_id: Uuid,

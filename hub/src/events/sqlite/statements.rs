@@ -119,6 +119,10 @@ pub(super) static CLAIM_ORDERED_SCRIPTS: LazyLock<Vec<String>> =
 pub(super) static COMPLETE_DELIVERED_SCRIPT: LazyLock<String> =
     LazyLock::new(|| script(&[COMPLETE_DELIVERED]));
 
+/// First outcomes of records not written before, all deliveries.
+pub(super) static INSERT_DELIVERED_SCRIPT: LazyLock<String> =
+    LazyLock::new(|| script(&[INSERT_DELIVERED]));
+
 /// Any outcomes: the deliveries ([`COMPLETE_DELIVERED`]), the others
 /// ([`COMPLETE`]) and their attempts ([`RECORD_ATTEMPTS`]), each `[]` when
 /// there is none.
@@ -168,6 +172,31 @@ pub(super) const EXPAND_CLAIMED_AGAIN: &str = concat!(
 );
 
 pub(super) const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = ?1)";
+
+pub(super) const HAS_RECORDS: &str =
+    "SELECT EXISTS (SELECT 1 FROM websub_deliveries WHERE event_id = ?1)";
+
+// A record written only now, delivered at its first attempt: one insert
+// with the outcome and the attempt its record keeps, as COMPLETE_DELIVERED
+// would leave it; its values: now, and the records as COMPLETE_DELIVERED
+// reads them. A processed record needs no lane (it leaves the lane
+// indexes). One that exists meanwhile (an operator's resend) is completed
+// as COMPLETE_DELIVERED completes it; an event purged meanwhile is skipped.
+pub(super) const INSERT_DELIVERED: &str = "INSERT INTO websub_deliveries AS d \
+     (event_id, subscriber, processed_at, outcome, delivered_attempt_at, \
+      delivered_duration_us, delivered_status, delivered_response) \
+     SELECT unhex(value ->> 0), value ->> 1, ?1, 'delivered', value ->> 2, value ->> 3, \
+            value ->> 4, unhex(value ->> 5) \
+     FROM json_each(?2) \
+     WHERE EXISTS (SELECT 1 FROM websub_events WHERE id = unhex(value ->> 0)) \
+     ON CONFLICT (event_id, subscriber) DO UPDATE SET \
+         processed_at = excluded.processed_at, processing_since = NULL, \
+         next_attempt_at = NULL, outcome = 'delivered', \
+         delivered_attempt_at = excluded.delivered_attempt_at, \
+         delivered_duration_us = excluded.delivered_duration_us, \
+         delivered_status = excluded.delivered_status, \
+         delivered_response = excluded.delivered_response \
+     WHERE d.processed_at IS NULL";
 
 pub(super) const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
      WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT ?1";
