@@ -1,6 +1,6 @@
 //! What the WebSub scheduler keeps in memory between claims: events ready
 //! to go out with their headers built once, and each topic's subscribers
-//! for a short while.
+//! for a short while; and the scheduler's reads through them.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,9 +11,11 @@ use http::{HeaderName, HeaderValue};
 use uuid::Uuid;
 use websub_store::Subscription;
 
+use websub_store::SubscriptionStore;
+
 use crate::events::LoggedEvent;
 
-use super::link_header;
+use super::{DispatchError, Distributor, link_header};
 
 /// An event ready to go out, with the headers every subscriber gets built
 /// once rather than once per delivery.
@@ -191,6 +193,57 @@ impl SubscriberCache {
         topics.retain(|_, cached| cached.read_at.elapsed() < SUBSCRIBERS_TTL);
         topics.insert(topic.to_owned(), subscribers.clone());
         subscribers
+    }
+}
+
+impl Distributor {
+    /// The subscribers of `topic`, from a short-lived cache unless
+    /// `refresh`. Each claimed batch needs them, and reading 100 000
+    /// subscriptions per batch of a few hundred deliveries would make a
+    /// retried fan-out quadratic. See [`SUBSCRIBERS_TTL`] for how fresh it
+    /// is. Returns the list and whether it was read just now.
+    pub(super) async fn subscribers(
+        &self,
+        topic: &str,
+        refresh: bool,
+    ) -> Result<(Arc<Subscribers>, bool), DispatchError> {
+        if !refresh && let Some(cached) = self.inner.subscribers.get(topic) {
+            return Ok((cached, false));
+        }
+        let listed = self.inner.store.list_by_topic(topic).await?;
+        Ok((self.inner.subscribers.put(topic, listed), true))
+    }
+
+    /// The subscriptions of `topic` for `callbacks`, each read by its key;
+    /// one that is gone is left out.
+    pub(super) async fn read_each(
+        &self,
+        topic: &str,
+        callbacks: &[&str],
+    ) -> Result<Subscribers, DispatchError> {
+        let mut by_callback = HashMap::with_capacity(callbacks.len());
+        for callback in callbacks {
+            match self.inner.store.get(topic, callback).await {
+                Ok(subscription) => {
+                    by_callback.insert(subscription.callback.clone(), Arc::new(subscription));
+                }
+                Err(websub_store::StoreError::UnknownSubscription { .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(Subscribers::new(vec![Arc::new(by_callback)]))
+    }
+
+    pub(super) async fn event(&self, id: Uuid) -> Result<Option<Arc<Outgoing>>, DispatchError> {
+        if let Some(outgoing) = self.inner.bodies.get(id) {
+            return Ok(Some(outgoing));
+        }
+        let Some(event) = self.inner.events.event(id).await? else {
+            return Ok(None);
+        };
+        let outgoing = Arc::new(Outgoing::new(event, &self.inner.hub_url));
+        self.inner.bodies.insert(outgoing.clone());
+        Ok(Some(outgoing))
     }
 }
 

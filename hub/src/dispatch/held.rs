@@ -11,6 +11,10 @@
 //! the event again at start, and the records it had written are left as
 //! they are (an expansion that finds records goes the way of any log).
 //!
+//! The scheduler's side is here too: handing held records to their lanes’
+//! claims, writing those held too long, and marking an event expanded once
+//! its last record is written.
+//!
 //! Bounded: past [`MOST_HELD`] records, or [`MOST_DRAINING`] events at
 //! once, an expansion writes its records to wait, as on any log; a record
 //! held longer than [`LONGEST_HELD`] is written to wait too, so that a slow
@@ -23,10 +27,13 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use tracing::warn;
 use uuid::Uuid;
 use websub_store::Subscription;
 
 use super::cache::Outgoing;
+use super::lanes::{Ask, Job};
+use super::{Distributor, Pipeline, lease_expired};
 
 /// The most records held at once, over all lanes: a few MB, the
 /// subscriptions themselves being shared with the expansion's pages.
@@ -214,6 +221,97 @@ impl Held {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Distributor {
+    /// Hands the lanes of `asks` the records held for them, as many as each
+    /// asked for; returns the asks with what is left to claim from the log.
+    pub(super) async fn take_held(&self, asks: Vec<Ask>, pipeline: &Pipeline) -> Vec<Ask> {
+        let mut left = Vec::with_capacity(asks.len());
+        let mut handed = Vec::new();
+        for mut ask in asks {
+            let taken = self.inner.held.take(&ask.lane, ask.count);
+            if !taken.is_empty() {
+                self.inner.lanes.handed(&mut ask, taken.len());
+                handed.push((ask.lane.clone(), taken));
+            }
+            if ask.count > 0 {
+                left.push(ask);
+            }
+        }
+        let now = self.inner.clock.now();
+        for (lane, taken) in handed {
+            for (outgoing, subscription) in taken {
+                if subscription.is_expired(now) {
+                    let _ = pipeline
+                        .completed_unwritten
+                        .send(lease_expired(&outgoing, &subscription));
+                    continue;
+                }
+                let Ok(permit) = pipeline.pending.clone().acquire_owned().await else {
+                    return left;
+                };
+                let job = Job::new(permit, (outgoing, subscription), 0, true);
+                self.enqueue(pipeline, &lane, job);
+            }
+        }
+        left
+    }
+
+    /// Writes `records`, held too long, to wait in the log for their lanes.
+    pub(super) async fn write_held(&self, records: Vec<HeldRecord>) {
+        let mut by_event: HashMap<Uuid, (Arc<Outgoing>, Vec<Arc<Subscription>>)> = HashMap::new();
+        for (outgoing, subscription) in records {
+            by_event
+                .entry(outgoing.event.id)
+                .or_insert_with(|| (outgoing, Vec::new()))
+                .1
+                .push(subscription);
+        }
+        let now = self.inner.clock.now();
+        for (id, (outgoing, subscriptions)) in by_event {
+            match self
+                .write_waiting(&outgoing, &subscriptions, now, false)
+                .await
+            {
+                Ok(_) => {
+                    let drained = self
+                        .inner
+                        .held
+                        .written(std::iter::repeat_n(id, subscriptions.len()));
+                    self.settle(drained).await;
+                }
+                Err(error) => {
+                    warn!(%error, event = %id, "writing held records failed; the event is expanded again");
+                    self.inner.held.abandon(id);
+                    self.expand_soon();
+                }
+            }
+        }
+    }
+
+    /// Marks expanded the events whose held records are all written; has
+    /// those let go expanded again.
+    pub(super) async fn settle(&self, drained: Vec<Drained>) {
+        for drained in drained {
+            match drained {
+                Drained::Expanded(id) => {
+                    let now = self.inner.clock.now();
+                    if let Err(error) = self.inner.events.expand(id, &[], now).await {
+                        warn!(%error, event = %id, "marking an event expanded failed; it is expanded again");
+                        self.expand_soon();
+                    }
+                }
+                Drained::Abandoned(_) => self.expand_soon(),
+            }
+        }
+    }
+
+    /// Whether expansions hold records in memory: on a log only one
+    /// process uses.
+    pub(super) fn holds_records(&self) -> bool {
+        self.inner.events.is_single_process()
     }
 }
 

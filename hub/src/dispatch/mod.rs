@@ -56,7 +56,7 @@ use crate::protocol::iri_to_uri;
 pub use crate::delivery::limit::INITIAL_LIMIT;
 pub use cache::SUBSCRIBERS_TTL;
 use cache::{EventCache, Outgoing, SubscriberCache, Subscribers};
-use held::{Drained, Held, HeldRecord};
+use held::Held;
 use lanes::{Admission, Ask, Job, Lanes, Next};
 pub use lanes::{is_ordered_lane, lane_of, ordered_lane_of};
 use ordered::Ordered;
@@ -358,95 +358,6 @@ impl Distributor {
         }
     }
 
-    /// Hands the lanes of `asks` the records held for them, as many as each
-    /// asked for; returns the asks with what is left to claim from the log.
-    async fn take_held(&self, asks: Vec<Ask>, pipeline: &Pipeline) -> Vec<Ask> {
-        let mut left = Vec::with_capacity(asks.len());
-        let mut handed = Vec::new();
-        for mut ask in asks {
-            let taken = self.inner.held.take(&ask.lane, ask.count);
-            if !taken.is_empty() {
-                self.inner.lanes.handed(&mut ask, taken.len());
-                handed.push((ask.lane.clone(), taken));
-            }
-            if ask.count > 0 {
-                left.push(ask);
-            }
-        }
-        let now = self.inner.clock.now();
-        for (lane, taken) in handed {
-            for (outgoing, subscription) in taken {
-                if subscription.is_expired(now) {
-                    let _ = pipeline
-                        .completed_unwritten
-                        .send(lease_expired(&outgoing, &subscription));
-                    continue;
-                }
-                let Ok(permit) = pipeline.pending.clone().acquire_owned().await else {
-                    return left;
-                };
-                let job = Job::new(permit, (outgoing, subscription), 0, true);
-                self.enqueue(pipeline, &lane, job);
-            }
-        }
-        left
-    }
-
-    /// Writes `records`, held too long, to wait in the log for their lanes.
-    async fn write_held(&self, records: Vec<HeldRecord>) {
-        let mut by_event: HashMap<Uuid, (Arc<Outgoing>, Vec<Arc<Subscription>>)> = HashMap::new();
-        for (outgoing, subscription) in records {
-            by_event
-                .entry(outgoing.event.id)
-                .or_insert_with(|| (outgoing, Vec::new()))
-                .1
-                .push(subscription);
-        }
-        let now = self.inner.clock.now();
-        for (id, (outgoing, subscriptions)) in by_event {
-            match self
-                .write_waiting(&outgoing, &subscriptions, now, false)
-                .await
-            {
-                Ok(_) => {
-                    let drained = self
-                        .inner
-                        .held
-                        .written(std::iter::repeat_n(id, subscriptions.len()));
-                    self.settle(drained).await;
-                }
-                Err(error) => {
-                    warn!(%error, event = %id, "writing held records failed; the event is expanded again");
-                    self.inner.held.abandon(id);
-                    self.expand_soon();
-                }
-            }
-        }
-    }
-
-    /// Marks expanded the events whose held records are all written; has
-    /// those let go expanded again.
-    async fn settle(&self, drained: Vec<Drained>) {
-        for drained in drained {
-            match drained {
-                Drained::Expanded(id) => {
-                    let now = self.inner.clock.now();
-                    if let Err(error) = self.inner.events.expand(id, &[], now).await {
-                        warn!(%error, event = %id, "marking an event expanded failed; it is expanded again");
-                        self.expand_soon();
-                    }
-                }
-                Drained::Abandoned(_) => self.expand_soon(),
-            }
-        }
-    }
-
-    /// Whether expansions hold records in memory: on a log only one
-    /// process uses.
-    fn holds_records(&self) -> bool {
-        self.inner.events.is_single_process()
-    }
-
     /// Claims for `asks`, the lanes of hosts or (`ordered`) the lines of
     /// ordered subscriptions, and starts the attempts.
     async fn claim_lanes(
@@ -712,55 +623,6 @@ impl Distributor {
     /// When a record put off for `wait` from now is due again.
     fn due_after(&self, wait: Duration) -> chrono::DateTime<chrono::Utc> {
         self.inner.clock.now() + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX)
-    }
-
-    /// The subscribers of `topic`, from a short-lived cache unless
-    /// `refresh`. Each claimed batch needs them, and reading 100 000
-    /// subscriptions per batch of a few hundred deliveries would make a
-    /// retried fan-out quadratic. See [`SUBSCRIBERS_TTL`] for how fresh it
-    /// is. Returns the list and whether it was read just now.
-    async fn subscribers(
-        &self,
-        topic: &str,
-        refresh: bool,
-    ) -> Result<(Arc<Subscribers>, bool), DispatchError> {
-        if !refresh && let Some(cached) = self.inner.subscribers.get(topic) {
-            return Ok((cached, false));
-        }
-        let listed = self.inner.store.list_by_topic(topic).await?;
-        Ok((self.inner.subscribers.put(topic, listed), true))
-    }
-
-    /// The subscriptions of `topic` for `callbacks`, each read by its key;
-    /// one that is gone is left out.
-    async fn read_each(
-        &self,
-        topic: &str,
-        callbacks: &[&str],
-    ) -> Result<Subscribers, DispatchError> {
-        let mut by_callback = HashMap::with_capacity(callbacks.len());
-        for callback in callbacks {
-            match self.inner.store.get(topic, callback).await {
-                Ok(subscription) => {
-                    by_callback.insert(subscription.callback.clone(), Arc::new(subscription));
-                }
-                Err(websub_store::StoreError::UnknownSubscription { .. }) => {}
-                Err(error) => return Err(error.into()),
-            }
-        }
-        Ok(Subscribers::new(vec![Arc::new(by_callback)]))
-    }
-
-    async fn event(&self, id: Uuid) -> Result<Option<Arc<Outgoing>>, DispatchError> {
-        if let Some(outgoing) = self.inner.bodies.get(id) {
-            return Ok(Some(outgoing));
-        }
-        let Some(event) = self.inner.events.event(id).await? else {
-            return Ok(None);
-        };
-        let outgoing = Arc::new(Outgoing::new(event, &self.inner.hub_url));
-        self.inner.bodies.insert(outgoing.clone());
-        Ok(Some(outgoing))
     }
 
     /// `callback` answered again after failing since `since`: what waited

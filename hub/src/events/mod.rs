@@ -497,16 +497,13 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         now: DateTime<Utc>,
     ) -> Result<(), EventLogError>;
 
-    /// Records the outcomes of records nobody wrote before: on a log only
+    /// Records the first outcomes of records nobody wrote: on a log only
     /// one process uses ([`EventLog::is_single_process`]) a scheduler may
     /// hold an expansion's records in memory and write each only with its
-    /// first outcome, one write where a record written, claimed and
-    /// completed takes three. Each record is created as
-    /// [`EventLog::expand_waiting`] creates it and completed as
-    /// [`EventLog::complete`] completes it; a record that exists already
-    /// (an operator's resend meanwhile) gets the outcome as `complete`
-    /// gives it. An outcome for an event no longer in the log (purged
-    /// meanwhile) is left out.
+    /// first outcome. Each record is created as [`EventLog::expand_waiting`]
+    /// and completed as [`EventLog::complete`] would; one that exists (an
+    /// operator's resend meanwhile) is completed as `complete` does. An
+    /// outcome of an event purged meanwhile is left out.
     async fn complete_unwritten(
         &self,
         completions: &[Completion],
