@@ -269,34 +269,62 @@ pub(crate) struct PolicyResolver {
     pub(crate) policy: NetPolicy,
 }
 
+impl PolicyResolver {
+    /// The addresses of `host` this policy lets a client connect to.
+    async fn allowed(
+        allow_private_network: bool,
+        host: String,
+    ) -> Result<Vec<SocketAddr>, NetError> {
+        if !allow_private_network && is_localhost_name(&host) {
+            return Err(NetError::NonPublicAddress {
+                host,
+                address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            });
+        }
+        let addresses = resolve(&host).await?;
+        let first = addresses[0].ip();
+        let allowed: Vec<SocketAddr> = addresses
+            .into_iter()
+            .filter(|address| allow_private_network || is_public(address.ip()))
+            .collect();
+        if allowed.is_empty() {
+            return Err(NetError::NonPublicAddress {
+                host,
+                address: first,
+            });
+        }
+        Ok(allowed)
+    }
+}
+
 impl reqwest::dns::Resolve for PolicyResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let allow_private_network = self.policy.allow_private_network;
-        let host = name.as_str().to_owned();
+        let resolving = Self::allowed(self.policy.allow_private_network, name.as_str().to_owned());
         Box::pin(async move {
-            if !allow_private_network && is_localhost_name(&host) {
-                return Err(NetError::NonPublicAddress {
-                    host,
-                    address: IpAddr::V4(Ipv4Addr::LOCALHOST),
-                }
-                .into());
-            }
-            let addresses = resolve(&host).await?;
-            let first = addresses[0].ip();
-            let allowed: Vec<SocketAddr> = addresses
-                .into_iter()
-                .filter(|address| allow_private_network || is_public(address.ip()))
-                .collect();
-            if allowed.is_empty() {
-                return Err(NetError::NonPublicAddress {
-                    host,
-                    address: first,
-                }
-                .into());
-            }
-            let allowed: reqwest::dns::Addrs = Box::new(allowed.into_iter());
+            let allowed: reqwest::dns::Addrs = Box::new(resolving.await?.into_iter());
             Ok(allowed)
         })
+    }
+}
+
+/// The same resolver for hyper's own connector (the deliveries' client).
+impl tower::Service<hyper_util::client::legacy::connect::dns::Name> for PolicyResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = NetError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, NetError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), NetError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
+        let resolving = Self::allowed(self.policy.allow_private_network, name.as_str().to_owned());
+        Box::pin(async move { Ok(resolving.await?.into_iter()) })
     }
 }
 

@@ -1741,7 +1741,7 @@ async fn unwritten_records_are_created_with_their_first_outcome(log: &dyn EventL
     assert_eq!(record_of(&records, &subs[3]), &delivered(&subs[3]));
     assert_eq!(
         log.attempts(event.id, &subs[0]).await.expect("attempts"),
-        vec![delivering]
+        vec![delivering.clone()]
     );
 
     // A late first outcome of a record closed meanwhile changes nothing.
@@ -1752,6 +1752,32 @@ async fn unwritten_records_are_created_with_their_first_outcome(log: &dyn EventL
     .await
     .expect("late");
     assert_eq!(log.deliveries(event.id).await.expect("deliveries"), records);
+
+    // A batch of hundreds, as a fan-out writes them: every one created.
+    let many = record(log, &topic(), t0).await;
+    let subs = subscribers("many", 321);
+    let completions: Vec<Completion> = subs
+        .iter()
+        .map(|subscriber| Completion {
+            attempt: Some(delivering.clone()),
+            ..completion(many.id, subscriber, Outcome::Delivered)
+        })
+        .collect();
+    log.complete_unwritten(&completions, t1)
+        .await
+        .expect("complete a batch");
+    let records = log.deliveries(many.id).await.expect("deliveries");
+    assert_eq!(records.len(), subs.len(), "{}", backend(log));
+    for subscriber in &subs {
+        assert_eq!(
+            record_of(&records, subscriber).state,
+            DeliveryState::Delivered
+        );
+    }
+    assert_eq!(
+        log.attempts(many.id, &subs[320]).await.expect("attempts"),
+        vec![delivering]
+    );
 }
 both!(unwritten_records_are_created_with_their_first_outcome);
 

@@ -7,9 +7,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http_body_util::{BodyExt as _, Full};
 use tokio::time::Instant;
 
+use super::direct::{BoxError, DirectClient};
 use crate::events::RESPONSE_EXCERPT_BYTES;
 use crate::signature::{sign, sign_standard};
 
@@ -128,36 +130,39 @@ impl Attempted {
     }
 }
 
+/// What carries an attempt: the deliveries' own client (WebSub callbacks),
+/// or a reqwest client (outbox and operator webhooks, whose clients an
+/// embedding application may give).
+#[derive(Debug, Clone, Copy)]
+pub enum Carrier<'a> {
+    /// hyper's client, without reqwest's layers.
+    Direct(&'a DirectClient),
+    /// A reqwest client.
+    Reqwest(&'a reqwest::Client),
+}
+
+/// Why an exchange brought no answer.
+enum Unanswered {
+    TimedOut,
+    Failed(BoxError),
+}
+
 /// POSTs `request` with `timeout` for the whole exchange, connection and
 /// answer included, and gives up at `deadline` if that comes first (a claim
 /// that would otherwise go stale while the attempt runs).
 pub async fn post(
-    client: &reqwest::Client,
+    carrier: Carrier<'_>,
     request: Request<'_>,
     timeout: Duration,
     deadline: Option<Instant>,
 ) -> Attempted {
-    let mut builder = client
-        .post(request.url)
-        .timeout(timeout)
-        .header(http::header::CONTENT_TYPE, request.content_type);
-    for (name, value) in request.headers {
-        builder = builder.header(name.clone(), value.clone());
-    }
-    if let Some(secret) = request.secret {
-        let signature = match &request.scheme.timestamp {
-            None => sign(secret, &request.body),
-            Some(header) => {
-                let now = chrono::Utc::now().timestamp();
-                builder = builder.header(header.clone(), now);
-                let id = String::from_utf8_lossy(request.event_id.as_bytes());
-                sign_standard(secret, &id, now, &request.body)
-            }
-        };
-        builder = builder.header(request.scheme.signature.clone(), signature);
-    }
-    builder = builder.header(request.scheme.event_id.clone(), request.event_id);
-    let exchange = exchange(builder.body(request.body));
+    let url = request.url;
+    let body = request.body.clone();
+    let headers = match headers_of(request) {
+        Ok(headers) => headers,
+        Err(error) => return Attempted::unanswered(format!("request failed: {error}")),
+    };
+    let exchange = tokio::time::timeout(timeout, exchange(carrier, url, headers, body, timeout));
     let answered = match deadline {
         None => exchange.await,
         Some(deadline) => match tokio::time::timeout_at(deadline, exchange).await {
@@ -169,45 +174,104 @@ pub async fn post(
             }
         },
     };
-    match answered {
+    match answered.unwrap_or(Err(Unanswered::TimedOut)) {
         Ok((status, response, retry_after)) => Attempted {
             answer: classify(status),
             status: Some(status.as_u16()),
             response,
             retry_after,
         },
-        Err(error) if error.is_timeout() => Attempted::unanswered("timed out".to_owned()),
-        Err(error) if lacks_local_resource(&error) => Attempted {
+        Err(Unanswered::TimedOut) => Attempted::unanswered("timed out".to_owned()),
+        Err(Unanswered::Failed(error)) if lacks_local_resource(error.as_ref()) => Attempted {
             answer: Answer::Local(format!(
                 "the hub lacked a resource: {}",
-                error_chain(&error)
+                error_chain(error.as_ref())
             )),
             status: None,
             response: Bytes::new(),
             retry_after: None,
         },
-        Err(error) => Attempted::unanswered(format!("request failed: {}", error_chain(&error))),
+        Err(Unanswered::Failed(error)) => {
+            Attempted::unanswered(format!("request failed: {}", error_chain(error.as_ref())))
+        }
     }
 }
 
-/// Whether `error` comes from the hub's own limits (out of descriptors,
-/// system-wide or its own, or out of memory) rather than from the target.
-pub fn lacks_local_resource(error: &(dyn std::error::Error + 'static)) -> bool {
-    use rustix::io::Errno;
-    let local = [Errno::MFILE, Errno::NFILE, Errno::NOMEM, Errno::NOBUFS];
-    std::iter::successors(Some(error), |error| error.source())
-        .filter_map(|error| error.downcast_ref::<std::io::Error>())
-        .filter_map(std::io::Error::raw_os_error)
-        .any(|code| local.iter().any(|errno| errno.raw_os_error() == code))
+/// The headers of `request`: its content type, the channel's and the
+/// operator's, the event id, and the signature when there is a secret.
+fn headers_of(request: Request<'_>) -> Result<HeaderMap, http::header::InvalidHeaderValue> {
+    let mut headers = HeaderMap::with_capacity(request.headers.len() + 4);
+    headers.insert(http::header::CONTENT_TYPE, request.content_type);
+    for (name, value) in request.headers {
+        headers.append(name.clone(), value.clone());
+    }
+    if let Some(secret) = request.secret {
+        let signature = match &request.scheme.timestamp {
+            None => sign(secret, &request.body),
+            Some(header) => {
+                let now = chrono::Utc::now().timestamp();
+                headers.insert(header.clone(), HeaderValue::from(now));
+                let id = String::from_utf8_lossy(request.event_id.as_bytes());
+                sign_standard(secret, &id, now, &request.body)
+            }
+        };
+        headers.insert(
+            request.scheme.signature.clone(),
+            HeaderValue::try_from(signature)?,
+        );
+    }
+    headers.insert(request.scheme.event_id.clone(), request.event_id);
+    Ok(headers)
 }
 
-/// Sends and drains: a small answer is read so the connection goes back to
-/// the pool (an empty one, a 204 say, is complete already), its beginning
-/// kept; the request's timeout covers the reading too.
+/// Sends the POST and drains its answer.
 async fn exchange(
-    request: reqwest::RequestBuilder,
-) -> Result<(StatusCode, Bytes, Option<Duration>), reqwest::Error> {
-    let mut response = request.send().await?;
+    carrier: Carrier<'_>,
+    url: &str,
+    headers: HeaderMap,
+    body: Bytes,
+    timeout: Duration,
+) -> Result<(StatusCode, Bytes, Option<Duration>), Unanswered> {
+    match carrier {
+        Carrier::Direct(client) => {
+            let mut request = http::Request::new(Full::new(body));
+            *request.method_mut() = http::Method::POST;
+            *request.headers_mut() = headers;
+            let response = client
+                .send(url, request)
+                .await
+                .map_err(Unanswered::Failed)?;
+            drain(response).await
+        }
+        Carrier::Reqwest(client) => {
+            let response = client
+                .post(url)
+                .timeout(timeout)
+                .headers(headers)
+                .body(body)
+                .send()
+                .await
+                .map_err(|error| {
+                    if error.is_timeout() {
+                        Unanswered::TimedOut
+                    } else {
+                        Unanswered::Failed(error.into())
+                    }
+                })?;
+            drain(http::Response::from(response)).await
+        }
+    }
+}
+
+/// Reads a small answer so its connection goes back to the pool (an empty
+/// one, a 204 say, is complete already), its beginning kept, with the wait
+/// a `429` or `503` asks for.
+async fn drain<B>(
+    response: http::Response<B>,
+) -> Result<(StatusCode, Bytes, Option<Duration>), Unanswered>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+{
     let status = response.status();
     let retry_after =
         if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
@@ -219,21 +283,35 @@ async fn exchange(
         } else {
             None
         };
+    let mut body = response.into_body();
     let mut kept = Vec::new();
-    if response.content_length() != Some(0) {
+    if body.size_hint().exact() != Some(0) {
         let mut read = 0;
         while read < DRAINED_AT_MOST {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    let room = RESPONSE_EXCERPT_BYTES.saturating_sub(kept.len());
-                    kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
-                    read += chunk.len();
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(chunk) = frame.into_data() {
+                        let room = RESPONSE_EXCERPT_BYTES.saturating_sub(kept.len());
+                        kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                        read += chunk.len();
+                    }
                 }
                 _ => break,
             }
         }
     }
     Ok((status, Bytes::from(kept), retry_after))
+}
+
+/// Whether `error` comes from the hub's own limits (out of descriptors,
+/// system-wide or its own, or out of memory) rather than from the target.
+pub fn lacks_local_resource(error: &(dyn std::error::Error + 'static)) -> bool {
+    use rustix::io::Errno;
+    let local = [Errno::MFILE, Errno::NFILE, Errno::NOMEM, Errno::NOBUFS];
+    std::iter::successors(Some(error), |error| error.source())
+        .filter_map(|error| error.downcast_ref::<std::io::Error>())
+        .filter_map(std::io::Error::raw_os_error)
+        .any(|code| local.iter().any(|errno| errno.raw_os_error() == code))
 }
 
 /// A `Retry-After` value (RFC 9110: seconds, or an HTTP date) as a wait

@@ -1,7 +1,8 @@
-//! The one builder of outgoing HTTP clients: pools, timeouts, TLS, the user
-//! agent, redirects, and the network policy on every client that contacts a
-//! URL someone else chose. Nothing else in the crate builds a
-//! `reqwest::Client`.
+//! The one builder of outgoing reqwest clients, and of the TLS
+//! configuration of the callbacks' own clients ([`direct`](super::direct)):
+//! pools, timeouts, TLS, the user agent, redirects, and the network policy
+//! on every client that contacts a URL someone else chose. Nothing else in
+//! the crate builds a `reqwest::Client`.
 //!
 //! TLS is rustls on the process's crypto provider (ring), verifying with the
 //! system's roots plus the extra CA certificates of a [`Trust`] (`--extra-ca`
@@ -26,7 +27,7 @@ use crate::net::{
 };
 
 /// How long an idle pooled connection is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Hosts whose TLS sessions the clients of callbacks and topics remember.
 /// rustls's default remembers 32 (its 256 "sessions" are tickets, 8 kept
@@ -142,8 +143,9 @@ impl fmt::Debug for Trust {
 /// What an outgoing client is for, and so how it is built.
 #[derive(Debug, Clone)]
 pub enum Purpose {
-    /// Verification and delivery to WebSub callbacks, and outbox webhooks:
-    /// the network policy applies, redirects are never followed (a
+    /// Outbox webhooks (WebSub callbacks have clients of their own, on the
+    /// same settings: [`HostClients`](super::pool::HostClients)): the
+    /// network policy applies, redirects are never followed (a
     /// redirect is a failed attempt), HTTP/1.1 with up to
     /// `max_idle_per_host` keep-alive connections per host.
     Deliveries {
@@ -219,7 +221,7 @@ fn common(timeout: Duration) -> reqwest::ClientBuilder {
         .connect_timeout(timeout)
         // A proxy would connect on our behalf and bypass the resolver.
         .no_proxy()
-        .user_agent(concat!("websub-hub/", env!("CARGO_PKG_VERSION")))
+        .user_agent(super::direct::USER_AGENT)
 }
 
 /// A client of [`Purpose::Deliveries`] on the TLS configuration `tls`

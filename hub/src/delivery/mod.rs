@@ -15,6 +15,7 @@
 //!   counted and logged once;
 //! - [`client`]: the builder of every outgoing HTTP client, with the network
 //!   policy;
+//! - [`direct`]: the client WebSub deliveries are carried by, hyper's own;
 //! - [`pool`]: a client per callback host, the least recently used dropped
 //!   first, so idle connections are bounded as a whole;
 //! - [`recorder`]: gathering, batching and retrying the writes of outcomes;
@@ -29,6 +30,7 @@
 pub mod attempt;
 pub mod changes;
 pub mod client;
+pub mod direct;
 pub mod health;
 pub mod limit;
 pub mod metrics;

@@ -306,7 +306,13 @@ impl Sender {
             headers: &[],
         };
         let in_flight = self.judge.attempting();
-        let attempted = attempt::post(&self.client, request, self.timeout, None).await;
+        let attempted = attempt::post(
+            attempt::Carrier::Reqwest(&self.client),
+            request,
+            self.timeout,
+            None,
+        )
+        .await;
         let retry_after = attempted.retry_after.unwrap_or_default();
         let verdict = self.judge.judge(
             in_flight,

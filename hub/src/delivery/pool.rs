@@ -1,10 +1,10 @@
 //! The connections to callback hosts, bounded as a whole.
 //!
-//! reqwest's pool bounds idle connections per host but not in total: a hub
+//! A client's pool bounds idle connections per host but not in total: a hub
 //! that has delivered to a hundred thousand hosts would keep one or more
 //! idle connections to each until they time out, and run out of file
 //! descriptors long before. So each callback host gets a client (and a
-//! pool) of its own. A host with deliveries under way holds its client
+//! pool) of its own, which carries its verifications and its deliveries. A host with deliveries under way holds its client
 //! ([`HostClients::checkout`]); once it has none, the client joins the
 //! idle ones ([`HostClients::checkin`]), of which only the hosts used most
 //! recently keep theirs: the client of the host idle longest is dropped,
@@ -21,7 +21,8 @@ use std::time::Duration;
 
 use lru::LruCache;
 
-use super::client::{Trust, callback_client, callback_tls};
+use super::client::{POOL_IDLE_TIMEOUT, Trust, callback_tls};
+use super::direct::DirectClient;
 use crate::net::{NetError, NetPolicy};
 
 /// How many idle connections the pool keeps, and to how many hosts.
@@ -62,10 +63,7 @@ struct Shared {
     timeout: Duration,
     tls: rustls::ClientConfig,
     idle: IdleLimits,
-    clients: Mutex<LruCache<Box<str>, reqwest::Client>>,
-    /// A client for when a host's own cannot be built (reqwest refused a
-    /// configuration it accepted at start): a delivery still goes out.
-    spare: reqwest::Client,
+    clients: Mutex<LruCache<Box<str>, DirectClient>>,
 }
 
 impl std::fmt::Debug for HostClients {
@@ -87,9 +85,6 @@ impl HostClients {
         idle: IdleLimits,
     ) -> Result<Self, NetError> {
         let tls = callback_tls(trust)?;
-        // Built now so that a configuration reqwest refuses is an error at
-        // start, not at the first delivery.
-        let spare = callback_client(policy, timeout, tls.clone(), idle.per_host)?;
         let hosts = NonZeroUsize::new(idle.hosts).unwrap_or(NonZeroUsize::MIN);
         Ok(Self {
             inner: Arc::new(Shared {
@@ -98,57 +93,50 @@ impl HostClients {
                 tls,
                 idle,
                 clients: Mutex::new(LruCache::new(hosts)),
-                spare,
             }),
         })
     }
 
     /// The client of the host of `url` (an absolute http(s) URL).
-    pub fn for_url(&self, url: &str) -> Result<reqwest::Client, NetError> {
+    pub fn for_url(&self, url: &str) -> DirectClient {
         let host = authority(url);
-        if let Some(client) = self.lock().get(host) {
-            return Ok(client.clone());
+        let mut clients = self.lock();
+        if let Some(client) = clients.get(host) {
+            return client.clone();
         }
-        let client = self.build()?;
-        let evicted = {
-            let mut clients = self.lock();
-            if let Some(raced) = clients.get(host) {
-                return Ok(raced.clone());
-            }
-            clients.push(host.into(), client.clone())
-        };
+        let client = self.build();
+        let evicted = clients.push(host.into(), client.clone());
+        drop(clients);
         // Dropped outside the lock: closing its idle connections is I/O.
         drop(evicted);
-        Ok(client)
+        client
     }
 
     /// The client of `host` (a `host:port`) for a run of deliveries to it:
     /// taken out of the idle ones, or a new one. Hand it back with
     /// [`Self::checkin`] when the run ends.
-    pub fn checkout(&self, host: &str) -> reqwest::Client {
-        if let Some(client) = self.lock().pop(host) {
-            return client;
+    pub fn checkout(&self, host: &str) -> DirectClient {
+        match self.lock().pop(host) {
+            Some(client) => client,
+            None => self.build(),
         }
-        self.build().unwrap_or_else(|error| {
-            tracing::warn!(%error, host, "no client of its own for a callback host; sharing one");
-            self.inner.spare.clone()
-        })
     }
 
     /// A new client for one host, on the shared TLS configuration.
-    fn build(&self) -> Result<reqwest::Client, NetError> {
+    fn build(&self) -> DirectClient {
         let shared = &self.inner;
-        callback_client(
+        DirectClient::new(
             &shared.policy,
             shared.timeout,
             shared.tls.clone(),
             shared.idle.per_host,
+            POOL_IDLE_TIMEOUT,
         )
     }
 
     /// `host` has no deliveries under way any more: its client joins the
     /// idle ones, and the one idle longest is dropped if there are too many.
-    pub fn checkin(&self, host: &str, client: reqwest::Client) {
+    pub fn checkin(&self, host: &str, client: DirectClient) {
         let evicted = self.lock().push(host.into(), client);
         // Dropped outside the lock: closing idle connections is I/O.
         drop(evicted);
@@ -164,7 +152,7 @@ impl HostClients {
         self.inner.idle
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<Box<str>, reqwest::Client>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<Box<str>, DirectClient>> {
         self.inner
             .clients
             .lock()
@@ -228,11 +216,11 @@ mod tests {
     async fn only_the_hosts_used_last_keep_a_client() {
         let clients = loopback_clients(2, 2);
         for host in ["http://127.0.0.1:1/a", "http://127.0.0.2:1/b"] {
-            clients.for_url(host).expect("a client");
+            clients.for_url(host);
         }
         // Used again: 127.0.0.1 becomes the most recent.
-        clients.for_url("http://127.0.0.1:1/c").expect("a client");
-        clients.for_url("http://127.0.0.3:1/").expect("a client");
+        clients.for_url("http://127.0.0.1:1/c");
+        clients.for_url("http://127.0.0.3:1/");
         assert_eq!(clients.hosts(), 2);
         let kept = clients.lock();
         assert!(kept.contains("127.0.0.1:1"));

@@ -42,6 +42,7 @@ use websub_store::Subscription;
 
 use super::cache::Outgoing;
 use crate::delivery::Channel;
+use crate::delivery::direct::DirectClient;
 use crate::delivery::limit::{Limit, Reply};
 use crate::delivery::metrics::DELIVERIES_WAITING_FOR_HOST;
 use crate::delivery::pool::HostClients;
@@ -121,7 +122,7 @@ impl Job {
 pub(super) enum Admission {
     /// The lane has a free slot: start a runner with the record, sending
     /// with the host's client.
-    Run(Arc<str>, Job, reqwest::Client),
+    Run(Arc<str>, Job, DirectClient),
     /// It waits in the lane's queue.
     Queued,
     /// The lane is paused by a `Retry-After`: the record goes back to the
@@ -145,7 +146,7 @@ struct Lane {
     /// time, none queued.
     ordered: bool,
     /// Held while the lane has work.
-    client: Option<reqwest::Client>,
+    client: Option<DirectClient>,
     runners: usize,
     waiting: VecDeque<Job>,
     /// Records asked of the log (or being written claimed) for it and not

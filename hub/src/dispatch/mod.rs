@@ -47,6 +47,7 @@ use websub_store::{Subscription, SubscriptionStore};
 
 use crate::clock::Clock;
 use crate::config::DeliveryPolicy;
+use crate::delivery::direct::DirectClient;
 use crate::delivery::pool::HostClients;
 use crate::delivery::recorder;
 use crate::delivery::{Channel, Endpoints, Judge};
@@ -546,7 +547,7 @@ impl Distributor {
         pipeline: Pipeline,
         lane: Arc<str>,
         mut job: Job,
-        client: reqwest::Client,
+        client: DirectClient,
     ) {
         let mut stale = Vec::new();
         loop {

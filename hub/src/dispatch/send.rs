@@ -11,7 +11,8 @@ use tracing::{info, warn};
 use super::lanes::Job;
 use super::{Distributor, STALE_RECORD_WAIT};
 use crate::delivery::Verdict;
-use crate::delivery::attempt::{self, Answer, Request, WEBSUB_SCHEME};
+use crate::delivery::attempt::{self, Answer, Carrier, Request, WEBSUB_SCHEME};
+use crate::delivery::direct::DirectClient;
 use crate::delivery::health::{Breaker, Gate, SKIPPED_REASON, Tried};
 use crate::delivery::limit::Reply;
 use crate::events::{Attempt, Completion, Outcome};
@@ -23,7 +24,7 @@ impl Distributor {
     pub(super) async fn attempt(
         &self,
         job: &Job,
-        client: &reqwest::Client,
+        client: &DirectClient,
     ) -> (Completion, Option<Reply>, Option<Duration>) {
         let Job {
             subscription,
@@ -92,8 +93,13 @@ impl Distributor {
                 };
                 let at = self.inner.clock.now();
                 let in_flight = self.inner.judge.attempting();
-                let attempted =
-                    attempt::post(client, request, self.inner.policy.timeout, None).await;
+                let attempted = attempt::post(
+                    Carrier::Direct(client),
+                    request,
+                    self.inner.policy.timeout,
+                    None,
+                )
+                .await;
                 let took = in_flight.elapsed();
                 let reply = Reply::of(&attempted, took);
                 let history = Attempt {

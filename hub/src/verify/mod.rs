@@ -16,7 +16,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::StatusCode;
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::{Body as _, Incoming};
 use rand::Rng;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
@@ -27,6 +30,8 @@ use websub_store::{StoreError, Subscription, SubscriptionStore};
 use crate::backlog::Backlog;
 use crate::clock::Clock;
 use crate::config::{LeasePolicy, VerificationPolicy};
+use crate::delivery::attempt::{error_chain, lacks_local_resource};
+use crate::delivery::direct::BoxError;
 use crate::delivery::pool::HostClients;
 use crate::events::{EventLog, EventLogError};
 use crate::lease;
@@ -89,17 +94,17 @@ pub enum VerifyError {
     Connect {
         /// The client's error.
         #[source]
-        source: reqwest::Error,
+        source: BoxError,
     },
     /// The request failed after connecting.
     #[error("the request to the callback failed")]
     Request {
         /// The client's error.
         #[source]
-        source: reqwest::Error,
+        source: BoxError,
     },
-    /// The hub had no client for the callback's host (out of its own
-    /// resources): no fault of the subscriber's, and tried again.
+    /// The hub lacked a resource of its own to contact the callback (a file
+    /// descriptor, memory): no fault of the subscriber's, and tried again.
     #[error("the hub could not contact the callback: {0}")]
     Local(String),
 }
@@ -152,9 +157,8 @@ impl Verifier {
                     query.append_pair("hub.lease_seconds", &lease_seconds.to_string());
                 }
             }
-            let response = self.get(url).await?;
             let body = self
-                .read_at_most(response, challenge.len() + RESPONSE_SLACK_BYTES)
+                .get(url, Some(challenge.len() + RESPONSE_SLACK_BYTES))
                 .await?;
             if body == challenge.as_bytes() {
                 tracing::debug!("verified");
@@ -180,28 +184,35 @@ impl Verifier {
                 .append_pair("hub.mode", "denied")
                 .append_pair("hub.topic", topic)
                 .append_pair("hub.reason", reason);
-            self.get(url).await.map(drop)
+            self.get(url, None).await.map(drop)
         }
         .instrument(span)
         .await
     }
 
-    /// Sends the GET and sorts the status: 2xx is returned, anything else is
-    /// an error.
-    async fn get(&self, url: Url) -> Result<reqwest::Response, VerifyError> {
-        let client = self
-            .clients
-            .for_url(url.as_str())
-            .map_err(|error| VerifyError::Local(error.to_string()))?;
-        let response = client
-            .get(url)
-            .timeout(self.policy.timeout)
-            .send()
+    /// Sends the GET and sorts the status: on a 2xx, returns the body read
+    /// up to `limit` bytes (none without one); anything else is an error.
+    /// The policy's timeout covers it all.
+    async fn get(&self, url: Url, limit: Option<usize>) -> Result<Vec<u8>, VerifyError> {
+        let timeout = self.policy.timeout;
+        tokio::time::timeout(timeout, self.exchange(url, limit))
             .await
-            .map_err(|error| self.transport_error(error))?;
+            .unwrap_or(Err(VerifyError::Timeout { timeout }))
+    }
+
+    async fn exchange(&self, url: Url, limit: Option<usize>) -> Result<Vec<u8>, VerifyError> {
+        let client = self.clients.for_url(url.as_str());
+        let request = http::Request::new(Full::new(Bytes::new()));
+        let response = client
+            .send(url.as_str(), request)
+            .await
+            .map_err(transport_error)?;
         let status = response.status();
         if status.is_success() {
-            Ok(response)
+            match limit {
+                Some(limit) => read_at_most(response.into_body(), limit).await,
+                None => Ok(Vec::new()),
+            }
         } else if status == StatusCode::NOT_FOUND {
             Err(VerifyError::NotFound)
         } else if status.is_redirection() {
@@ -210,46 +221,39 @@ impl Verifier {
             Err(VerifyError::Status { status })
         }
     }
+}
 
-    /// Reads the body, giving up as soon as it exceeds `limit` bytes: such a
-    /// body cannot be the challenge.
-    async fn read_at_most(
-        &self,
-        mut response: reqwest::Response,
-        limit: usize,
-    ) -> Result<Vec<u8>, VerifyError> {
-        let too_long = |body_bytes| VerifyError::ChallengeMismatch { body_bytes };
-        if let Some(announced) = response.content_length()
-            && announced > limit as u64
-        {
-            return Err(too_long(usize::try_from(announced).unwrap_or(usize::MAX)));
-        }
-        let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|error| self.transport_error(error))?
-        {
-            body.extend_from_slice(&chunk);
-            if body.len() > limit {
-                return Err(too_long(body.len()));
-            }
-        }
-        Ok(body)
+/// Reads `body`, giving up as soon as it exceeds `limit` bytes: such a body
+/// cannot be the challenge.
+async fn read_at_most(mut body: Incoming, limit: usize) -> Result<Vec<u8>, VerifyError> {
+    let too_long = |body_bytes| VerifyError::ChallengeMismatch { body_bytes };
+    let announced = body.size_hint().lower();
+    if announced > limit as u64 {
+        return Err(too_long(usize::try_from(announced).unwrap_or(usize::MAX)));
     }
-
-    fn transport_error(&self, error: reqwest::Error) -> VerifyError {
-        // The URL carries the challenge and repeats the span's fields.
-        let error = error.without_url();
-        if error.is_timeout() {
-            VerifyError::Timeout {
-                timeout: self.policy.timeout,
+    let mut read = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| transport_error(error.into()))?;
+        if let Ok(chunk) = frame.into_data() {
+            read.extend_from_slice(&chunk);
+            if read.len() > limit {
+                return Err(too_long(read.len()));
             }
-        } else if error.is_connect() {
-            VerifyError::Connect { source: error }
-        } else {
-            VerifyError::Request { source: error }
         }
+    }
+    Ok(read)
+}
+
+fn transport_error(error: BoxError) -> VerifyError {
+    let connecting = error
+        .downcast_ref::<hyper_util::client::legacy::Error>()
+        .is_some_and(hyper_util::client::legacy::Error::is_connect);
+    if lacks_local_resource(error.as_ref()) {
+        VerifyError::Local(error_chain(error.as_ref()))
+    } else if connecting {
+        VerifyError::Connect { source: error }
+    } else {
+        VerifyError::Request { source: error }
     }
 }
 

@@ -242,7 +242,7 @@ impl Dispatcher {
             headers: &self.inner.headers,
         };
         attempt::post(
-            &client,
+            attempt::Carrier::Reqwest(&client),
             request,
             self.inner.config.delivery_timeout,
             Some(deadline),
