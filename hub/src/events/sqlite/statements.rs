@@ -187,7 +187,7 @@ pub(super) const INSERT_DELIVERED: &str = "INSERT INTO websub_deliveries AS d \
       delivered_duration_us, delivered_status, delivered_response) \
      SELECT unhex(value ->> 0), value ->> 1, ?1, 'delivered', value ->> 2, value ->> 3, \
             value ->> 4, unhex(value ->> 5) \
-     FROM json_each(?2) \
+     FROM jsonb_each(?2) \
      WHERE EXISTS (SELECT 1 FROM websub_events WHERE id = unhex(value ->> 0)) \
      ON CONFLICT (event_id, subscriber) DO UPDATE SET \
          processed_at = excluded.processed_at, processing_since = NULL, \
@@ -223,6 +223,11 @@ pub(super) const CLAIM: &str = "UPDATE websub_deliveries SET processing_since = 
          (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
          subscriber, retry_count";
 
+// The statements that read several fields of each element walk the array
+// with jsonb_each, whose elements come out as SQLite's binary JSON: with
+// json_each each element is printed back to text, and each `->>` parses
+// that text again.
+//
 // The usual outcome, delivered, with its attempt, in a script; its values:
 // now, and the records as JSON, one row per record, [event id as hex,
 // subscriber, attempted at in µs, duration in µs, status, response as hex]. The attempt stays in the record (no row of
@@ -239,7 +244,7 @@ pub(super) const COMPLETE_DELIVERED: &str = "UPDATE websub_deliveries AS d \
      FROM (SELECT unhex(value ->> 0) AS event_id, value ->> 1 AS subscriber, \
                   value ->> 2 AS attempted_at, value ->> 3 AS duration_us, \
                   value ->> 4 AS status, value ->> 5 AS response \
-           FROM json_each(?)) AS c \
+           FROM jsonb_each(?)) AS c \
      WHERE d.event_id = c.event_id AND d.subscriber = c.subscriber \
        AND d.processed_at IS NULL";
 
@@ -258,7 +263,7 @@ pub(super) const COMPLETE: &str = "UPDATE websub_deliveries AS d SET \
      next_attempt_at = c.next_attempt_at \
      FROM (SELECT unhex(value ->> 0) AS event_id, value ->> 1 AS subscriber, \
                   value ->> 2 AS kind, value ->> 3 AS error, value ->> 4 AS next_attempt_at \
-           FROM json_each(?)) AS c \
+           FROM jsonb_each(?)) AS c \
      WHERE d.event_id = c.event_id AND d.subscriber = c.subscriber \
        AND d.processed_at IS NULL";
 
@@ -269,7 +274,7 @@ pub(super) const RECORD_ATTEMPTS: &str = "INSERT INTO websub_attempts \
      (event_id, subscriber, attempted_at, duration_us, status, error, response) \
      SELECT unhex(value ->> 0), value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
             value ->> 5, unhex(value ->> 6) \
-     FROM json_each(?)";
+     FROM jsonb_each(?)";
 
 // The attempts' rows and the successful attempt its record keeps.
 pub(super) const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
