@@ -162,7 +162,7 @@ pub async fn post(
         Ok(headers) => headers,
         Err(error) => return Attempted::unanswered(format!("request failed: {error}")),
     };
-    let exchange = tokio::time::timeout(timeout, exchange(carrier, url, headers, body, timeout));
+    let exchange = tokio::time::timeout(timeout, exchange(carrier, url, headers, body));
     let answered = match deadline {
         None => exchange.await,
         Some(deadline) => match tokio::time::timeout_at(deadline, exchange).await {
@@ -230,7 +230,6 @@ async fn exchange(
     url: &str,
     headers: HeaderMap,
     body: Bytes,
-    timeout: Duration,
 ) -> Result<(StatusCode, Bytes, Option<Duration>), Unanswered> {
     match carrier {
         Carrier::Direct(client) => {
@@ -246,12 +245,12 @@ async fn exchange(
         Carrier::Reqwest(client) => {
             let response = client
                 .post(url)
-                .timeout(timeout)
                 .headers(headers)
                 .body(body)
                 .send()
                 .await
                 .map_err(|error| {
+                    // The client's own timeout, when shorter than the attempt's.
                     if error.is_timeout() {
                         Unanswered::TimedOut
                     } else {

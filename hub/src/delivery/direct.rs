@@ -102,9 +102,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// valid but not a valid request target as written (a space, a non-ASCII
 /// letter) is sent as the URL parser spells it, percent-encoded.
 fn uri_of(url: &str) -> Result<(Uri, Option<HeaderValue>), BoxError> {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    let has_credentials = authority.contains('@');
+    let has_credentials = super::pool::authority_with_credentials(url).contains('@');
     if !has_credentials && let Ok(uri) = Uri::try_from(url) {
         return Ok((uri, None));
     }

@@ -166,13 +166,18 @@ impl HostClients {
 /// when subscribed. The scheme is kept out: one host's http and https
 /// connections share a client, whose pool keeps them apart.
 pub fn authority(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..end];
+    let authority = authority_with_credentials(url);
     // Credentials are not part of the host.
     authority
         .rsplit_once('@')
         .map_or(authority, |(_, host)| host)
+}
+
+/// The authority of an absolute URL as written, credentials included.
+pub(super) fn authority_with_credentials(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    &rest[..end]
 }
 
 #[cfg(test)]

@@ -311,19 +311,8 @@ impl Distributor {
         let lanes = &self.inner.lanes;
         let made = (claimable.len() + waiting.len()) as u64;
         held.sent(outgoing.event.id, claimable.len());
-        for (subscription, permit) in claimable {
-            let lane = lane_of(&subscription.callback);
-            let Some(permit) = permit else {
-                let _ = pipeline
-                    .completed_unwritten
-                    .send(lease_expired(outgoing, &subscription));
-                continue;
-            };
-            // Handed over before its slot is given back, so the lane is
-            // never seen idle in between.
-            let job = Job::new(permit, (outgoing.clone(), subscription.clone()), 0, true);
-            self.enqueue(pipeline, lane, job);
-            lanes.unreserve(lane, 1);
+        for reserved in claimable {
+            self.start_reserved(outgoing, reserved, true, pipeline);
         }
         let mut spilled = Vec::new();
         let mut told: Option<&str> = None;
@@ -430,28 +419,44 @@ impl Distributor {
         // this process's to deliver.
         let ours: Option<HashSet<String>> =
             (inserted.len() < part.len()).then(|| inserted.into_iter().collect());
-        for (subscription, permit) in part {
+        for reserved in part {
             let mine = ours
                 .as_ref()
-                .is_none_or(|ours| ours.contains(&subscription.callback));
-            let Some(permit) = permit else {
-                if mine {
-                    let _ = pipeline
-                        .completed
-                        .send(lease_expired(outgoing, &subscription));
-                }
-                continue;
-            };
-            // Handed over before its slot is given back, so the lane is
-            // never seen idle in between.
+                .is_none_or(|ours| ours.contains(&reserved.0.callback));
             if mine {
-                let lane = lane_of(&subscription.callback);
-                let job = Job::new(permit, (outgoing.clone(), subscription.clone()), 0, false);
-                self.enqueue(pipeline, lane, job);
+                self.start_reserved(outgoing, reserved, false, pipeline);
+            } else if reserved.1.is_some() {
+                lanes.unreserve(lane_of(&reserved.0.callback), 1);
             }
-            lanes.unreserve(lane_of(&subscription.callback), 1);
         }
         Ok(created)
+    }
+
+    /// Starts the attempt of a record whose lane slot was reserved
+    /// (`unwritten` when the record is held in memory), or records it
+    /// dropped when its subscription's lease ran out meanwhile.
+    fn start_reserved(
+        &self,
+        outgoing: &Arc<Outgoing>,
+        (subscription, permit): Reserved,
+        unwritten: bool,
+        pipeline: &Pipeline,
+    ) {
+        let Some(permit) = permit else {
+            pipeline.record(lease_expired(outgoing, &subscription), unwritten);
+            return;
+        };
+        let lane = lane_of(&subscription.callback);
+        // Handed over before its slot is given back, so the lane is never
+        // seen idle in between.
+        let job = Job::new(
+            permit,
+            (outgoing.clone(), subscription.clone()),
+            0,
+            unwritten,
+        );
+        self.enqueue(pipeline, lane, job);
+        self.inner.lanes.unreserve(lane, 1);
     }
 
     /// Expands whenever [`expand_soon`](Self::expand_soon) asks, apart from

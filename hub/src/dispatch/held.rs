@@ -244,9 +244,7 @@ impl Distributor {
         for (lane, taken) in handed {
             for (outgoing, subscription) in taken {
                 if subscription.is_expired(now) {
-                    let _ = pipeline
-                        .completed_unwritten
-                        .send(lease_expired(&outgoing, &subscription));
+                    pipeline.record(lease_expired(&outgoing, &subscription), true);
                     continue;
                 }
                 let Ok(permit) = pipeline.pending.clone().acquire_owned().await else {

@@ -110,6 +110,7 @@ struct Pipeline {
     /// Once cancelled, records still waiting go back to the log instead of
     /// being attempted.
     shutdown: CancellationToken,
+    /// The outcomes of records in the log; see [`Pipeline::record`].
     completed: mpsc::UnboundedSender<Completion>,
     /// The outcomes of records held in memory, which create their records.
     completed_unwritten: mpsc::UnboundedSender<Completion>,
@@ -120,6 +121,19 @@ struct Pipeline {
     /// Set when the claim loop found less room than a batch: the runner
     /// that brings it back to a batch wakes the loop, once.
     starved: Arc<AtomicBool>,
+}
+
+impl Pipeline {
+    /// Sends `completion` to its recorder: when `unwritten` (its record is
+    /// held in memory), to the one that creates the record with it.
+    fn record(&self, completion: Completion, unwritten: bool) {
+        let recorder = if unwritten {
+            &self.completed_unwritten
+        } else {
+            &self.completed
+        };
+        let _ = recorder.send(completion);
+    }
 }
 
 impl Distributor {
@@ -496,20 +510,16 @@ impl Distributor {
             let event = events.get(&claim.event_id).cloned();
             let (subscription, event) = match (subscription, event) {
                 (Some(subscription), _) if subscription.is_expired(now) => {
-                    let _ = pipeline.completed.send(dropped(&claim, LEASE_EXPIRED));
+                    pipeline.record(dropped(&claim, LEASE_EXPIRED), false);
                     continue;
                 }
                 (Some(subscription), Some(event)) => (subscription, event),
                 (None, _) => {
-                    let _ = pipeline
-                        .completed
-                        .send(dropped(&claim, "no longer subscribed"));
+                    pipeline.record(dropped(&claim, "no longer subscribed"), false);
                     continue;
                 }
                 (Some(_), None) => {
-                    let _ = pipeline
-                        .completed
-                        .send(dropped(&claim, "the event was purged"));
+                    pipeline.record(dropped(&claim, "the event was purged"), false);
                     continue;
                 }
             };
@@ -597,12 +607,7 @@ impl Distributor {
 
     /// Sends `completion` to the recorder and frees `job`'s room.
     fn finish(&self, pipeline: &Pipeline, completion: Completion, job: Job) {
-        let completed = if job.unwritten {
-            &pipeline.completed_unwritten
-        } else {
-            &pipeline.completed
-        };
-        let _ = completed.send(completion);
+        pipeline.record(completion, job.unwritten);
         drop(job.permit);
     }
 
