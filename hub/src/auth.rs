@@ -9,9 +9,9 @@
 //!   (at least [`MIN_INTERNAL_KEY_CHARS`] characters, compared in constant
 //!   time).
 //!
-//! Failures are [`AuthError`]s whose answer is a 401 with a plain-text
-//! reason (a 431 for a token over [`MAX_TOKEN_BYTES`], a 500 for a
-//! configuration that cannot work). The size is checked before anything
+//! Failures are [`AuthError`]s, answered (as the API's one error answer)
+//! with a 401 and a plain-text reason (a 431 for a token over
+//! [`MAX_TOKEN_BYTES`], a 500 for a configuration that cannot work). The size is checked before anything
 //! is decoded: a token's claims end up in store queries and in the URL of
 //! the subscriptions service, and a huge one, even correctly signed, would
 //! fail there instead, as an error of the hub's. The hub's routes
@@ -23,7 +23,6 @@ use std::fmt;
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::errors::ErrorKind;
@@ -150,35 +149,17 @@ impl AuthError {
         }
     }
 
-    /// Whether the answer carries a `Bearer` challenge: a 401 about the
-    /// user token.
-    fn is_user_token(&self) -> bool {
-        !matches!(
-            self,
-            Self::MissingKey | Self::WrongKey | Self::InvalidConfig(_) | Self::TokenTooLarge
-        )
-    }
-}
-
-impl IntoResponse for AuthError {
-    fn into_response(self) -> Response {
-        if let Self::InvalidConfig(_) = self {
-            // The reason is for the operator's log, not the client.
-            return (self.status(), "authentication is misconfigured").into_response();
+    /// The `WWW-Authenticate` challenge of the answer: `Bearer`, on a 401
+    /// about the user token (RFC 6750: with no error code when no
+    /// credentials were sent).
+    pub fn challenge(&self) -> Option<HeaderValue> {
+        match self {
+            Self::MissingKey | Self::WrongKey | Self::InvalidConfig(_) | Self::TokenTooLarge => {
+                None
+            }
+            Self::MissingToken => Some(HeaderValue::from_static("Bearer")),
+            _ => Some(HeaderValue::from_static("Bearer error=\"invalid_token\"")),
         }
-        let mut response = (self.status(), self.to_string()).into_response();
-        if self.is_user_token() {
-            // RFC 6750: no error code when no credentials were sent.
-            let challenge = if self == Self::MissingToken {
-                HeaderValue::from_static("Bearer")
-            } else {
-                HeaderValue::from_static("Bearer error=\"invalid_token\"")
-            };
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, challenge);
-        }
-        response
     }
 }
 

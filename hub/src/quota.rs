@@ -11,7 +11,7 @@
 //!
 //! The module holds no connection of its own beyond the store it is given,
 //! and logs nothing: the caller logs the [`QuotaError`] it gets back, and
-//! [`error_response`] (or `QuotaError`'s `IntoResponse`) turns it into the
+//! [`error_response`] (or `ApiError`'s `From`) turns it into the
 //! HTTP answer:
 //!
 //! | status | code | meaning |
@@ -34,7 +34,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -263,12 +262,6 @@ pub struct ErrorBody {
     pub used: Option<u64>,
 }
 
-impl IntoResponse for QuotaError {
-    fn into_response(self) -> Response {
-        quota_response(&self)
-    }
-}
-
 /// The answer for the first [`QuotaError`] in `error`'s chain (the error
 /// itself, then its sources), or `None` when the chain holds none, so the
 /// caller maps the error its own way.
@@ -276,26 +269,26 @@ pub fn error_response(error: &(dyn StdError + 'static)) -> Option<Response> {
     let mut current = Some(error);
     while let Some(error) = current {
         if let Some(quota) = error.downcast_ref::<QuotaError>() {
-            return Some(quota_response(quota));
+            return Some(crate::api::ApiError::from(quota).into_response());
         }
         current = error.source();
     }
     None
 }
 
-/// The same answer `IntoResponse` gives, from a borrowed error.
-fn quota_response(error: &QuotaError) -> Response {
-    let (limit, used) = match error {
-        QuotaError::LimitReached { limit, used } => (Some(*limit), Some(*used)),
-        _ => (None, None),
-    };
-    let body = ErrorBody {
-        code: error.code().to_owned(),
-        message: error.public_message(),
-        limit,
-        used,
-    };
-    (error.status(), Json(body)).into_response()
+impl From<&QuotaError> for ErrorBody {
+    fn from(error: &QuotaError) -> Self {
+        let (limit, used) = match error {
+            QuotaError::LimitReached { limit, used } => (Some(*limit), Some(*used)),
+            _ => (None, None),
+        };
+        Self {
+            code: error.code().to_owned(),
+            message: error.public_message(),
+            limit,
+            used,
+        }
+    }
 }
 
 /// Fetches limits and runs quota-checked saves. Cheap to clone: clones share

@@ -393,7 +393,7 @@ impl Hub {
             retention: self.config.retention,
             feeds: self.feeds.clone(),
         };
-        api::router(state.clone()).merge(crate::admin::router(state))
+        api::layers(api::router(state.clone()).merge(crate::admin::router(state)))
     }
 
     /// Runs the hub on `listener` until `shutdown` resolves, then drains.

@@ -14,6 +14,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use websub_hub::api::ApiError;
 use websub_hub::quota::fake::FakeQuotaServer;
 use websub_hub::quota::{
     self, DEFAULT_INTERNAL_API_KEY_HEADER, DEFAULT_TIMEOUT, ErrorBody, Quota, QuotaConfig,
@@ -701,7 +702,7 @@ async fn every_error_maps_to_its_status_and_code() {
         assert_eq!(error.status(), status, "{error:?}");
         assert_eq!(error.code(), code);
         let via_chain = quota::error_response(&error).expect("a quota error");
-        let (got_status, body) = body_of(error.into_response()).await;
+        let (got_status, body) = body_of(ApiError::from(error).into_response()).await;
         assert_eq!(got_status, status);
         assert_eq!(body.code, code);
         assert!(!body.message.is_empty());

@@ -9,13 +9,18 @@
 //! tables name that is not documented, a security requirement naming no
 //! scheme. The validator (`openapi-spec-validator`, from PyPI) judges the
 //! document itself, as a client generator would read it.
+//!
+//! The document also drives a check of every route's failures: with each
+//! table of the hub's database renamed away (SQLite and PostgreSQL), every
+//! operation, given parameters it accepts, answers a `5xx` that names its
+//! request id and carries none of the database's words.
 
 use std::collections::BTreeSet;
 use std::process::Command;
 
 use chrono::TimeDelta;
 use reqwest::Method;
-use serde_json::Value;
+use serde_json::{Value, json};
 use websub_hub::auth::issue_token;
 use websub_storetest::servers::in_ci;
 use websub_tests::{Backend, INTERNAL_KEY, TestHub, http_client, test_config};
@@ -363,4 +368,279 @@ async fn the_served_document_passes_openapi_spec_validator() {
         "openapi-spec-validator accepted a broken document:\n{printed}"
     );
     hub.stop().await;
+}
+
+/// A value the hub accepts for a parameter or property named `name` of
+/// `schema`, so that a request gets past its checks to the storage.
+fn sample(document: &Value, name: &str, schema: &Value) -> Value {
+    let schema = resolve(document, schema);
+    if let Some(first) = schema["enum"].as_array().and_then(|values| values.first()) {
+        return first.clone();
+    }
+    if let Some(first) = ["oneOf", "anyOf", "allOf"].iter().find_map(|key| {
+        schema[*key]
+            .as_array()?
+            .iter()
+            .find(|option| option["type"] != "null")
+    }) {
+        return sample(document, name, first);
+    }
+    match name {
+        "topic" => return json!("http://127.0.0.1:9/topic"),
+        "callback" => return json!("http://127.0.0.1:9/callback"),
+        "event_id" | "id" => return json!(uuid::Uuid::new_v4().to_string()),
+        "since" | "until" => return json!("2026-01-01T00:00:00Z"),
+        "state" => return json!("failed"),
+        "channel" => return json!("websub"),
+        "limit" => return json!(10),
+        _ => {}
+    }
+    let kind = match &schema["type"] {
+        Value::Array(kinds) => kinds
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|kind| *kind != "null")
+            .unwrap_or("string"),
+        kind => kind.as_str().unwrap_or("string"),
+    };
+    match kind {
+        "integer" | "number" => json!(1),
+        "boolean" => json!(false),
+        "array" => json!([sample(document, name, &schema["items"])]),
+        "object" => {
+            let mut object = serde_json::Map::new();
+            let properties = schema["properties"].as_object();
+            for (property, schema) in properties.into_iter().flatten() {
+                // A replay takes one of a time and an event, not both.
+                if property == "event_id" && properties.is_some_and(|all| all.contains_key("since"))
+                {
+                    continue;
+                }
+                object.insert(property.clone(), sample(document, property, schema));
+            }
+            Value::Object(object)
+        }
+        _ => json!("x"),
+    }
+}
+
+/// `schema`, or what its `$ref` names.
+fn resolve<'a>(document: &'a Value, schema: &'a Value) -> &'a Value {
+    match schema["$ref"].as_str() {
+        Some(reference) => document
+            .pointer(reference.trim_start_matches('#'))
+            .unwrap_or(schema),
+        None => schema,
+    }
+}
+
+/// Renames every table of the hub's database away, so that each statement
+/// on it fails with the database's own error text.
+async fn break_database(url: &str) {
+    use sqlx::Connection;
+    if url.starts_with("sqlite:") {
+        let mut connection = sqlx::SqliteConnection::connect(url)
+            .await
+            .expect("open the hub's SQLite file");
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+        )
+        .fetch_all(&mut connection)
+        .await
+        .expect("list the tables");
+        for table in tables {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                r#"ALTER TABLE "{table}" RENAME TO "gone_{table}""#
+            )))
+            .execute(&mut connection)
+            .await
+            .expect("rename a table");
+        }
+    } else {
+        let mut connection = sqlx::PgConnection::connect(url)
+            .await
+            .expect("connect to the hub's database");
+        let tables: Vec<String> =
+            sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
+                .fetch_all(&mut connection)
+                .await
+                .expect("list the tables");
+        for table in tables {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                r#"ALTER TABLE public."{table}" RENAME TO "gone_{table}""#
+            )))
+            .execute(&mut connection)
+            .await
+            .expect("rename a table");
+        }
+    }
+}
+
+/// What a body must never show a client: the database's words, its
+/// driver's, or the hub's own table names.
+const BACKEND_TEXT: [&str; 9] = [
+    "websub_",
+    "no such table",
+    "does not exist",
+    "sqlx",
+    "sqlite",
+    "SQLITE",
+    "error returned from database",
+    "database failed",
+    "pool timed out",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_keeps_a_failing_database_to_the_log_and_names_the_request() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let Some(mut config) = test_config(backend).await else {
+            continue;
+        };
+        config.internal_api_key = Some(INTERNAL_KEY.to_owned());
+        config.user_token_key = Some(TOKEN_KEY.to_owned());
+        let hub = TestHub::start(config).await;
+        let (_, document) = document(&hub).await;
+        let token = format!(
+            "Bearer {}",
+            issue_token(TOKEN_KEY, "alice", None, TimeDelta::minutes(5))
+        );
+        break_database(&hub.database_url).await;
+        let client = http_client();
+        let mut requests = Vec::new();
+        for (method, path, operation) in operations(&document) {
+            let mut target = path.clone();
+            let mut query = Vec::new();
+            for parameter in operation["parameters"].as_array().into_iter().flatten() {
+                let name = parameter["name"].as_str().expect("a parameter's name");
+                let value = match sample(&document, name, &parameter["schema"]) {
+                    Value::String(text) => text,
+                    other => other.to_string(),
+                };
+                match parameter["in"].as_str() {
+                    Some("path") => target = target.replace(&format!("{{{name}}}"), &value),
+                    Some("query") => query.push((name.to_owned(), value)),
+                    _ => {}
+                }
+            }
+            let mut url = format!("{}{}", hub.url, &target[1..]);
+            if !query.is_empty() {
+                url.push('?');
+                url.push_str(&serde_urlencoded::to_string(&query).expect("a query"));
+            }
+            let mut request = client
+                .request(method.clone(), url)
+                .header("Authorization", &token)
+                .header("X-Internal-API-Key", INTERNAL_KEY);
+            if let Some(schema) = operation
+                .pointer("/requestBody/content/application~1json/schema")
+                .filter(|_| method != Method::GET)
+            {
+                request = request.json(&sample(&document, "", schema));
+            }
+            requests.push((format!("{method} {target}"), request));
+        }
+        // The hub endpoint itself: a subscription request and a publish
+        // ping, and a fat ping, each recorded before its answer.
+        let form = |pairs: &[(&str, &str)]| {
+            client
+                .post(&hub.url)
+                .header("Content-Type", "application/x-www-form-urlencoded")
+                .header("X-Internal-API-Key", INTERNAL_KEY)
+                .body(serde_urlencoded::to_string(pairs).expect("a form"))
+        };
+        requests.push((
+            "POST / (subscribe)".to_owned(),
+            form(&[
+                ("hub.mode", "subscribe"),
+                ("hub.topic", "http://127.0.0.1:9/topic"),
+                ("hub.callback", "http://127.0.0.1:9/callback"),
+            ]),
+        ));
+        requests.push((
+            "POST / (publish)".to_owned(),
+            form(&[
+                ("hub.mode", "publish"),
+                ("hub.url", "http://127.0.0.1:9/topic"),
+            ]),
+        ));
+        requests.push((
+            "POST / (fat ping)".to_owned(),
+            client
+                .post(format!(
+                    "{}?hub.mode=publish&hub.topic=http%3A%2F%2F127.0.0.1%3A9%2Ftopic",
+                    hub.url
+                ))
+                .header("X-Internal-API-Key", INTERNAL_KEY)
+                .header("Content-Type", "application/json")
+                .body("{}"),
+        ));
+        requests.push((
+            "GET /topics/feed".to_owned(),
+            client.get(format!("{}topics/feed", hub.url)),
+        ));
+        let mut failed = Vec::new();
+        let mut answered = Vec::new();
+        let total = requests.len();
+        for (index, (what, request)) in requests.into_iter().enumerate() {
+            let chosen = format!("test-request-{index}");
+            let response = request
+                .header("x-request-id", &chosen)
+                .send()
+                .await
+                .expect("an answer");
+            let status = response.status();
+            let echoed = response
+                .headers()
+                .get("x-request-id")
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned);
+            assert_eq!(echoed.as_deref(), Some(chosen.as_str()), "{what}");
+            let body = response.text().await.expect("a body");
+            if !status.is_server_error() {
+                answered.push(format!("{what}: {status}"));
+            }
+            if status.is_success() {
+                continue;
+            }
+            for text in BACKEND_TEXT {
+                assert!(
+                    !body.contains(text),
+                    "{backend:?}: {what} answered {status} with backend text: {body}"
+                );
+            }
+            if status.is_server_error() {
+                assert!(
+                    body.contains(&format!("(request id {chosen})")),
+                    "{backend:?}: {what} answered {status} without naming the request: {body}"
+                );
+                failed.push(what);
+            }
+        }
+        // Not vacuous: every route reached the broken database, but the
+        // document and the ones that read only the outbox feeds' own
+        // databases (none configured here).
+        let untouched = [
+            "GET /api/v1/openapi.json: 200 OK",
+            "GET /api/v1/operator/feeds: 200 OK",
+            "GET /api/v1/operator/webhooks/deliveries: 200 OK",
+            "POST /api/v1/operator/webhooks/replay: 200 OK",
+        ];
+        assert_eq!(
+            answered,
+            untouched,
+            "{backend:?}: {} of {total} requests answered 5xx: {failed:?}",
+            failed.len()
+        );
+        for what in [
+            "POST / (subscribe)",
+            "POST / (publish)",
+            "POST / (fat ping)",
+        ] {
+            assert!(
+                failed.iter().any(|failed| failed == what),
+                "{backend:?}: {what}"
+            );
+        }
+        hub.stop().await;
+    }
 }

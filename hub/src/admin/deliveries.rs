@@ -13,8 +13,8 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::layout::Field;
-use super::session::{self, Refused, Session};
-use super::{ROWS_SHOWN, events_failed, layout, link, when};
+use super::session::{self, Session};
+use super::{ROWS_SHOWN, layout, link, when};
 use crate::api::history;
 use crate::api::operator;
 use crate::api::{ApiError, ApiState};
@@ -47,7 +47,7 @@ pub(super) async fn delivery(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Query(query): Query<DeliveryQuery>,
-) -> Result<Markup, Refused> {
+) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers)?;
     let (record, attempts) = history::find(
         &state,
@@ -70,7 +70,7 @@ pub(super) async fn delivery(
             }
         }
     };
-    Ok(delivery_page(&state, &session, &record, &attempts, banner).await?)
+    delivery_page(&state, &session, &record, &attempts, banner).await
 }
 
 /// The page of one delivery, `banner` on top.
@@ -84,8 +84,7 @@ pub(super) async fn delivery_page(
     let topic = state
         .events
         .event(record.event_id)
-        .await
-        .map_err(events_failed)?
+        .await?
         .map(|event| event.topic);
     let disabled = state.dispatcher.endpoints().is_disabled(&record.subscriber);
     let body = delivery_body(
@@ -177,7 +176,7 @@ pub(super) async fn failed(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Query(query): Query<FailedQuery>,
-) -> Result<Markup, Refused> {
+) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers)?;
     let topic = query.topic.as_deref().filter(|topic| !topic.is_empty());
     let subscriber = query.subscriber.as_deref().filter(|text| !text.is_empty());
@@ -186,11 +185,7 @@ pub(super) async fn failed(
         subscriber,
         event_id: None,
     };
-    let mut failed = state
-        .events
-        .failed(filter, ROWS_SHOWN + 1)
-        .await
-        .map_err(events_failed)?;
+    let mut failed = state.events.failed(filter, ROWS_SHOWN + 1).await?;
     let more = failed.len() > ROWS_SHOWN;
     failed.truncate(ROWS_SHOWN);
     let body = html! {
@@ -307,7 +302,7 @@ pub(super) async fn retry(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Form(form): Form<RetryForm>,
-) -> Result<Redirect, Refused> {
+) -> Result<Redirect, ApiError> {
     session::require_form(&state, &headers, form.csrf.as_deref())?;
     let subscriber = form
         .subscriber

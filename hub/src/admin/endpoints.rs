@@ -13,8 +13,8 @@ use axum::response::Redirect;
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::session::{self, Refused, Session};
-use super::{ROWS_SHOWN, events_failed, given, layout, link, when};
+use super::session::{self, Session};
+use super::{ROWS_SHOWN, given, layout, link, when};
 use crate::api::endpoints::{endpoints_of, parse_channel};
 use crate::api::{ApiError, ApiState};
 use crate::delivery::Channel;
@@ -35,10 +35,7 @@ pub(super) async fn troubled(
     let mut listed = Vec::new();
     let mut more = false;
     for channel in CHANNELS {
-        let mut records = endpoints_of(state, channel)
-            .list(limit + 1)
-            .await
-            .map_err(events_failed)?;
+        let mut records = endpoints_of(state, channel).list(limit + 1).await?;
         more |= records.len() > limit;
         records.truncate(limit);
         listed.extend(records);
@@ -64,7 +61,7 @@ pub(super) async fn page(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Query(done): Query<Done>,
-) -> Result<Markup, Refused> {
+) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers)?;
     let (troubled, more) = troubled(&state, ROWS_SHOWN).await?;
     let endpoint = given(&done.endpoint);
@@ -76,8 +73,7 @@ pub(super) async fn page(
         .events
         .changes()
         .list_changes(filter, CHANGES_SHOWN + 1)
-        .await
-        .map_err(events_failed)?;
+        .await?;
     let more_changes = changes.len() > CHANGES_SHOWN;
     changes.truncate(CHANGES_SHOWN);
     let body = html! {
@@ -282,13 +278,12 @@ pub(super) async fn enable(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Form(form): Form<EndpointForm>,
-) -> Result<Redirect, Refused> {
+) -> Result<Redirect, ApiError> {
     session::require_form(&state, &headers, form.csrf.as_deref())?;
     let (channel, endpoint) = form.endpoint()?;
     let changed = endpoints_of(&state, channel)
         .enable(endpoint, state.clock.now())
-        .await
-        .map_err(events_failed)?;
+        .await?;
     state.dispatcher.wake();
     tracing::info!(
         channel = channel.label(),
@@ -307,14 +302,13 @@ pub(super) async fn disable(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Form(form): Form<EndpointForm>,
-) -> Result<Redirect, Refused> {
+) -> Result<Redirect, ApiError> {
     session::require_form(&state, &headers, form.csrf.as_deref())?;
     let (channel, endpoint) = form.endpoint()?;
     let reason = given(&form.reason).unwrap_or(DEFAULT_REASON);
     let changed = endpoints_of(&state, channel)
         .disable(endpoint, reason, state.clock.now())
-        .await
-        .map_err(events_failed)?;
+        .await?;
     tracing::info!(
         channel = channel.label(),
         endpoint,

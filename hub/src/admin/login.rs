@@ -10,12 +10,12 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::layout;
-use super::session::{LIFETIME, Refused, issue, key, require_form, set_cookie};
-use crate::api::ApiState;
+use super::session::{LIFETIME, issue, key, require_form, set_cookie};
+use crate::api::{ApiError, ApiState};
 use axum::http::HeaderMap;
 
 /// The login form.
-pub(super) async fn login_form(State(state): State<ApiState>) -> Result<Markup, Refused> {
+pub(super) async fn login_form(State(state): State<ApiState>) -> Result<Markup, ApiError> {
     key(&state)?;
     Ok(login_page(None))
 }
@@ -31,7 +31,7 @@ pub(super) struct Login {
 pub(super) async fn login(
     State(state): State<ApiState>,
     Form(login): Form<Login>,
-) -> Result<Response, Refused> {
+) -> Result<Response, ApiError> {
     let key = key(&state)?;
     if !key.matches(login.key.trim().as_bytes()) {
         tracing::info!("admin login refused: wrong key");
@@ -61,7 +61,7 @@ pub(super) async fn logout(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Form(form): Form<Logout>,
-) -> Result<Response, Refused> {
+) -> Result<Response, ApiError> {
     require_form(&state, &headers, form.csrf.as_deref())?;
     let mut response = Redirect::to("/admin/login").into_response();
     response

@@ -30,7 +30,6 @@ use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 
 use crate::api::ApiState;
-use crate::api::{events_failed, store_failed};
 
 /// The largest form an admin action sends (a CSRF token, an event id, a
 /// topic and a callback URL, an endpoint's reason, or the login key), with

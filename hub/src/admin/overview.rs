@@ -7,8 +7,8 @@ use axum::http::HeaderMap;
 use maud::{Markup, html};
 
 use super::endpoints;
-use super::session::{self, Refused};
-use super::{events_failed, layout, store_failed, when};
+use super::session;
+use super::{layout, when};
 use crate::api::{ApiError, ApiState};
 use crate::events::FailedFilter;
 use crate::feed::FeedStatus;
@@ -46,7 +46,7 @@ impl Bounded {
 pub(super) async fn page(
     State(state): State<ApiState>,
     headers: HeaderMap,
-) -> Result<Markup, Refused> {
+) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers)?;
     Ok(layout::page("Overview", &session, figures(&state).await?))
 }
@@ -56,17 +56,14 @@ async fn figures(state: &ApiState) -> Result<Markup, ApiError> {
     let events = &state.events;
     let last_minute = events
         .delivered_since(now - chrono::TimeDelta::minutes(1))
-        .await
-        .map_err(events_failed)?;
+        .await?;
     let last_ten_minutes = events
         .delivered_since(now - chrono::TimeDelta::minutes(10))
-        .await
-        .map_err(events_failed)?;
-    let backlog = events.undelivered().await.map_err(events_failed)?;
+        .await?;
+    let backlog = events.undelivered().await?;
     let failed = events
         .failed(FailedFilter::default(), FAILED_COUNTED + 1)
-        .await
-        .map_err(events_failed)?
+        .await?
         .len();
     let failed = Bounded {
         count: failed.min(FAILED_COUNTED),
@@ -111,7 +108,7 @@ async fn figures(state: &ApiState) -> Result<Markup, ApiError> {
 
 /// How many topics and subscriptions the hub holds, bounded.
 async fn holdings(state: &ApiState) -> Result<(Bounded, Bounded), ApiError> {
-    let topics = state.store.topics().await.map_err(store_failed)?;
+    let topics = state.store.topics().await?;
     let mut subscriptions = Bounded {
         count: 0,
         capped: topics.len() > TOPICS_COUNTED,
@@ -120,8 +117,7 @@ async fn holdings(state: &ApiState) -> Result<(Bounded, Bounded), ApiError> {
         let page = state
             .store
             .list_by_topic_page(topic, None, SUBSCRIPTIONS_COUNTED_PER_TOPIC + 1)
-            .await
-            .map_err(store_failed)?;
+            .await?;
         subscriptions.capped |= page.len() > SUBSCRIPTIONS_COUNTED_PER_TOPIC;
         subscriptions.count += page.len().min(SUBSCRIPTIONS_COUNTED_PER_TOPIC);
     }

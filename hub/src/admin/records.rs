@@ -9,10 +9,10 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::layout::Field;
-use super::session::{self, Refused};
-use super::{ROWS_SHOWN, events_failed, given, layout, link, when};
-use crate::api::ApiState;
+use super::session;
+use super::{ROWS_SHOWN, given, layout, link, when};
 use crate::api::history::parse_state;
+use crate::api::{ApiError, ApiState};
 use crate::events::{DeliveryFilter, DeliveryState, DeliverySummary};
 
 /// The filters, and what a replay that led here did.
@@ -29,7 +29,7 @@ pub(super) async fn page(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Query(filter): Query<Filter>,
-) -> Result<Markup, Refused> {
+) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers)?;
     let topic = given(&filter.topic);
     let subscriber = given(&filter.subscriber);
@@ -46,8 +46,7 @@ pub(super) async fn page(
             },
             ROWS_SHOWN + 1,
         )
-        .await
-        .map_err(events_failed)?;
+        .await?;
     let more = records.len() > ROWS_SHOWN;
     records.truncate(ROWS_SHOWN);
     let title = match wanted {

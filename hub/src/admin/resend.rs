@@ -14,7 +14,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::deliveries::delivery_page;
-use super::session::{self, Refused};
+use super::session;
 use super::{given, link};
 use crate::api::history::{self, parse_time};
 use crate::api::redeliver::{event_in_log, record_redelivery, replay_since, subscription_of};
@@ -36,7 +36,7 @@ pub(super) async fn redeliver(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Form(form): Form<RedeliverForm>,
-) -> Result<Response, Refused> {
+) -> Result<Response, ApiError> {
     let session = session::require_form(&state, &headers, form.csrf.as_deref())?;
     let (record, attempts) =
         history::find(&state, form.event_id.as_deref(), form.subscriber.as_deref()).await?;
@@ -65,7 +65,7 @@ pub(super) async fn redeliver(
             let page = delivery_page(&state, &session, &record, &attempts, banner).await?;
             Ok((refused.status, page).into_response())
         }
-        Err(failed) => Err(failed.into()),
+        Err(failed) => Err(failed),
     }
 }
 
@@ -99,7 +99,7 @@ pub(super) async fn replay(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Form(form): Form<ReplayForm>,
-) -> Result<Redirect, Refused> {
+) -> Result<Redirect, ApiError> {
     session::require_form(&state, &headers, form.csrf.as_deref())?;
     let topic = required(&form.topic, "topic")?;
     let subscriber = required(&form.subscriber, "subscriber")?;

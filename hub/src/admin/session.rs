@@ -10,7 +10,6 @@
 //! before stays valid until it expires, which the bounded lifetime limits.
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, Utc};
 use subtle::ConstantTimeEq;
 
@@ -101,48 +100,24 @@ pub(super) fn set_cookie(value: &str, max_age: i64) -> HeaderValue {
     .unwrap_or_else(|_| HeaderValue::from_static("websub_admin=; Path=/admin; Max-Age=0"))
 }
 
-/// Why a request gets no page: no session, or a plain reason.
-#[derive(Debug)]
-pub(super) enum Refused {
-    /// No valid session: the way to the login.
-    Login,
-    /// Refused with a status and a reason.
-    Reason(ApiError),
-}
-
-impl From<ApiError> for Refused {
-    fn from(error: ApiError) -> Self {
-        Self::Reason(error)
-    }
-}
-
-impl IntoResponse for Refused {
-    fn into_response(self) -> Response {
-        match self {
-            Self::Login => Redirect::to("/admin/login").into_response(),
-            Self::Reason(error) => error.into_response(),
-        }
-    }
-}
-
 /// The internal key, or the 403 of a hub without one.
-pub(super) fn key(state: &ApiState) -> Result<&InternalKey, Refused> {
+pub(super) fn key(state: &ApiState) -> Result<&InternalKey, ApiError> {
     state.internal_key.as_ref().ok_or_else(|| {
-        Refused::Reason(ApiError::new(
+        ApiError::new(
             StatusCode::FORBIDDEN,
             "this hub has no internal API key configured, so the admin page is closed",
-        ))
+        )
     })
 }
 
 /// The session of a page request; without one, the way to the login.
-pub(super) fn require(state: &ApiState, headers: &HeaderMap) -> Result<Session, Refused> {
+pub(super) fn require(state: &ApiState, headers: &HeaderMap) -> Result<Session, ApiError> {
     let key = key(state)?;
     match cookie(headers) {
         Some(value) if valid(key, value, state.clock.now()) => Ok(Session {
             csrf: csrf_of(key, value),
         }),
-        _ => Err(Refused::Login),
+        _ => Err(ApiError::login()),
     }
 }
 
@@ -151,18 +126,18 @@ pub(super) fn require_form(
     state: &ApiState,
     headers: &HeaderMap,
     token: Option<&str>,
-) -> Result<Session, Refused> {
+) -> Result<Session, ApiError> {
     let session = require(state, headers)?;
     match token {
         Some(token) if bool::from(token.as_bytes().ct_eq(session.csrf.as_bytes())) => Ok(session),
-        Some(_) => Err(Refused::Reason(ApiError::new(
+        Some(_) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "the form's CSRF token is not this session's; reload the page and try again",
-        ))),
-        None => Err(Refused::Reason(ApiError::new(
+        )),
+        None => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "the form carries no CSRF token; send it from the admin page",
-        ))),
+        )),
     }
 }
 

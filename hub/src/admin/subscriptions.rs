@@ -12,8 +12,8 @@ use websub_store::Subscription;
 
 use super::endpoints::action_form;
 use super::layout::Field;
-use super::session::{self, Refused, Session};
-use super::{ROWS_SHOWN, events_failed, layout, link, store_failed, when};
+use super::session::{self, Session};
+use super::{ROWS_SHOWN, layout, link, when};
 use crate::api::{ApiError, ApiState};
 use crate::delivery::Channel;
 use crate::events::DeliveryHealth;
@@ -48,7 +48,7 @@ pub(super) async fn page(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Query(filter): Query<Filter>,
-) -> Result<Markup, Refused> {
+) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers)?;
     let body = subscriptions(&state, &session, filter).await?;
     Ok(layout::page("Subscriptions", &session, body))
@@ -67,13 +67,11 @@ async fn subscriptions(
         let health = state
             .events
             .health(&subscription.topic, &subscription.callback, HEALTH_WINDOW)
-            .await
-            .map_err(events_failed)?;
+            .await?;
         let latest_event = state
             .events
             .latest(&subscription.topic)
-            .await
-            .map_err(events_failed)?
+            .await?
             .map(|event| event.id);
         let disabled = state
             .dispatcher
@@ -124,7 +122,7 @@ async fn find(
 ) -> Result<(Vec<Subscription>, bool, bool), ApiError> {
     let mut topics = match topic {
         Some(topic) => vec![topic.to_owned()],
-        None => state.store.topics().await.map_err(store_failed)?,
+        None => state.store.topics().await?,
     };
     topics.sort_unstable();
     let searched_all = topics.len() <= TOPICS_SEARCHED;
@@ -138,8 +136,7 @@ async fn find(
             let page = state
                 .store
                 .list_by_topic_page(topic, after.as_deref(), ROWS_SHOWN)
-                .await
-                .map_err(store_failed)?;
+                .await?;
             let last_page = page.len() < ROWS_SHOWN;
             scanned += page.len();
             after = page.last().map(|last| last.callback.clone());

@@ -5,8 +5,8 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use maud::{Markup, html};
 
-use super::session::{self, Refused};
-use super::{layout, link, store_failed};
+use super::session;
+use super::{layout, link};
 use crate::api::{ApiError, ApiState};
 
 /// The most topics listed.
@@ -18,13 +18,13 @@ const COUNTED: usize = 1000;
 pub(super) async fn page(
     State(state): State<ApiState>,
     headers: HeaderMap,
-) -> Result<Markup, Refused> {
+) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers)?;
     Ok(layout::page("Topics", &session, topics(&state).await?))
 }
 
 async fn topics(state: &ApiState) -> Result<Markup, ApiError> {
-    let mut topics = state.store.topics().await.map_err(store_failed)?;
+    let mut topics = state.store.topics().await?;
     topics.sort_unstable();
     let total = topics.len();
     topics.truncate(TOPICS_SHOWN);
@@ -33,8 +33,7 @@ async fn topics(state: &ApiState) -> Result<Markup, ApiError> {
         let subscribers = state
             .store
             .list_by_topic_page(&topic, None, COUNTED + 1)
-            .await
-            .map_err(store_failed)?
+            .await?
             .len();
         let count = if subscribers > COUNTED {
             format!("{COUNTED}+")

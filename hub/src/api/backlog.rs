@@ -17,7 +17,7 @@ use super::openapi::{
     WrongKey,
 };
 use super::{ApiError, ApiState, authorize_internal, caller};
-use crate::backlog::{BacklogError, FetchState, IntentState, Listing};
+use crate::backlog::{FetchState, IntentState, Listing};
 use crate::protocol::Mode;
 
 /// The most rows one listing returns, whatever `limit` asks.
@@ -169,13 +169,6 @@ impl From<FetchState> for FetchView {
     }
 }
 
-fn backlog_unavailable(error: BacklogError) -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!("the backlog failed: {error}"),
-    )
-}
-
 async fn list_intents(
     state: &ApiState,
     query: &BacklogQuery,
@@ -190,8 +183,7 @@ async fn list_intents(
         .subscriptions
         .backlog()
         .intents(listing, limit)
-        .await
-        .map_err(backlog_unavailable)?;
+        .await?;
     Ok(intents.into_iter().map(IntentView::from).collect())
 }
 
@@ -243,15 +235,9 @@ pub(super) async fn own_intents(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Query(query): Query<BacklogQuery>,
-) -> Response {
-    let user = match caller(&state, &headers) {
-        Ok(user) => user,
-        Err(refusal) => return refusal.into_response(),
-    };
-    match list_intents(&state, &query, Some(&user.id)).await {
-        Ok(listed) => Json(listed).into_response(),
-        Err(error) => error.into_response(),
-    }
+) -> Result<Response, ApiError> {
+    let user = caller(&state, &headers)?;
+    Ok(Json(list_intents(&state, &query, Some(&user.id)).await?).into_response())
 }
 
 /// Every topic fetch waiting or given up, newest first.
@@ -284,12 +270,7 @@ pub(super) async fn fetches(
         owner: None,
     };
     let limit = parse_limit(query.limit.as_deref())?;
-    let fetches = state
-        .intake
-        .backlog()
-        .fetches(listing, limit)
-        .await
-        .map_err(backlog_unavailable)?;
+    let fetches = state.intake.backlog().fetches(listing, limit).await?;
     Ok(Json(fetches.into_iter().map(FetchView::from).collect::<Vec<_>>()).into_response())
 }
 

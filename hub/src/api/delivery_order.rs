@@ -8,7 +8,6 @@
 use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
@@ -17,7 +16,7 @@ use super::openapi::{
 };
 use super::operator::SubscriptionView;
 use super::subscription::{SubscriptionQuery, find};
-use super::{ApiError, ApiState, authorize_internal, caller, events_failed};
+use super::{ApiError, ApiState, authorize_internal, caller};
 
 /// How a subscription's events are delivered.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -94,31 +93,20 @@ pub(super) async fn own(
     headers: HeaderMap,
     Query(query): Query<SubscriptionQuery>,
     order: Result<Json<DeliveryOrder>, axum::extract::rejection::JsonRejection>,
-) -> Response {
-    let user = match caller(&state, &headers) {
-        Ok(user) => user,
-        Err(refusal) => return refusal.into_response(),
+) -> Result<Json<SubscriptionView>, ApiError> {
+    let user = caller(&state, &headers)?;
+    let (topic, callback) = query.pair()?;
+    let Json(order) = order.map_err(bad_body)?;
+    let subscription = find(&state, &topic, &callback).await;
+    // Someone else's subscription is as invisible as a missing one.
+    let subscription = match subscription {
+        Ok(subscription) if subscription.owner.as_deref() == Some(user.id.as_str()) => subscription,
+        Ok(_) => return Err(not_yours()),
+        Err(error) if error.status == StatusCode::NOT_FOUND => return Err(not_yours()),
+        Err(error) => return Err(error),
     };
-    let answer = async {
-        let (topic, callback) = query.pair()?;
-        let Json(order) = order.map_err(bad_body)?;
-        let subscription = find(&state, &topic, &callback).await;
-        // Someone else's subscription is as invisible as a missing one.
-        let subscription = match subscription {
-            Ok(subscription) if subscription.owner.as_deref() == Some(user.id.as_str()) => {
-                subscription
-            }
-            Ok(_) => return Err(not_yours()),
-            Err(error) if error.status == StatusCode::NOT_FOUND => return Err(not_yours()),
-            Err(error) => return Err(error),
-        };
-        set(&state, &topic, &callback, order.ordered).await?;
-        Ok(Json(SubscriptionView::of(subscription, &state)))
-    };
-    match answer.await {
-        Ok(view) => view.into_response(),
-        Err(error) => error.into_response(),
-    }
+    set(&state, &topic, &callback, order.ordered).await?;
+    Ok(Json(SubscriptionView::of(subscription, &state)))
 }
 
 async fn set(state: &ApiState, topic: &str, callback: &str, ordered: bool) -> Result<(), ApiError> {
@@ -126,7 +114,7 @@ async fn set(state: &ApiState, topic: &str, callback: &str, ordered: bool) -> Re
         .dispatcher
         .set_ordered(topic, callback, ordered)
         .await
-        .map_err(events_failed)
+        .map_err(ApiError::from)
 }
 
 fn not_yours() -> ApiError {

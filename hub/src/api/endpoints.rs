@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::backlog::parse_limit;
-use super::events_failed;
 use super::history::{AttemptView, DeliveryQuery};
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::redeliver::json_body;
@@ -95,12 +94,7 @@ async fn endpoints(
     };
     let mut listed = Vec::new();
     for channel in channels {
-        listed.extend(
-            endpoints_of(&state, channel)
-                .list(limit)
-                .await
-                .map_err(events_failed)?,
-        );
+        listed.extend(endpoints_of(&state, channel).list(limit).await?);
     }
     Ok(Json(listed))
 }
@@ -156,12 +150,7 @@ async fn changes(
         channel: channel.map(Channel::label),
         endpoint,
     };
-    let listed = state
-        .events
-        .changes()
-        .list_changes(filter, limit)
-        .await
-        .map_err(events_failed)?;
+    let listed = state.events.changes().list_changes(filter, limit).await?;
     Ok(Json(listed))
 }
 
@@ -239,8 +228,7 @@ async fn disable(
         .unwrap_or("disabled by an operator");
     let changed = endpoints_of(&state, channel)
         .disable(endpoint, reason, state.clock.now())
-        .await
-        .map_err(events_failed)?;
+        .await?;
     Ok(Json(EndpointAnswer {
         endpoint: endpoint.to_owned(),
         disabled: true,
@@ -280,8 +268,7 @@ async fn enable(
     }
     let changed = endpoints_of(&state, channel)
         .enable(endpoint, state.clock.now())
-        .await
-        .map_err(events_failed)?;
+        .await?;
     state.dispatcher.wake();
     Ok(Json(EndpointAnswer {
         endpoint: endpoint.to_owned(),
@@ -305,17 +292,24 @@ async fn probe(state: &ApiState, channel: Channel, callback: &str) -> Result<(),
         subscriber: Some(callback),
         ..DeliveryFilter::default()
     };
-    let latest = state.events.list(filter, 1).await.map_err(events_failed)?;
+    let latest = state.events.list(filter, 1).await?;
     let Some(latest) = latest.into_iter().next() else {
         return Err(refused(format!(
             "{callback} has no delivery whose subscription a probe could ask about"
         )));
     };
-    let subscription = state
-        .store
-        .get(&latest.topic, callback)
-        .await
-        .map_err(|error| refused(format!("{callback} cannot be probed: {error}")))?;
+    let subscription =
+        state
+            .store
+            .get(&latest.topic, callback)
+            .await
+            .map_err(|error| match error {
+                websub_store::StoreError::UnknownSubscription { .. } => refused(format!(
+                    "{callback} cannot be probed: its subscription to {} is gone",
+                    latest.topic
+                )),
+                error => error.into(),
+            })?;
     let lease = subscription.expires_at.map(|expires_at| {
         u32::try_from((expires_at - state.clock.now()).num_seconds().max(1)).unwrap_or(u32::MAX)
     });
@@ -358,10 +352,6 @@ async fn webhook_attempts(
 ) -> Result<Json<Vec<AttemptView>>, ApiError> {
     authorize_internal(&state, &headers)?;
     let (event_id, subscriber) = query.required()?;
-    let attempts = state
-        .events
-        .webhook_attempts(event_id, subscriber)
-        .await
-        .map_err(events_failed)?;
+    let attempts = state.events.webhook_attempts(event_id, subscriber).await?;
     Ok(Json(attempts.into_iter().map(AttemptView::from).collect()))
 }

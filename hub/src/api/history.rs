@@ -12,7 +12,6 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::backlog::parse_limit;
-use super::events_failed;
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::{ApiError, ApiState, authorize_internal};
 use crate::events::{Attempt, DeliveryFilter, DeliveryRecord, DeliveryState, DeliverySummary};
@@ -139,19 +138,14 @@ pub(crate) async fn find(
     let record = state
         .events
         .delivery(event_id, subscriber)
-        .await
-        .map_err(events_failed)?
+        .await?
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!("event {event_id} has no delivery to {subscriber}"),
             )
         })?;
-    let attempts = state
-        .events
-        .attempts(event_id, subscriber)
-        .await
-        .map_err(events_failed)?;
+    let attempts = state.events.attempts(event_id, subscriber).await?;
     Ok((record, attempts))
 }
 
@@ -226,11 +220,7 @@ pub(super) async fn deliveries(
         since: window.since,
         until: window.until,
     };
-    let listed = state
-        .events
-        .list(filter, window.limit)
-        .await
-        .map_err(events_failed)?;
+    let listed = state.events.list(filter, window.limit).await?;
     Ok(Json(listed))
 }
 

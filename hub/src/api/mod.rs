@@ -18,6 +18,7 @@
 mod backlog;
 mod delivery_order;
 pub(crate) mod endpoints;
+mod error;
 mod feeds;
 mod health;
 pub(crate) mod history;
@@ -40,19 +41,19 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
-use tracing::{debug, error};
 
 use crate::auth::{AuthError, InternalKey, User, UserTokens};
 use crate::backlog::Admission;
 use crate::clock::Clock;
 use crate::dispatch::{Distributor, link_header};
 use crate::events::EventLog;
-use crate::intake::{DEFAULT_CONTENT_TYPE, Intake, IntakeError};
+use crate::intake::{DEFAULT_CONTENT_TYPE, Intake};
 use crate::protocol::{self, HubRequest, Mode, SubscriptionRequest};
 use crate::quota::QuotaError;
 use crate::verify::Subscriptions;
 use websub_store::SubscriptionStore;
 
+pub use error::{ApiError, SHED_TOTAL, layers};
 pub use requests::{HTTP_REQUEST_SECONDS, HTTP_REQUESTS_TOTAL};
 
 /// What the handlers share.
@@ -126,90 +127,6 @@ fn operator_routes() -> openapi::ApiRoutes {
         .route(routes!(retention::purge))
 }
 
-/// An answer that is not a success: a status and a plain-text reason.
-#[derive(Debug)]
-pub struct ApiError {
-    pub(crate) status: StatusCode,
-    pub(crate) reason: String,
-    retry_after: Option<u32>,
-}
-
-/// Requests answered 503 with `Retry-After`: not accepted, to be sent again.
-pub const SHED_TOTAL: &str = "websub_requests_shed_total";
-
-/// The `Retry-After` of a 503: long enough for a backlog to move or a
-/// database to come back, short enough that clients do not give up.
-const RETRY_AFTER_SECONDS: u32 = 5;
-
-impl ApiError {
-    /// An error answer.
-    pub fn new(status: StatusCode, reason: impl Into<String>) -> Self {
-        Self {
-            status,
-            reason: reason.into(),
-            retry_after: None,
-        }
-    }
-
-    /// A `503 Service Unavailable` with `Retry-After`: the request was not
-    /// accepted, nothing of it was kept, and the same request may succeed
-    /// later.
-    pub fn unavailable(reason: impl Into<String>) -> Self {
-        Self {
-            retry_after: Some(RETRY_AFTER_SECONDS),
-            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, reason)
-        }
-    }
-}
-
-/// The subscription store failed: the cause goes to the log, never to the
-/// client.
-pub(crate) fn store_failed(error: websub_store::StoreError) -> ApiError {
-    tracing::warn!(%error, "the subscription store failed");
-    ApiError::unavailable("the subscription store is unavailable; try again later")
-}
-
-/// The event log failed: the cause goes to the log, never to the client.
-pub(crate) fn events_failed(error: crate::events::EventLogError) -> ApiError {
-    tracing::warn!(%error, "the event log failed");
-    ApiError::unavailable("the event log is unavailable; try again later")
-}
-
-/// The backlog failed before a request was accepted.
-fn backlog_failed(error: crate::backlog::BacklogError) -> ApiError {
-    tracing::warn!(%error, "request not accepted");
-    ApiError::unavailable("the hub could not record the request; try again later")
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        if self.retry_after.is_some() {
-            // Shedding is the hub working as designed; under a flood a line
-            // per request would bury everything else.
-            debug!(status = self.status.as_u16(), reason = %self.reason, "request shed");
-            metrics::counter!(SHED_TOTAL).increment(1);
-        } else if self.status.is_server_error() {
-            error!(status = self.status.as_u16(), reason = %self.reason, "request failed");
-        } else {
-            debug!(status = self.status.as_u16(), reason = %self.reason, "request refused");
-        }
-        let mut reason = self.reason;
-        reason.push('\n');
-        let mut response = (
-            self.status,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            reason,
-        )
-            .into_response();
-        if let Some(seconds) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, seconds.into());
-        }
-        response
-    }
-}
-
 async fn about() -> &'static str {
     "This is a WebSub hub. POST hub.mode=subscribe|unsubscribe|publish here.\n"
 }
@@ -220,12 +137,7 @@ async fn topic(State(state): State<ApiState>, uri: axum::http::Uri) -> Result<Re
     let path = uri.path().trim_start_matches('/');
     let topic = format!("{}{path}", state.public_url);
     let link = link_header(&state.public_url, &topic);
-    let latest = state.events.latest(&topic).await.map_err(|error| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the event log failed: {error}"),
-        )
-    })?;
+    let latest = state.events.latest(&topic).await?;
     Ok(match latest {
         Some(event) => (
             [
@@ -288,9 +200,7 @@ async fn hub_endpoint(
                 .check(&request)
                 .await
                 .map_err(|error| ApiError::new(StatusCode::BAD_REQUEST, error.to_string()))?;
-            if let Some(refusal) = authorize_subscription(&state, &headers, &mut request).await? {
-                return Ok(refusal);
-            }
+            authorize_subscription(&state, &headers, &mut request).await?;
             match state.subscriptions.accept(request).await {
                 Ok(Admission::Accepted) => {
                     Ok((StatusCode::ACCEPTED, "verification of intent pending\n").into_response())
@@ -299,7 +209,7 @@ async fn hub_endpoint(
                     "{pending} verifications of intent are waiting, the most this hub holds; \
                      try again later"
                 ))),
-                Err(error) => Err(backlog_failed(error)),
+                Err(error) => Err(error.into()),
             }
         }
         HubRequest::Publish(request) => {
@@ -312,11 +222,7 @@ async fn hub_endpoint(
             }
             match state.intake.ping(&request.topics).await {
                 Ok(()) => Ok((StatusCode::ACCEPTED, "publish accepted\n").into_response()),
-                Err(crate::intake::IntakeError::Backlog(error)) => Err(backlog_failed(error)),
-                Err(error) => Err(ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    error.to_string(),
-                )),
+                Err(error) => Err(error.into()),
             }
         }
     }
@@ -375,14 +281,7 @@ async fn fat_ping(
             format!("recorded event {}\n", event.id),
         )
             .into_response()),
-        Err(IntakeError::TooLarge { limit }) => Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the content is larger than {limit} bytes"),
-        )),
-        Err(error) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the event could not be recorded: {error}"),
-        )),
+        Err(error) => Err(error.into()),
     }
 }
 
@@ -404,33 +303,14 @@ pub fn authorize_internal(state: &ApiState, headers: &HeaderMap) -> Result<(), A
 }
 
 /// The caller, by user token; an answer to send when there is none.
-fn caller(state: &ApiState, headers: &HeaderMap) -> Result<User, Refusal> {
+fn caller(state: &ApiState, headers: &HeaderMap) -> Result<User, ApiError> {
     let Some(tokens) = &state.user_tokens else {
-        return Err(Refusal::Api(ApiError::new(
+        return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "the subscriber API needs a user token key, and this hub has none configured",
-        )));
+        ));
     };
-    tokens.authenticate(headers).map_err(Refusal::Auth)
-}
-
-/// A request refused before anything is done: a plain reason, or failed
-/// authentication (which carries its own challenge header).
-#[derive(Debug)]
-pub(crate) enum Refusal {
-    /// A plain reason.
-    Api(ApiError),
-    /// Authentication failed.
-    Auth(AuthError),
-}
-
-impl IntoResponse for Refusal {
-    fn into_response(self) -> Response {
-        match self {
-            Self::Api(error) => error.into_response(),
-            Self::Auth(error) => error.into_response(),
-        }
-    }
+    Ok(tokens.authenticate(headers)?)
 }
 
 /// Who is asking, by user token. With the quota on, a subscription request
@@ -451,16 +331,14 @@ fn request_owner(state: &ApiState, headers: &HeaderMap) -> Result<Option<User>, 
 /// authenticate: the owner is the token's user; a pair held by another
 /// owner is refused; and with the quota on, a new subscription over a limit
 /// already reached is refused at once (the authoritative count runs at save
-/// time, after verification). `Some` is the refusal to send.
+/// time, after verification).
 async fn authorize_subscription(
     state: &ApiState,
     headers: &HeaderMap,
     request: &mut SubscriptionRequest,
-) -> Result<Option<Response>, ApiError> {
-    let user = match request_owner(state, headers) {
-        Ok(Some(user)) => user,
-        Ok(None) => return Ok(None),
-        Err(refusal) => return Ok(Some(refusal.into_response())),
+) -> Result<(), ApiError> {
+    let Some(user) = request_owner(state, headers)? else {
+        return Ok(());
     };
     let held = match state.store.get(&request.topic, &request.callback).await {
         Ok(existing) => match existing.owner.as_deref() {
@@ -473,35 +351,26 @@ async fn authorize_subscription(
             owner => owner.is_some(),
         },
         Err(websub_store::StoreError::UnknownSubscription { .. }) => false,
-        Err(error) => return Err(store_failed(error)),
+        Err(error) => return Err(error.into()),
     };
     if request.mode == Mode::Subscribe
         && !held
         && let Some(quota) = state.subscriptions.quota()
     {
-        let limit = match quota.limit(quota.quota_type(), &user.id).await {
-            Ok(limit) => limit,
-            Err(error) => return Ok(Some(error.into_response())),
-        };
+        let limit = quota.limit(quota.quota_type(), &user.id).await?;
         if !limit.unlimited {
-            let used = state
-                .store
-                .count_by_owner(&user.id)
-                .await
-                .map_err(store_failed)?;
+            let used = state.store.count_by_owner(&user.id).await?;
             if used >= limit.limit {
-                return Ok(Some(
-                    QuotaError::LimitReached {
-                        limit: limit.limit,
-                        used,
-                    }
-                    .into_response(),
-                ));
+                return Err(QuotaError::LimitReached {
+                    limit: limit.limit,
+                    used,
+                }
+                .into());
             }
         }
     }
     request.owner = Some(user.id);
-    Ok(None)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -115,7 +115,9 @@ async fn openapi_json(Extension(document): Extension<OpenApiJson>) -> Response {
         description = "The JSON APIs of a WebSub hub: the subscriber API (a user token, by \
             default `Authorization: Bearer <JWT>`) and the operator API (the internal API \
             key). Refusals and failures are answered with a plain-text reason, except \
-            quota errors, which are JSON.",
+            quota errors, which are JSON; a failure on the hub's side names the request id \
+            (also in the `x-request-id` header of every answer) under which its log keeps \
+            the cause.",
     ),
     tags(
         (name = "subscriber", description = "The caller's own subscriptions, usage and \
@@ -197,7 +199,7 @@ pub(super) use answers::{
 };
 
 /// The shared answers, as response components. The handlers answer with
-/// `ApiError` and `AuthError`, whose bodies are these plain-text reasons.
+/// `ApiError`, whose bodies are these plain-text reasons.
 #[allow(
     dead_code,
     reason = "descriptions only, never built: each field is the schema of a body"
@@ -244,8 +246,12 @@ mod answers {
     pub(crate) struct NoInternalKey(String);
 
     /// A store the answer needs (subscriptions, event log or backlog) failed;
-    /// the reason says which. The same request may succeed later.
+    /// the reason says which, and names the request id under which the
+    /// hub's log keeps the cause. The same request may succeed later.
     #[derive(ToResponse)]
-    #[response(content_type = "text/plain")]
+    #[response(
+        content_type = "text/plain",
+        headers(("Retry-After" = u32, description = "Seconds to wait before trying again."))
+    )]
     pub(crate) struct Unavailable(String);
 }

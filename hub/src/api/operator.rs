@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::{ApiError, ApiState, authorize_internal, backlog, events_failed, store_failed};
+use super::{ApiError, ApiState, authorize_internal, backlog};
 use crate::events::FailedFilter;
 use websub_store::Subscription;
 
@@ -58,13 +58,8 @@ async fn topics(
 ) -> Result<Json<Vec<TopicSummary>>, ApiError> {
     authorize_internal(&state, &headers)?;
     let mut summaries = Vec::new();
-    for topic in state.store.topics().await.map_err(store_failed)? {
-        let subscribers = state
-            .store
-            .list_by_topic(&topic)
-            .await
-            .map_err(store_failed)?
-            .len();
+    for topic in state.store.topics().await? {
+        let subscribers = state.store.list_by_topic(&topic).await?.len();
         // A topic whose last subscription went between the two reads.
         if subscribers > 0 {
             summaries.push(TopicSummary { topic, subscribers });
@@ -158,8 +153,7 @@ async fn subscriptions(
     let mut listed: Vec<SubscriptionView> = state
         .store
         .list_by_topic(&topic)
-        .await
-        .map_err(store_failed)?
+        .await?
         .into_iter()
         .map(|subscription| SubscriptionView::of(subscription, &state))
         .collect();
@@ -225,11 +219,7 @@ async fn failed(
         subscriber: query.subscriber.as_deref(),
         event_id: None,
     };
-    let failed = state
-        .events
-        .failed(filter, limit)
-        .await
-        .map_err(events_failed)?;
+    let failed = state.events.failed(filter, limit).await?;
     Ok(Json(
         failed
             .into_iter()
@@ -317,11 +307,7 @@ pub(crate) async fn retry_failed(
     state: &ApiState,
     filter: FailedFilter<'_>,
 ) -> Result<u64, ApiError> {
-    let retried = state
-        .events
-        .retry_failed(filter, state.clock.now())
-        .await
-        .map_err(events_failed)?;
+    let retried = state.events.retry_failed(filter, state.clock.now()).await?;
     if retried > 0 {
         state.dispatcher.wake();
     }

@@ -12,7 +12,6 @@ use utoipa::IntoParams;
 use super::history::Window;
 use super::openapi::{BadRequest, NoSubscriberApi, TokenTooLarge, Unauthenticated, Unavailable};
 use super::{ApiError, ApiState, caller};
-use super::{events_failed, store_failed};
 use crate::auth::User;
 use crate::events::{DeliveryFilter, DeliverySummary};
 
@@ -59,15 +58,9 @@ pub(super) async fn own_deliveries(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Query(query): Query<OwnQuery>,
-) -> Response {
-    let user = match caller(&state, &headers) {
-        Ok(user) => user,
-        Err(refusal) => return refusal.into_response(),
-    };
-    match list_own(&state, &user, &query).await {
-        Ok(listed) => Json(listed).into_response(),
-        Err(error) => error.into_response(),
-    }
+) -> Result<Response, ApiError> {
+    let user = caller(&state, &headers)?;
+    Ok(Json(list_own(&state, &user, &query).await?).into_response())
 }
 
 async fn list_own(
@@ -87,11 +80,7 @@ async fn list_own(
         until,
         limit,
     } = window;
-    let owned = state
-        .store
-        .list_by_owner(&user.id)
-        .await
-        .map_err(store_failed)?;
+    let owned = state.store.list_by_owner(&user.id).await?;
     let matching: Vec<_> = owned
         .iter()
         .filter(|held| {
@@ -127,13 +116,7 @@ async fn list_own(
             until,
             ..DeliveryFilter::default()
         };
-        listed.extend(
-            state
-                .events
-                .list(filter, limit)
-                .await
-                .map_err(events_failed)?,
-        );
+        listed.extend(state.events.list(filter, limit).await?);
     }
     listed.sort_by(|a, b| {
         (b.created_at, b.event_id, &a.subscriber).cmp(&(a.created_at, a.event_id, &b.subscriber))

@@ -18,7 +18,6 @@ use websub_store::StoreError;
 use super::history::{parse_event_id, parse_time};
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::{ApiError, ApiState, authorize_internal};
-use super::{events_failed, store_failed};
 use crate::events::{LoggedEvent, REPLAY_LIMIT, Replayed};
 
 /// A JSON request body, read after the key is checked.
@@ -98,11 +97,7 @@ async fn redeliver(
             (vec![subscriber], Vec::new())
         }
         None => {
-            let subscriptions = state
-                .store
-                .list_by_topic(&event.topic)
-                .await
-                .map_err(store_failed)?;
+            let subscriptions = state.store.list_by_topic(&event.topic).await?;
             subscriptions
                 .into_iter()
                 .map(|subscription| subscription.callback)
@@ -134,17 +129,12 @@ pub(crate) async fn event_in_log(
     state: &ApiState,
     event_id: Uuid,
 ) -> Result<LoggedEvent, ApiError> {
-    state
-        .events
-        .event(event_id)
-        .await
-        .map_err(events_failed)?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!("no event {event_id} in the log (never recorded, or purged)"),
-            )
-        })
+    state.events.event(event_id).await?.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no event {event_id} in the log (never recorded, or purged)"),
+        )
+    })
 }
 
 /// Records a redelivery of `event_id` to `subscribers` (checked already)
@@ -157,8 +147,7 @@ pub(crate) async fn record_redelivery(
     let redelivery = state
         .events
         .redeliver(event_id, subscribers, state.clock.now())
-        .await
-        .map_err(events_failed)?
+        .await?
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -184,7 +173,7 @@ pub(crate) async fn subscription_of(
                 format!("topic {topic} has no subscription with callback {callback}"),
             ));
         }
-        Err(error) => return Err(store_failed(error)),
+        Err(error) => return Err(ApiError::from(error)),
     }
     if state.dispatcher.endpoints().is_disabled(callback) {
         return Err(ApiError::new(
@@ -299,8 +288,7 @@ pub(crate) async fn replay_since(
     let replayed = state
         .events
         .replay(topic, subscriber, since, limit, now)
-        .await
-        .map_err(events_failed)?;
+        .await?;
     if !replayed.redeliveries.is_empty() {
         state.dispatcher.wake();
     }
@@ -385,7 +373,13 @@ async fn webhook_replay(
         .feeds
         .resend(request.subscriber.trim(), since, event_id, limit)
         .await
-        .map_err(|error| ApiError::unavailable(format!("a producer's database failed: {error}")))?;
+        .map_err(|error| {
+            ApiError::failed(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "a producer's database is unavailable; try again later",
+                error,
+            )
+        })?;
     Ok(Json(WebhookReplayAnswer { reopened }))
 }
 

@@ -13,7 +13,6 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::events_failed;
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::{ApiError, ApiState, authorize_internal};
 
@@ -86,11 +85,7 @@ pub(super) async fn purge(
 ) -> Result<Json<PurgeAnswer>, ApiError> {
     authorize_internal(&state, &headers)?;
     let cutoff = state.clock.now() - older_than(&body)?;
-    let deleted = state
-        .events
-        .purge_before(cutoff)
-        .await
-        .map_err(events_failed)?;
+    let deleted = state.events.purge_before(cutoff).await?;
     tracing::info!(deleted, %cutoff, "event log purged on request");
     Ok(Json(PurgeAnswer { deleted, cutoff }))
 }

@@ -18,7 +18,6 @@ use super::openapi::{
 };
 use super::operator::SubscriptionView;
 use super::{ApiError, ApiState, caller};
-use super::{events_failed, store_failed};
 use crate::auth::User;
 use crate::events::DeliveryHealth;
 use crate::quota::ErrorBody;
@@ -87,31 +86,20 @@ struct OwnSubscription {
         (status = 503, response = Unavailable),
     ),
 )]
-async fn list(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    let user = match caller(&state, &headers) {
-        Ok(user) => user,
-        Err(refusal) => return refusal.into_response(),
-    };
-    match list_own(&state, &user).await {
-        Ok(listed) => Json(listed).into_response(),
-        Err(error) => error.into_response(),
-    }
+async fn list(State(state): State<ApiState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let user = caller(&state, &headers)?;
+    Ok(Json(list_own(&state, &user).await?).into_response())
 }
 
 async fn list_own(state: &ApiState, user: &User) -> Result<Vec<OwnSubscription>, ApiError> {
-    let mut owned = state
-        .store
-        .list_by_owner(&user.id)
-        .await
-        .map_err(store_failed)?;
+    let mut owned = state.store.list_by_owner(&user.id).await?;
     owned.sort_by(|a, b| (&a.topic, &a.callback).cmp(&(&b.topic, &b.callback)));
     let mut listed = Vec::with_capacity(owned.len());
     for subscription in owned {
         let health = state
             .events
             .health(&subscription.topic, &subscription.callback, HEALTH_WINDOW)
-            .await
-            .map_err(events_failed)?;
+            .await?;
         listed.push(OwnSubscription {
             subscription: SubscriptionView::of(subscription, state),
             delivery: HealthView::from(health),
@@ -157,35 +145,28 @@ async fn remove(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Query(pair): Query<Pair>,
-) -> Response {
-    let user = match caller(&state, &headers) {
-        Ok(user) => user,
-        Err(refusal) => return refusal.into_response(),
-    };
+) -> Result<StatusCode, ApiError> {
+    let user = caller(&state, &headers)?;
     let (Some(topic), Some(callback)) = (pair.topic, pair.callback) else {
-        return ApiError::new(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "name the subscription with the topic and callback query parameters",
-        )
-        .into_response();
+        ));
     };
     let owned = match state.store.get(&topic, &callback).await {
         Ok(subscription) => subscription.owner.as_deref() == Some(user.id.as_str()),
         Err(websub_store::StoreError::UnknownSubscription { .. }) => false,
-        Err(error) => return store_failed(error).into_response(),
+        Err(error) => return Err(error.into()),
     };
     // Someone else's subscription is as invisible as a missing one.
     if !owned {
-        return ApiError::new(
+        return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "you hold no subscription of this callback to this topic",
-        )
-        .into_response();
+        ));
     }
-    match state.subscriptions.remove(&topic, &callback).await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(error) => store_failed(error).into_response(),
-    }
+    state.subscriptions.remove(&topic, &callback).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The caller's usage of the subscription quota.
@@ -227,27 +208,21 @@ struct Usage {
         )),
     ),
 )]
-async fn usage(State(state): State<ApiState>, headers: HeaderMap) -> Response {
-    let user = match caller(&state, &headers) {
-        Ok(user) => user,
-        Err(refusal) => return refusal.into_response(),
-    };
+async fn usage(State(state): State<ApiState>, headers: HeaderMap) -> Result<Json<Usage>, ApiError> {
+    let user = caller(&state, &headers)?;
     let (quota_type, limit, unlimited) = match state.subscriptions.quota() {
         None => (None, None, true),
-        Some(quota) => match quota.limit(quota.quota_type(), &user.id).await {
-            Ok(found) if found.unlimited => (Some(found.quota_type), None, true),
-            Ok(found) => (Some(found.quota_type), Some(found.limit), false),
-            Err(error) => return error.into_response(),
-        },
+        Some(quota) => {
+            let found = quota.limit(quota.quota_type(), &user.id).await?;
+            let limit = (!found.unlimited).then_some(found.limit);
+            (Some(found.quota_type), limit, found.unlimited)
+        }
     };
-    match state.store.count_by_owner(&user.id).await {
-        Ok(used) => Json(Usage {
-            quota_type,
-            used,
-            limit,
-            unlimited,
-        })
-        .into_response(),
-        Err(error) => store_failed(error).into_response(),
-    }
+    let used = state.store.count_by_owner(&user.id).await?;
+    Ok(Json(Usage {
+        quota_type,
+        used,
+        limit,
+        unlimited,
+    }))
 }

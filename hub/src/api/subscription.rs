@@ -16,7 +16,6 @@ use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::operator::SubscriptionView;
 use super::subscriber::{HEALTH_WINDOW, HealthView};
 use super::{ApiError, ApiState, authorize_internal};
-use super::{events_failed, store_failed};
 
 /// Which subscription: both are required, and read after the key is
 /// checked so that a request without it is refused as such.
@@ -64,7 +63,7 @@ pub(super) async fn find(
             StatusCode::NOT_FOUND,
             format!("{callback} holds no subscription to {topic}"),
         )),
-        Err(error) => Err(store_failed(error)),
+        Err(error) => Err(ApiError::from(error)),
     }
 }
 
@@ -98,8 +97,7 @@ pub(super) async fn show(
     let health = state
         .events
         .health(&topic, &callback, HEALTH_WINDOW)
-        .await
-        .map_err(events_failed)?;
+        .await?;
     Ok(Json(SubscriptionHealth {
         subscription: SubscriptionView::of(subscription, &state),
         delivery: HealthView::from(health),
@@ -134,10 +132,6 @@ pub(super) async fn delete(
     authorize_internal(&state, &headers)?;
     let (topic, callback) = query.pair()?;
     find(&state, &topic, &callback).await?;
-    state
-        .subscriptions
-        .remove(&topic, &callback)
-        .await
-        .map_err(store_failed)?;
+    state.subscriptions.remove(&topic, &callback).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -4,7 +4,7 @@
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use utoipa::IntoParams;
 
@@ -73,6 +73,12 @@ async fn webhook_deliveries(
         .feeds
         .webhook_deliveries(filter, limit)
         .await
-        .map_err(|error| ApiError::unavailable(format!("a producer's database failed: {error}")))?;
+        .map_err(|error| {
+            ApiError::failed(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "a producer's database is unavailable; try again later",
+                error,
+            )
+        })?;
     Ok(Json(listed))
 }
