@@ -13,7 +13,7 @@
 //! (relative to the workspace root), which is how the README's screenshot
 //! is made.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! kill came while the work was in flight), so that it cannot pass by
 //! missing it.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! `kill -9` mid-flow loses nothing, WebSub subscribers of a feed's topic get
 //! the envelope, and SIGHUP applies a changed webhooks file.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

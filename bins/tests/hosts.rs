@@ -4,7 +4,7 @@
 //! Each test subscriber listens on its own loopback port, and a host is a
 //! `host:port`, so each is a host of its own to the hub.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

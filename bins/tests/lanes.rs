@@ -6,7 +6,7 @@
 //! back, with no operator; and a restart takes over its predecessor's
 //! claims at once.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,7 +4,7 @@
 //! answering 200 only while the database answers and is migrated, naming
 //! the failed check otherwise; and `--log-format json`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::io::BufRead;

@@ -6,7 +6,7 @@
 //! values, and the exit codes: 1 when the hub refuses or cannot be reached,
 //! 2 for a bad value or a missing key variable.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};

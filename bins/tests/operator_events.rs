@@ -5,7 +5,7 @@
 //! with its secret; an operator's disable and enable are kept and sent the
 //! same way; and a dead operator webhook slows no delivery.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};

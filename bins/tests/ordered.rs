@@ -5,7 +5,7 @@
 //! same host, unordered, gets them at once. The subscriber API sets it on
 //! the caller's own subscriptions only.
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 use std::sync::{Arc, Mutex};

@@ -6,7 +6,7 @@
 //! retries is left failed and the next goes; `max_in_flight` caps a
 //! subscriber's attempts in flight.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -17,7 +17,7 @@
 //! them over once the dead one's heartbeat is a few seconds old, and
 //! delivers them well inside the visibility timeout.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

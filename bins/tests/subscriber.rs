@@ -2,7 +2,7 @@
 //! subscribes a receiver, and a publish reaches the receiver's handler with
 //! a valid signature.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@
 //! The callback is the HTTPS server `websub-bench tls` measures with
 //! (`https.rs`, included by path), on SQLite, so no server is needed.
 
-mod common;
+use crate::common;
 #[allow(dead_code)]
 #[path = "../src/bin/websub-bench/https.rs"]
 mod https;

@@ -9,7 +9,7 @@
 //! installs it). Under `CI` a missing one fails the test; otherwise it
 //! skips with the reason printed.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

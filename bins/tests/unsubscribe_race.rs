@@ -6,7 +6,7 @@
 //! the hub's delete waits and every one of those publishes lands between
 //! the hub's receiving the answer and its deleting the subscription.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,7 @@
 //! flags) and its help, a clean exit on SIGTERM, and no delivery lost when
 //! the process is killed with SIGKILL in the middle of a fan-out.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

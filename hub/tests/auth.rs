@@ -2,6 +2,8 @@
 //! with which answer, checked on header maps and through the hub's own
 //! routes.
 
+#![cfg(feature = "testing")]
+
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use axum::response::IntoResponse;

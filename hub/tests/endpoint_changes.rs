@@ -10,8 +10,7 @@ use websub_hub::events::{
     WebhookState,
 };
 
-#[macro_use]
-mod scratch;
+use crate::scratch;
 
 use scratch::{base_time, secs};
 

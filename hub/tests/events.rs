@@ -33,8 +33,7 @@ use websub_hub::events::{
 /// Long enough that no claim in a check goes stale unless the check says so.
 const VISIBILITY: Duration = Duration::from_secs(30);
 
-#[macro_use]
-mod scratch;
+use crate::scratch;
 
 use scratch::{PgScratch, SqliteScratch, base_time, secs, sqlite_path};
 

@@ -7,7 +7,7 @@
 //! gets no delivery row; and a feed's webhooks file is watched and reloaded
 //! (a broken one changes nothing).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

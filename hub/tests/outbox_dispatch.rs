@@ -4,7 +4,7 @@
 //! failing subscriber, in-process handlers, the webhook contract, and
 //! several dispatchers (or a killed one) sharing a table.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};

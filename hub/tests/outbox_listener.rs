@@ -3,7 +3,7 @@
 //! while it cannot come back, polling alone keeps delivering; and a restart
 //! of the whole server (a private cluster this test starts) loses nothing.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::Duration;

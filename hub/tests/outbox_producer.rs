@@ -3,7 +3,7 @@
 //! template) create the contract's exact tables in any schema, and expired
 //! events are purged on demand and by the retention sweep.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

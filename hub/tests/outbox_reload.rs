@@ -4,7 +4,7 @@
 //! start-from cutoff, changed URLs apply from the next attempt, any refused
 //! registration changes nothing — and handlers are never touched.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -6,6 +6,8 @@
 //! Every `check_total` rule is one async check over `&dyn
 //! SubscriptionStore`, run for both stores.
 
+#![cfg(feature = "testing")]
+
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 

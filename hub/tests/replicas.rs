@@ -23,7 +23,7 @@ use websub_hub::replicas::{DEAD_AFTER, Replicas, TakenOver};
 /// Long enough that no claim here goes stale by the visibility timeout.
 const VISIBILITY: Duration = Duration::from_secs(60);
 
-mod scratch;
+use crate::scratch;
 
 /// A schema of its own, and the replicas on it.
 struct Scratch {

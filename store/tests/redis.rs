@@ -6,7 +6,7 @@
 
 #![cfg(feature = "redis")]
 
-mod redis_layout;
+use crate::redis_layout;
 
 use std::sync::Arc;
 

@@ -1,0 +1,22 @@
+//! The library's integration tests, one binary for all of them (compiled
+//! and linked once): the event log and backlog on both databases, the
+//! outbox, authentication, the quota, replicas, the subscriber helpers and
+//! verification.
+
+mod common;
+#[macro_use]
+mod scratch;
+
+mod auth;
+mod backlog;
+mod endpoint_changes;
+mod events;
+mod outbox_bridge;
+mod outbox_dispatch;
+mod outbox_listener;
+mod outbox_producer;
+mod outbox_reload;
+mod quota;
+mod replicas;
+mod subscriber;
+mod verification;
