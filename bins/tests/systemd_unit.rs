@@ -33,8 +33,7 @@ fn systemd_analyze() -> Option<PathBuf> {
 
 /// The unit, with `ExecStart` the built websubd, in a fresh directory.
 fn unit_with_built_binary() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("systemd-unit-{}", uuid::Uuid::new_v4()));
+    let dir = websub_storetest::scratch::path("systemd-unit");
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let binary = env!("CARGO_BIN_EXE_websubd");
     let mut replaced = 0;

@@ -480,7 +480,7 @@ impl Drop for ScratchHub {
 
 async fn scratch_hub() -> ScratchHub {
     websub_hub::net::install_crypto_provider();
-    let database = std::env::temp_dir().join(format!("websub-auth-{}.db", uuid::Uuid::new_v4()));
+    let database = websub_storetest::scratch::path("auth.db");
     let config = HubConfig {
         database_url: format!("sqlite:{}", database.display()),
         store: Some("memory".to_owned()),

@@ -34,7 +34,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use sqlx::Connection;
-use uuid::Uuid;
 use websub_hub::backlog::{
     Admission, Backlog, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult, IntentState,
     Listing, Validators,
@@ -71,8 +70,7 @@ struct Scratch {
 
 impl Scratch {
     async fn sqlite(name: &str) -> Self {
-        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("backlog-{name}-{}.db", Uuid::new_v4().simple()));
+        let path = websub_storetest::scratch::path(&format!("backlog-{name}.db"));
         let url = format!("sqlite:{}", path.display());
         let events = SqliteEventLog::connect(&url)
             .await

@@ -410,8 +410,7 @@ async fn a_bridged_event_handed_over_twice_is_delivered_once_on_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bridged_event_handed_over_twice_is_delivered_once_on_sqlite() {
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("bridge-{}.db", Uuid::new_v4().simple()));
+    let path = websub_storetest::scratch::path("bridge.db");
     let events = SqliteEventLog::connect(&format!("sqlite:{}", path.display()))
         .await
         .expect("open the SQLite event log");
@@ -540,8 +539,7 @@ async fn the_webhooks_file_is_watched_and_a_broken_one_changes_nothing() {
         return;
     };
     let receiver = RecordingReceiver::start().await;
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("webhooks-{}.toml", Uuid::new_v4().simple()));
+    let path = websub_storetest::scratch::path("webhooks.toml");
     let file_for = |url: &Url| {
         format!(
             "[[webhook]]\nevent = \"{EVENT}\"\nsubscriber = \"users\"\napp = \"ush\"\nurl = \"{url}\"\n"

@@ -1067,8 +1067,7 @@ async fn a_webhook_failing_in_a_row_is_disabled_its_rows_skipped_and_its_attempt
     let Some(db) = Db::default_tables().await else {
         return;
     };
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("webhook-health-{}.db", Uuid::new_v4().simple()));
+    let path = websub_storetest::scratch::path("webhook-health.db");
     let log: Arc<dyn EventLog> = Arc::new(
         SqliteEventLog::connect(&format!("sqlite:{}", path.display()))
             .await

@@ -67,8 +67,7 @@ impl TestHub {
         websub_hub::net::install_crypto_provider();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
-        let database =
-            std::env::temp_dir().join(format!("websub-subscriber-{}.db", uuid::Uuid::new_v4()));
+        let database = websub_storetest::scratch::path("subscriber.db");
         let mut config = HubConfig {
             listen: address,
             public_url: websub_hub::config::public_url_for(address),

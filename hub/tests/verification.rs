@@ -113,12 +113,7 @@ fn lease_policy() -> LeasePolicy {
 /// A backlog in a fresh SQLite file (its tables come with the event log's
 /// migrations).
 async fn temporary_backlog() -> Arc<dyn Backlog> {
-    let url = format!(
-        "sqlite:{}",
-        std::env::temp_dir()
-            .join(format!("websub-verification-{}.db", uuid::Uuid::new_v4()))
-            .display()
-    );
+    let url = websub_storetest::scratch::sqlite_url("verification");
     SqliteEventLog::connect(&url).await.expect("event log");
     websub_hub::backlog::connect(&url).await.expect("backlog")
 }

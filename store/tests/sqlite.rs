@@ -4,7 +4,6 @@
 #![cfg(feature = "sqlite")]
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::task::JoinSet;
@@ -13,16 +12,7 @@ use websub_store::{OwnerQuota, StoreError, Subscription, SubscriptionStore};
 
 /// A path under the temp dir that no other test (or run) uses.
 fn unique_path(name: &str) -> PathBuf {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_nanos())
-        .unwrap_or_default();
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "websub-store-{name}-{}-{nanos}-{}.sqlite",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    ))
+    websub_storetest::scratch::path(&format!("store-{name}.sqlite"))
 }
 
 /// The file every check of the suite shares; the checks isolate themselves

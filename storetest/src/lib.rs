@@ -36,6 +36,7 @@ mod helpers;
 mod lifecycle;
 mod listing;
 mod owners;
+pub mod scratch;
 pub mod servers;
 
 pub use concurrency::*;

@@ -270,12 +270,7 @@ pub enum Backend {
 /// outside CI (the test skips).
 pub async fn test_config(backend: Backend) -> Option<websub_hub::HubConfig> {
     let database_url = match backend {
-        Backend::Sqlite => format!(
-            "sqlite:{}",
-            std::env::temp_dir()
-                .join(format!("websub-e2e-{}.db", uuid::Uuid::new_v4()))
-                .display()
-        ),
+        Backend::Sqlite => websub_storetest::scratch::sqlite_url("hub"),
         Backend::Postgres => websub_storetest::servers::fresh_postgres_url().await?,
     };
     let mut config = websub_hub::HubConfig {

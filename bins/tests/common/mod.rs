@@ -23,11 +23,9 @@ pub(crate) fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// A fresh directory for a websubd's files (see `websub_storetest::scratch`).
 pub(crate) fn scratch_dir(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("websubd-{name}-{}", uuid::Uuid::new_v4()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+    websub_storetest::scratch::directory(&format!("websubd-{name}"))
 }
 
 /// A running websubd, killed when dropped.

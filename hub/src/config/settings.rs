@@ -590,14 +590,11 @@ pub(super) mod tests {
     }
 
     /// A PEM file holding one CA certificate, written once per test
-    /// process and left for the temporary directory's cleaning.
+    /// process in its scratch directory.
     pub(crate) fn test_ca_file() -> PathBuf {
         static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
         FILE.get_or_init(|| {
-            let path = std::env::temp_dir().join(format!(
-                "websub-config-test-ca-{}.pem",
-                uuid::Uuid::new_v4()
-            ));
+            let path = websub_storetest::scratch::path("ca.pem");
             std::fs::write(&path, crate::delivery::client::tests::TEST_CA_PEM)
                 .expect("write the test CA");
             path

@@ -44,8 +44,7 @@ impl SqliteScratch {
 }
 
 pub(crate) fn sqlite_path(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("events-{name}-{}.db", Uuid::new_v4().simple()))
+    websub_storetest::scratch::path(&format!("events-{name}.db"))
 }
 
 /// A PostgreSQL schema of its own, migrated for the event log, dropped by
