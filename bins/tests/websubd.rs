@@ -1,7 +1,8 @@
 //! The real `websubd` binary: start-up on the embedded default, errors that
 //! name bad values, the layers of its configuration (file, environment,
-//! flags) and its help, a clean exit on SIGTERM, and no delivery lost when
-//! the process is killed with SIGKILL in the middle of a fan-out.
+//! flags) and its help, a clean exit on SIGTERM, no delivery lost when
+//! the process is killed with SIGKILL in the middle of a fan-out, and
+//! retention deleting what is older than it.
 
 use crate::common;
 
@@ -96,6 +97,7 @@ fn the_help_lists_every_setting_with_its_default() {
         ("--header-read-timeout <DURATION>", "10s"),
         ("--idle-timeout <DURATION>", "75s"),
         ("--max-connections <N>", "512"),
+        ("--retention <DURATION>", "14d"),
     ] {
         let entry = help
             .split_once(flag)
@@ -299,4 +301,88 @@ async fn subscribe_a_loopback_callback(client: &reqwest::Client, hub: &str) -> r
         .send()
         .await
         .expect("subscribe")
+}
+
+/// The deliveries the operator API lists for `topic`.
+async fn listed_deliveries(hub: &Websubd, topic: &str) -> usize {
+    let url = format!(
+        "{}api/v1/operator/deliveries?topic={}",
+        hub.url,
+        url::form_urlencoded::byte_serialize(topic.as_bytes()).collect::<String>()
+    );
+    let listed: Vec<serde_json::Value> = http_client()
+        .get(url)
+        .header("X-Internal-API-Key", websub_tests::INTERNAL_KEY)
+        .send()
+        .await
+        .expect("list deliveries")
+        .json()
+        .await
+        .expect("a JSON list");
+    listed.len()
+}
+
+/// With `--retention 3s`, a delivered event and its record are gone a few
+/// seconds later, while a newer one is still there.
+async fn retention_deletes_what_is_older(database_url: String) {
+    let dir = scratch_dir("retention");
+    let subscriber = TestSubscriber::start().await;
+    let topic = "http://127.0.0.1:9/topics/retention";
+    save_subscriptions(&database_url, topic, vec![subscriber.callback("kept")]).await;
+    let hub = Websubd::spawn(
+        &dir,
+        free_port(),
+        &[
+            "--database-url",
+            &database_url,
+            "--allow-private-network",
+            "--internal-api-key",
+            INTERNAL_KEY,
+            "--retention",
+            "3s",
+        ],
+    )
+    .ready()
+    .await;
+    assert_eq!(hub.fat_ping(topic, "{\"first\":true}").await, 202);
+    assert_eq!(
+        subscriber
+            .wait_for_deliveries("kept", 1, Duration::from_secs(10))
+            .await
+            .len(),
+        1
+    );
+    assert_eq!(listed_deliveries(&hub, topic).await, 1);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(15) && listed_deliveries(&hub, topic).await > 0 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let purged_after = started.elapsed();
+    assert_eq!(
+        listed_deliveries(&hub, topic).await,
+        0,
+        "the event was kept past its retention"
+    );
+    // Deleted because it was older, not because everything goes: a new
+    // event is delivered and listed.
+    assert_eq!(hub.fat_ping(topic, "{\"second\":true}").await, 202);
+    subscriber
+        .wait_for_deliveries("kept", 2, Duration::from_secs(10))
+        .await;
+    assert_eq!(listed_deliveries(&hub, topic).await, 1);
+    eprintln!("purged {purged_after:?} after its delivery was listed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_what_is_older_on_sqlite() {
+    let dir = scratch_dir("retention-sqlite");
+    retention_deletes_what_is_older(format!("sqlite:{}", dir.join("hub.db").display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_what_is_older_on_postgres() {
+    let Some(url) = websub_storetest::servers::fresh_postgres_url().await else {
+        return;
+    };
+    retention_deletes_what_is_older(url).await;
 }

@@ -603,11 +603,15 @@ async fn sweep_backlog(backlog: Arc<dyn Backlog>, stop: CancellationToken) {
 }
 
 async fn sweep_retention(events: Arc<dyn EventLog>, ttl: Duration, stop: CancellationToken) {
-    let mut every_hour = tokio::time::interval(Duration::from_secs(3600));
+    // Hourly for the default of days; a tenth of a short retention, so that
+    // what is kept never exceeds it by much.
+    let every = (ttl / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600));
+    let mut sweeps = tokio::time::interval(every);
+    sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
-            _ = every_hour.tick() => {}
+            _ = sweeps.tick() => {}
         }
         let cutoff =
             chrono::Utc::now() - chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);

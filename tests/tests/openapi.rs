@@ -389,7 +389,11 @@ fn sample(document: &Value, name: &str, schema: &Value) -> Value {
         "topic" => return json!("http://127.0.0.1:9/topic"),
         "callback" => return json!("http://127.0.0.1:9/callback"),
         "event_id" | "id" => return json!(uuid::Uuid::new_v4().to_string()),
-        "since" | "until" => return json!("2026-01-01T00:00:00Z"),
+        // Within the hub's retention, or a replay is refused before it
+        // reads anything.
+        "since" | "until" => {
+            return json!((chrono::Utc::now() - TimeDelta::hours(1)).to_rfc3339());
+        }
         "state" => return json!("failed"),
         "channel" => return json!("websub"),
         "limit" => return json!(10),

@@ -30,6 +30,12 @@ pub use settings::Settings;
 /// more than a day to say something holds its connection for good.
 const MAX_CONNECTION_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
+/// How long events and their deliveries are kept unless told otherwise:
+/// well past the three days after which a failing endpoint is disabled for
+/// good, and two weeks of history to look into and replay, while the disk
+/// a hub uses stays bounded by its traffic of two weeks.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(14 * 86_400);
+
 /// Everything a hub needs to run. Build it with [`HubConfig::default`] (the
 /// embedded default), adjust fields, and call [`HubConfig::validate`]; or
 /// lay [`Settings`] over the default with [`HubConfig::layered`].
@@ -92,7 +98,8 @@ pub struct HubConfig {
     pub reaper_interval: Duration,
     /// How often the dispatcher polls for due deliveries when nothing wakes it.
     pub poll_interval: Duration,
-    /// Delete events (and their delivery records) older than this, hourly.
+    /// Delete events (and their delivery records, attempts and endpoint
+    /// changes) older than this; `None` keeps everything.
     pub retention: Option<Duration>,
     /// The HS256 key of user tokens. Subscribers authenticate with one when
     /// the quota is on, and for the subscriber API.
@@ -206,7 +213,7 @@ impl Default for HubConfig {
             log_format: LogFormat::Text,
             reaper_interval: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
-            retention: None,
+            retention: Some(DEFAULT_RETENTION),
             user_token_key: None,
             user_token_header: crate::auth::DEFAULT_USER_TOKEN_HEADER.to_owned(),
             quota_url: None,

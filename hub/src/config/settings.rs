@@ -136,8 +136,8 @@ pub struct Settings {
     /// How often expired subscriptions are removed.
     #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
     pub reaper_interval: Option<String>,
-    /// Delete events and their delivery records older than this, hourly;
-    /// kept for ever when unset.
+    /// Delete events, their delivery records and attempts, and endpoint
+    /// changes older than this (default 14d); `none` keeps everything.
     #[cfg_attr(feature = "cli", arg(long, value_name = "DURATION"))]
     pub retention: Option<String>,
     /// The largest subscription or publish form accepted, in bytes.
@@ -350,7 +350,10 @@ impl Settings {
             reaper_interval,
         )?;
         if let Some(retention) = retention {
-            config.retention = Some(parse_duration("retention", &retention)?);
+            config.retention = match retention.trim() {
+                "none" => None,
+                retention => Some(parse_duration("retention", retention)?),
+            };
         }
         set(&mut config.max_form_bytes, max_form_bytes);
         set(&mut config.max_content_bytes, max_content_bytes);
@@ -502,7 +505,7 @@ impl From<&HubConfig> for Settings {
             max_pending_verifications: Some(*max_pending_verifications),
             log_format: Some(*log_format),
             reaper_interval: duration(reaper_interval),
-            retention: retention.as_ref().and_then(duration),
+            retention: Some(retention.map_or_else(|| "none".to_owned(), format_duration)),
             max_form_bytes: Some(*max_form_bytes),
             max_content_bytes: Some(*max_content_bytes),
             header_read_timeout: duration(header_read_timeout),
@@ -688,6 +691,26 @@ pub(super) mod tests {
         let config = HubConfig::layered([file]).expect("valid");
         assert_the_new_settings(&config);
         assert_eq!(config.delivery.visibility_timeout, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn retention_is_on_by_default_and_none_keeps_everything() {
+        assert_eq!(
+            HubConfig::default().retention,
+            Some(crate::config::DEFAULT_RETENTION)
+        );
+        let file: Settings = toml::from_str("retention = \"none\"").expect("parse");
+        let config = HubConfig::layered([file]).expect("valid");
+        assert_eq!(config.retention, None);
+        // And back: a configuration that keeps everything says so.
+        let text = toml::to_string(&Settings::from(&config)).expect("serialise");
+        assert!(text.contains("retention = \"none\""), "{text}");
+        let again =
+            HubConfig::layered([toml::from_str::<Settings>(&text).expect("parse")]).expect("valid");
+        assert_eq!(again.retention, None);
+        let file: Settings = toml::from_str("retention = \"2h\"").expect("parse");
+        let config = HubConfig::layered([file]).expect("valid");
+        assert_eq!(config.retention, Some(Duration::from_secs(7200)));
     }
 
     #[test]
