@@ -852,6 +852,58 @@ async fn admission_is_bounded_by_waiting_intents(backlog: &dyn Backlog) {
 }
 both!(admission_is_bounded_by_waiting_intents);
 
+/// A group is written in one call, in order: every field as a single
+/// request writes it, the first up to the bound admitted and the rest
+/// refused with the count, and a pair already waiting replaced.
+async fn a_group_is_admitted_in_order_up_to_the_bound(backlog: &dyn Backlog) {
+    let t = topic("group");
+    let waiting = admit(backlog, subscribe(&t, &callback("waiting")), at(0)).await;
+    let mut replacing = Intent::new(subscribe(&t, &callback("waiting")), at(1));
+    replacing.request.secret = Some("a newer secret".to_owned());
+    replacing.request.lease_seconds = Some(u64::MAX);
+    replacing.request.owner = Some("owner of the group".to_owned());
+    let mut group = vec![replacing.clone()];
+    for i in 0..4 {
+        group.push(Intent::new(
+            unsubscribe(&t, &callback(&format!("g{i}"))),
+            at(2 + i),
+        ));
+    }
+    // One waits already; a bound of 4 leaves room for the first three of
+    // the group (the replacement counted as new).
+    let admissions = backlog
+        .request_intents(&group, 4)
+        .await
+        .expect("request a group");
+    assert_eq!(
+        admissions,
+        vec![
+            Admission::Accepted,
+            Admission::Accepted,
+            Admission::Accepted,
+            Admission::Full { pending: 3 },
+            Admission::Full { pending: 3 },
+        ]
+    );
+    let mut claimed = claim_intents(backlog, at(10)).await;
+    claimed.sort_by_key(|intent| intent.requested_at);
+    let mut stored_replacement = replacing.clone();
+    stored_replacement.request.lease_seconds = Some(i64::MAX.unsigned_abs());
+    assert_eq!(
+        claimed,
+        vec![stored_replacement, group[1].clone(), group[2].clone()],
+        "the replacement took the waiting one's place ({waiting:?})"
+    );
+    assert_eq!(
+        backlog
+            .request_intents(&[], 4)
+            .await
+            .expect("an empty group"),
+        vec![]
+    );
+}
+both!(a_group_is_admitted_in_order_up_to_the_bound);
+
 /// The count of waiting intents that admission reads follows every change
 /// of a row: admitted, retried, failed for good, requested again after
 /// failing, replaced while waiting, done.

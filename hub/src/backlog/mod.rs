@@ -200,6 +200,37 @@ pub struct Listing<'a> {
     pub owner: Option<&'a str>,
 }
 
+/// Each of `intents`' admission once a group of them was written:
+/// accepted when `written` says so, otherwise full, with the number
+/// waiting read (once, and only then) by `waiting`.
+async fn admissions<Waiting>(
+    intents: &[Intent],
+    written: impl Fn(&Intent) -> bool,
+    waiting: impl FnOnce() -> Waiting,
+) -> Result<Vec<Admission>, BacklogError>
+where
+    Waiting: std::future::Future<Output = Result<i64, BacklogError>>,
+{
+    let mut pending = None;
+    let mut waiting = Some(waiting);
+    let mut answers = Vec::with_capacity(intents.len());
+    for intent in intents {
+        if written(intent) {
+            answers.push(Admission::Accepted);
+            continue;
+        }
+        if pending.is_none()
+            && let Some(waiting) = waiting.take()
+        {
+            pending = Some(u64::try_from(waiting().await?).unwrap_or(0));
+        }
+        answers.push(Admission::Full {
+            pending: pending.unwrap_or(0),
+        });
+    }
+    Ok(answers)
+}
+
 /// Failures of the backlog.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -210,6 +241,10 @@ pub enum BacklogError {
     /// A stored value could not be decoded.
     #[error("invalid stored backlog data: {0}")]
     Invalid(String),
+    /// The write of a group this request was admitted with failed, for
+    /// every request of it.
+    #[error("{0}")]
+    Group(Arc<BacklogError>),
 }
 
 /// Where acknowledged work waits until it is done. Every method is safe to
@@ -253,13 +288,31 @@ pub trait Backlog: Send + Sync + std::fmt::Debug {
         limit: usize,
     ) -> Result<Vec<FetchState>, BacklogError>;
 
-    /// Writes `intent` unless `bound` verifications are waiting already (a
-    /// replacement included: past the bound nothing is written). The count
-    /// and the write are one statement but not serialised, so admissions
-    /// racing at the bound may pass it by as many as run at once. A waiting
-    /// or failed intent for the same pair is replaced; one in flight keeps
-    /// its claim, so the newer is verified after it ends.
-    async fn request_intent(&self, intent: &Intent, bound: u64) -> Result<Admission, BacklogError>;
+    /// Writes each of `intents`, in order, until `bound` verifications
+    /// would be waiting (a replacement counted as new: past the bound
+    /// nothing is written), and answers each one's admission. It is one
+    /// statement, durable when it returns: the group commit of requests
+    /// that arrive together. The count is read once per call and calls are
+    /// not serialised, so calls racing at the bound may pass it by as many
+    /// as they write at once. A waiting or failed intent for the same pair
+    /// is replaced; one in flight keeps its claim, so the newer is verified
+    /// after it ends. No two of `intents` may name the same pair.
+    async fn request_intents(
+        &self,
+        intents: &[Intent],
+        bound: u64,
+    ) -> Result<Vec<Admission>, BacklogError>;
+
+    /// [`Backlog::request_intents`] of one.
+    async fn request_intent(&self, intent: &Intent, bound: u64) -> Result<Admission, BacklogError> {
+        let admissions = self
+            .request_intents(std::slice::from_ref(intent), bound)
+            .await?;
+        admissions
+            .into_iter()
+            .next()
+            .ok_or_else(|| BacklogError::Invalid("no admission for the intent".to_owned()))
+    }
 
     /// Claims up to `limit` due intents, oldest first.
     async fn claim_intents(

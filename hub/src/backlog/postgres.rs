@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use super::{
     Admission, Backlog, BacklogError, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult,
-    IntentState, Listing, Validators, Waiting, mode, stale_bound, unsigned,
+    IntentState, Listing, Validators, Waiting, admissions, mode, stale_bound, unsigned,
 };
 use crate::protocol::SubscriptionRequest;
 
@@ -70,15 +70,21 @@ const FETCHES: &str = "SELECT topic, requested_at, attempts, next_attempt_at, la
      WHERE $1::boolean IS NULL OR (next_attempt_at IS NULL) = $1 \
      ORDER BY requested_at DESC LIMIT $2";
 
-const REQUEST_INTENT: &str = "INSERT INTO websub_verifications \
+// One row per element of the arrays, in order: the first $9 − waiting are
+// written. The count is an uncorrelated subquery, read once.
+const REQUEST_INTENTS: &str = "INSERT INTO websub_verifications \
          (topic, callback, id, mode, secret, lease_seconds, owner, requested_at, next_attempt_at) \
-     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $8 \
-     WHERE (SELECT count FROM websub_verifications_waiting) < $9 \
+     SELECT topic, callback, id, mode, secret, lease_seconds, owner, requested_at, requested_at \
+     FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::bigint[], \
+                 $7::text[], $8::timestamptz[]) WITH ORDINALITY \
+         AS given (topic, callback, id, mode, secret, lease_seconds, owner, requested_at, n) \
+     WHERE n <= $9 - (SELECT count FROM websub_verifications_waiting) \
      ON CONFLICT (topic, callback) DO UPDATE SET \
          id = excluded.id, mode = excluded.mode, secret = excluded.secret, \
          lease_seconds = excluded.lease_seconds, owner = excluded.owner, \
          requested_at = excluded.requested_at, attempts = 0, \
-         next_attempt_at = excluded.next_attempt_at, last_error = NULL";
+         next_attempt_at = excluded.next_attempt_at, last_error = NULL \
+     RETURNING id";
 
 // Kept by triggers (migration "verifications_waiting"): one row, not a
 // count of every waiting request, for each request admitted.
@@ -290,32 +296,48 @@ impl Backlog for PostgresBacklog {
             .collect()
     }
 
-    async fn request_intent(&self, intent: &Intent, bound: u64) -> Result<Admission, BacklogError> {
-        let request = &intent.request;
-        let lease = request
-            .lease_seconds
-            .map(|seconds| i64::try_from(seconds).unwrap_or(i64::MAX));
-        let written = sqlx::query(REQUEST_INTENT)
-            .bind(&request.topic)
-            .bind(&request.callback)
-            .bind(intent.id)
-            .bind(request.mode.as_str())
-            .bind(&request.secret)
-            .bind(lease)
-            .bind(&request.owner)
-            .bind(intent.requested_at)
+    async fn request_intents(
+        &self,
+        intents: &[Intent],
+        bound: u64,
+    ) -> Result<Vec<Admission>, BacklogError> {
+        let requests = || intents.iter().map(|intent| &intent.request);
+        let written: Vec<Uuid> = sqlx::query_scalar(REQUEST_INTENTS)
+            .bind(requests().map(|r| r.topic.as_str()).collect::<Vec<_>>())
+            .bind(requests().map(|r| r.callback.as_str()).collect::<Vec<_>>())
+            .bind(intents.iter().map(|intent| intent.id).collect::<Vec<_>>())
+            .bind(requests().map(|r| r.mode.as_str()).collect::<Vec<_>>())
+            .bind(requests().map(|r| r.secret.as_deref()).collect::<Vec<_>>())
+            .bind(
+                requests()
+                    .map(|r| {
+                        r.lease_seconds
+                            .map(|seconds| i64::try_from(seconds).unwrap_or(i64::MAX))
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .bind(requests().map(|r| r.owner.as_deref()).collect::<Vec<_>>())
+            .bind(
+                intents
+                    .iter()
+                    .map(|intent| intent.requested_at)
+                    .collect::<Vec<_>>(),
+            )
             .bind(i64::try_from(bound).unwrap_or(i64::MAX))
-            .execute(&self.pool)
+            .fetch_all(&self.pool)
             .await?;
-        if written.rows_affected() > 0 {
-            return Ok(Admission::Accepted);
-        }
-        let pending: i64 = sqlx::query_scalar(WAITING_INTENTS)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(Admission::Full {
-            pending: u64::try_from(pending).unwrap_or(0),
-        })
+        let written: std::collections::HashSet<Uuid> = written.into_iter().collect();
+        admissions(
+            intents,
+            |intent| written.contains(&intent.id),
+            || async {
+                let pending: i64 = sqlx::query_scalar(WAITING_INTENTS)
+                    .fetch_one(&self.pool)
+                    .await?;
+                Ok::<_, BacklogError>(pending)
+            },
+        )
+        .await
     }
 
     async fn waiting(&self) -> Result<Waiting, BacklogError> {

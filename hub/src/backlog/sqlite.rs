@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::{
     Admission, Backlog, BacklogError, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult,
-    IntentState, Listing, Validators, Waiting, mode, stale_bound, unsigned,
+    IntentState, Listing, Validators, Waiting, admissions, mode, stale_bound, unsigned,
 };
 use crate::protocol::SubscriptionRequest;
 
@@ -69,15 +69,22 @@ const FETCHES: &str = "SELECT topic, requested_at, attempts, next_attempt_at, la
      WHERE ?1 IS NULL OR (next_attempt_at IS NULL) = ?1 \
      ORDER BY requested_at DESC LIMIT ?2";
 
-const REQUEST_INTENT: &str = "INSERT INTO websub_verifications \
+// ?1 is a JSON array of [topic, callback, id (hex), mode, secret,
+// lease_seconds, owner, requested_at] arrays; an element's key is its
+// index, so the first ?2 − waiting are written. The count is an
+// uncorrelated subquery, read once.
+const REQUEST_INTENTS: &str = "INSERT INTO websub_verifications \
          (topic, callback, id, mode, secret, lease_seconds, owner, requested_at, next_attempt_at) \
-     SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8 \
-     WHERE (SELECT count FROM websub_verifications_waiting) < ?9 \
+     SELECT value ->> 0, value ->> 1, unhex(value ->> 2), value ->> 3, value ->> 4, \
+            value ->> 5, value ->> 6, value ->> 7, value ->> 7 \
+     FROM json_each(?1) \
+     WHERE key < ?2 - (SELECT count FROM websub_verifications_waiting) \
      ON CONFLICT (topic, callback) DO UPDATE SET \
          id = excluded.id, mode = excluded.mode, secret = excluded.secret, \
          lease_seconds = excluded.lease_seconds, owner = excluded.owner, \
          requested_at = excluded.requested_at, attempts = 0, \
-         next_attempt_at = excluded.next_attempt_at, last_error = NULL";
+         next_attempt_at = excluded.next_attempt_at, last_error = NULL \
+     RETURNING id";
 
 // Kept by triggers (migration "verifications_waiting"): one row, not a
 // count of every waiting request, for each request admitted.
@@ -290,32 +297,46 @@ impl Backlog for SqliteBacklog {
             .collect()
     }
 
-    async fn request_intent(&self, intent: &Intent, bound: u64) -> Result<Admission, BacklogError> {
-        let request = &intent.request;
-        let lease = request
-            .lease_seconds
-            .map(|seconds| i64::try_from(seconds).unwrap_or(i64::MAX));
-        let written = sqlx::query(REQUEST_INTENT)
-            .bind(&request.topic)
-            .bind(&request.callback)
-            .bind(intent.id.as_bytes().as_slice())
-            .bind(request.mode.as_str())
-            .bind(&request.secret)
-            .bind(lease)
-            .bind(&request.owner)
-            .bind(intent.requested_at.timestamp_micros())
+    async fn request_intents(
+        &self,
+        intents: &[Intent],
+        bound: u64,
+    ) -> Result<Vec<Admission>, BacklogError> {
+        let rows: Vec<serde_json::Value> = intents
+            .iter()
+            .map(|intent| {
+                let request = &intent.request;
+                serde_json::json!([
+                    request.topic,
+                    request.callback,
+                    intent.id.simple().to_string(),
+                    request.mode.as_str(),
+                    request.secret,
+                    request
+                        .lease_seconds
+                        .map(|seconds| i64::try_from(seconds).unwrap_or(i64::MAX)),
+                    request.owner,
+                    intent.requested_at.timestamp_micros(),
+                ])
+            })
+            .collect();
+        let written: Vec<Vec<u8>> = sqlx::query_scalar(REQUEST_INTENTS)
+            .bind(serde_json::Value::Array(rows).to_string())
             .bind(i64::try_from(bound).unwrap_or(i64::MAX))
-            .execute(&self.pool)
+            .fetch_all(&self.pool)
             .await?;
-        if written.rows_affected() > 0 {
-            return Ok(Admission::Accepted);
-        }
-        let pending: i64 = sqlx::query_scalar(WAITING_INTENTS)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(Admission::Full {
-            pending: u64::try_from(pending).unwrap_or(0),
-        })
+        let written: std::collections::HashSet<Vec<u8>> = written.into_iter().collect();
+        admissions(
+            intents,
+            |intent| written.contains(intent.id.as_bytes().as_slice()),
+            || async {
+                let pending: i64 = sqlx::query_scalar(WAITING_INTENTS)
+                    .fetch_one(&self.pool)
+                    .await?;
+                Ok::<_, BacklogError>(pending)
+            },
+        )
+        .await
     }
 
     async fn waiting(&self) -> Result<Waiting, BacklogError> {

@@ -8,6 +8,7 @@
 //! it from there ([`queue`]): bounded in number and in concurrency, retried
 //! when the callback could not answer, resumed after a restart.
 
+mod admission;
 mod queue;
 
 pub use queue::VERIFICATIONS_TOTAL;
@@ -337,6 +338,8 @@ struct WorkflowState {
     on_change: std::sync::OnceLock<ChangeListener>,
     quota: std::sync::OnceLock<QuotaEnforcer>,
     catch_up: std::sync::OnceLock<CatchUp>,
+    /// Writes requests to the backlog in groups; started by the first.
+    admissions: std::sync::OnceLock<admission::Admissions>,
 }
 
 /// Why a delivery of an event published after its subscription's
@@ -447,6 +450,7 @@ impl Subscriptions {
                 on_change: std::sync::OnceLock::new(),
                 quota: std::sync::OnceLock::new(),
                 catch_up: std::sync::OnceLock::new(),
+                admissions: std::sync::OnceLock::new(),
             }),
         }
     }

@@ -29,18 +29,19 @@ const FINISH_TRIES: u32 = 5;
 
 impl Subscriptions {
     /// Writes `request` to the backlog, to be verified, unless the number
-    /// waiting has reached the policy's bound. Returns once it is durable.
+    /// waiting has reached the policy's bound, with the requests that
+    /// arrive beside it (see [`admission`](super::admission)). Returns once
+    /// it is durable.
     pub async fn accept(&self, request: SubscriptionRequest) -> Result<Admission, BacklogError> {
         let intent = Intent::new(request, self.inner.clock.now());
-        let admission = self
-            .inner
-            .backlog
-            .request_intent(&intent, self.inner.verifier.policy().max_pending)
-            .await?;
-        if admission == Admission::Accepted {
-            self.inner.written.notify_one();
-        }
-        Ok(admission)
+        let admissions = self.inner.admissions.get_or_init(|| {
+            super::admission::Admissions::start(
+                self.inner.backlog.clone(),
+                self.inner.verifier.policy().max_pending,
+                self.inner.written.clone(),
+            )
+        });
+        admissions.admit(intent).await
     }
 
     /// The backlog the intents wait in.

@@ -61,7 +61,22 @@ impl HubFlags {
         database_url: &str,
         settings: &[&str],
     ) -> Result<Hub, Failure> {
-        let websubd = locate_websubd(self.websubd.as_ref())?;
+        self.spawn_binary(&self.binary()?, database_url, settings)
+            .await
+    }
+
+    /// The websubd binary these flags name, or the one next to the bench.
+    pub(crate) fn binary(&self) -> Result<PathBuf, Failure> {
+        locate_websubd(self.websubd.as_ref())
+    }
+
+    /// Starts `websubd` as [`HubFlags::spawn`] starts its own.
+    pub(crate) async fn spawn_binary(
+        &self,
+        websubd: &PathBuf,
+        database_url: &str,
+        settings: &[&str],
+    ) -> Result<Hub, Failure> {
         let mut args = vec![
             "--database-url",
             database_url,
@@ -71,7 +86,7 @@ impl HubFlags {
         ];
         args.extend_from_slice(settings);
         args.extend(self.hub_args.iter().map(String::as_str));
-        Hub::spawn_with(&websubd, &args).await
+        Hub::spawn_with(websubd, &args).await
     }
 }
 

@@ -1,9 +1,12 @@
-//! `websub-bench subscribe`: N subscribe requests to a real `websubd`, from
-//! enough concurrent clients that the client is not what limits it. Each is
-//! answered 202 and verified later by a GET the loopback callback echoes;
-//! the bench times the acceptance of all N and their verification, and
-//! reads websubd's peak memory while up to N verifications wait.
+//! `websub-bench subscribe`: N subscribe requests to a real `websubd` on
+//! its defaults, from concurrent clients (coming back after a `503`). Each
+//! is answered 202 and verified later by a GET the loopback callback
+//! echoes; the bench times the acceptance of all N and their verification
+//! up to the last subscription saved, and reads websubd's peak memory.
+//! With `--baseline`, a second websubd binary runs too, alternating with
+//! the first, each run on a database (and a topic) of its own.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -15,21 +18,38 @@ use axum::routing::get;
 use websub_hub::net;
 
 use crate::Failure;
-use crate::launch::{HubFlags, loopback_client, serve, urlencode};
+use crate::launch::{HubFlags, locate_websubd, loopback_client, serve, urlencode};
 use crate::progress::Progress;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct SubscribeArgs {
     /// Subscribe requests sent.
-    #[arg(long, default_value_t = 100_000)]
+    #[arg(long, default_value_t = 10_000)]
     subscribers: usize,
     /// Requests in flight at once from the bench.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 32)]
     clients: usize,
-    /// websubd runs with room for every request to wait for its
-    /// verification.
+    /// Runs by each websubd binary.
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// A second websubd binary that runs too, alternating with the first
+    /// (baseline, new, baseline, new, …).
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+    /// Which websubd runs (the new one), on which database, with which
+    /// settings; `--hub-arg=--max-pending-verifications=100000` lets every
+    /// request of the default 100 000 wait at once.
     #[command(flatten)]
     hub: HubFlags,
+}
+
+/// What one run measured.
+struct Measured {
+    accepted_in: Duration,
+    shed: usize,
+    saved_in: Duration,
+    peak_pending: usize,
+    peak_rss: Option<u64>,
 }
 
 pub(crate) async fn run(args: SubscribeArgs) -> Result<(), Failure> {
@@ -39,35 +59,86 @@ pub(crate) async fn run(args: SubscribeArgs) -> Result<(), Failure> {
         .route("/cb/{index}", get(echo_challenge))
         .with_state(verified.clone());
     let base = serve(app).await?;
-
-    let scratch =
-        std::env::temp_dir().join(format!("websub-bench-subscribe-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch)?;
-    let database_url = args.hub.database_url(&scratch, "subscribe.db");
-    let max_pending = args.subscribers.to_string();
-    let hub = args
-        .hub
-        .spawn(
-            &database_url,
-            &["--max-pending-verifications", &max_pending],
-        )
-        .await?;
-    let client = loopback_client(args.clients)?;
-
-    let topic = format!("{base}/topic");
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let shed = Arc::new(AtomicUsize::new(0));
-    let next = Arc::new(AtomicUsize::new(0));
+    let mut binaries = Vec::new();
+    if let Some(baseline) = &args.baseline {
+        binaries.push(("baseline", locate_websubd(Some(baseline))?));
+    }
+    binaries.push(("new", args.hub.binary()?));
     eprintln!(
         "subscribe: {} requests from {} clients",
         args.subscribers, args.clients
     );
+    let mut rows = Vec::new();
+    for number in 1..=args.runs {
+        for (label, websubd) in &binaries {
+            eprintln!("subscribe: run {number}, {label}");
+            verified.store(0, Ordering::Relaxed);
+            let run = format!("{label}-{number}");
+            let measured = measure(&args, websubd, &base, &run, &verified).await?;
+            rows.push((*label, number, measured));
+        }
+    }
+    for (label, websubd) in &binaries {
+        println!("websubd ({label}): {}", websubd.display());
+    }
+    println!("settings: {}", args.hub.settings());
+    println!(
+        "| websubd | run | subscribe requests | clients | accepted /s | time to all accepted | answered 503 | verified and saved /s | time to all saved | peak waiting | websubd peak RSS |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (label, number, measured) in rows {
+        println!(
+            "| {label} | {number} | {} | {} | {:.0} | {:.2} s | {} | {:.0} | {:.2} s | {} | {} |",
+            args.subscribers,
+            args.clients,
+            args.subscribers as f64 / measured.accepted_in.as_secs_f64(),
+            measured.accepted_in.as_secs_f64(),
+            measured.shed,
+            args.subscribers as f64 / measured.saved_in.as_secs_f64(),
+            measured.saved_in.as_secs_f64(),
+            measured.peak_pending,
+            measured
+                .peak_rss
+                .map(|bytes| format!("{:.0} MB", bytes as f64 / 1e6))
+                .unwrap_or_else(|| "–".to_owned()),
+        );
+    }
+    Ok(())
+}
+
+/// One run, named `run`: `websubd` on a fresh database (or the one
+/// given), every request subscribing a callback of `base` to a topic of
+/// the run's own.
+async fn measure(
+    args: &SubscribeArgs,
+    websubd: &PathBuf,
+    base: &str,
+    run: &str,
+    verified: &Arc<AtomicUsize>,
+) -> Result<Measured, Failure> {
+    let topic = &format!("{base}/topic-{run}");
+    let scratch = std::env::temp_dir().join(format!(
+        "websub-bench-subscribe-{}-{run}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&scratch)?;
+    let database_url = args.hub.database_url(&scratch, "subscribe.db");
+    let hub = args.hub.spawn_binary(websubd, &database_url, &[]).await?;
+    let client = loopback_client(args.clients)?;
+
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let shed = Arc::new(AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let progress = Progress::follow("verified", args.subscribers, verified.clone());
     let senders: Vec<_> = (0..args.clients)
         .map(|_| {
-            let (client, hub_url, base, topic) =
-                (client.clone(), hub.url.clone(), base.clone(), topic.clone());
+            let (client, hub_url, base, topic) = (
+                client.clone(),
+                hub.url.clone(),
+                base.to_owned(),
+                topic.to_owned(),
+            );
             let (accepted, shed, next) = (accepted.clone(), shed.clone(), next.clone());
             let total = args.subscribers;
             tokio::spawn(async move {
@@ -130,7 +201,7 @@ pub(crate) async fn run(args: SubscribeArgs) -> Result<(), Failure> {
     // just after, so the clock stops when the store holds them all.
     let store = websub_hub::server::open_store(&database_url).await?;
     while store
-        .list_by_topic_page(&topic, None, args.subscribers)
+        .list_by_topic_page(topic, None, args.subscribers)
         .await?
         .len()
         < args.subscribers
@@ -140,31 +211,18 @@ pub(crate) async fn run(args: SubscribeArgs) -> Result<(), Failure> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let elapsed = started.elapsed();
+    let saved_in = started.elapsed();
     drop(progress);
     let peak_rss = hub.peak_rss();
     hub.stop();
     std::fs::remove_dir_all(&scratch)?;
-
-    let all_accepted = all_accepted.unwrap_or(elapsed);
-    println!(
-        "| subscribe requests | clients | accepted /s | time to all accepted | answered 503 | verified and saved /s | time to all saved | peak waiting | websubd peak RSS |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    println!(
-        "| {} | {} | {:.0} | {:.2} s | {} | {:.0} | {:.2} s | {peak_pending} | {} |",
-        args.subscribers,
-        args.clients,
-        args.subscribers as f64 / all_accepted.as_secs_f64(),
-        all_accepted.as_secs_f64(),
-        shed.load(Ordering::Relaxed),
-        args.subscribers as f64 / elapsed.as_secs_f64(),
-        elapsed.as_secs_f64(),
-        peak_rss
-            .map(|bytes| format!("{:.0} MB", bytes as f64 / 1e6))
-            .unwrap_or_else(|| "–".to_owned()),
-    );
-    Ok(())
+    Ok(Measured {
+        accepted_in: all_accepted.unwrap_or(saved_in),
+        shed: shed.load(Ordering::Relaxed),
+        saved_in,
+        peak_pending,
+        peak_rss,
+    })
 }
 
 async fn echo_challenge(
