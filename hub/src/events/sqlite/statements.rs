@@ -365,6 +365,10 @@ pub(super) const DELIVERED_SINCE: &str = "SELECT \
         WHERE e.created_at >= ?1 AND a.attempted_at >= ?1 AND a.error IS NULL) \
      AS delivered";
 
+// Whether DELIVER_SINCE would find an event (its ?1 and ?3 as ?1, ?2).
+pub(super) const ANY_SINCE: &str = "SELECT EXISTS (SELECT 1 FROM websub_events \
+     WHERE topic = ?1 AND created_at >= ?2 AND original_id IS NULL)";
+
 pub(super) const DELIVER_SINCE: &str = concat!(
     "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
      SELECT id, ?2, ?4, ",
