@@ -390,13 +390,18 @@ impl Backlog for PostgresBacklog {
         let request = &intent.request;
         let (next, error) = match result {
             IntentResult::Done => {
-                sqlx::query(INTENT_DONE)
+                let deleted = sqlx::query(INTENT_DONE)
                     .bind(&request.topic)
                     .bind(&request.callback)
                     .bind(intent.id)
                     .execute(&self.pool)
-                    .await?;
-                // Whatever is left is a newer request, to be released.
+                    .await?
+                    .rows_affected();
+                if deleted > 0 {
+                    // A pair has one row: nothing is left to release.
+                    return Ok(());
+                }
+                // The row is a newer request's, to be released.
                 (None, None)
             }
             IntentResult::Retry { at, error } => (Some(at), Some(error)),

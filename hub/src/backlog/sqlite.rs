@@ -391,13 +391,18 @@ impl Backlog for SqliteBacklog {
         let id = intent.id.as_bytes().as_slice();
         let (next, error) = match result {
             IntentResult::Done => {
-                sqlx::query(INTENT_DONE)
+                let deleted = sqlx::query(INTENT_DONE)
                     .bind(&request.topic)
                     .bind(&request.callback)
                     .bind(id)
                     .execute(&self.pool)
-                    .await?;
-                // Whatever is left is a newer request, to be released.
+                    .await?
+                    .rows_affected();
+                if deleted > 0 {
+                    // A pair has one row: nothing is left to release.
+                    return Ok(());
+                }
+                // The row is a newer request's, to be released.
                 (None, None)
             }
             IntentResult::Retry { at, error } => (Some(at.timestamp_micros()), Some(error)),
