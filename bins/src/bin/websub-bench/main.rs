@@ -13,8 +13,9 @@
 //!   loopback hosts that answer after 200 ms, 1 % of the hosts dead: time
 //!   until every healthy one is delivered, websubd's peak memory, open files
 //!   and CPU per delivery.
-//! - `websub-bench subscribe`: 100 000 subscribe requests accepted and
-//!   verified, and websubd's peak memory while they wait.
+//! - `websub-bench subscribe`: 10 000 subscribe requests accepted,
+//!   verified and saved, and websubd's peak memory while they wait; with
+//!   `--baseline`, against a second build in the same sitting.
 //! - `websub-bench sustained`: 10 000 topics × 10 subscribers, fat pings
 //!   at 500/s for 60 s: deliveries/s held, publish-to-receipt percentiles,
 //!   the event log's size with retention on.
