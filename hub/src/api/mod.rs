@@ -1,7 +1,8 @@
 //! The HTTP adapter: routes, request parsing and error mapping. Handlers
-//! parse, call the domain (subscriptions, intake, the event log), and map
-//! its errors to 4xx/5xx answers with a reason; they hold no logic of their
-//! own.
+//! parse, call the domain (subscriptions, intake, the event log), and turn
+//! its errors into the one error answer ([`error`]: a 4xx or 5xx with a
+//! reason, and the request ids every request gets); they hold no logic of
+//! their own.
 //!
 //! - `/`: the WebSub hub endpoint (subscribe, unsubscribe, publish);
 //! - `/topics/…`: topics the hub itself publishes (outbox feeds), answering

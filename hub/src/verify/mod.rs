@@ -4,9 +4,10 @@
 //!
 //! [`Verifier`] makes the GET requests; [`Subscriptions`] runs the workflow
 //! (network policy, lease, verification, save or delete). A request is
-//! written to the backlog before the hub answers 202, and verifiers claim
-//! it from there ([`queue`]): bounded in number and in concurrency, retried
-//! when the callback could not answer, resumed after a restart.
+//! written to the backlog before the hub answers 202, with the requests
+//! arriving beside it in one statement ([`admission`]), and verifiers
+//! claim it from there ([`queue`]): bounded in number and in concurrency,
+//! retried when the callback could not answer, resumed after a restart.
 
 mod admission;
 mod queue;
