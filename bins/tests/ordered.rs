@@ -120,22 +120,13 @@ async fn a_failing_event_holds_the_ones_after_it(database_url: String) {
     )
     .await;
     let dir = scratch_dir("ordered");
-    let hub = Websubd::spawn(
+    let hub = Websubd::on_database(
         &dir,
-        free_port(),
-        &[
-            "--database-url",
-            &database_url,
-            "--allow-private-network",
-            "--internal-api-key",
-            INTERNAL_KEY,
-            // Retries a second apart at most: the failing event is
-            // delivered on its fourth attempt within a few seconds.
-            "--delivery-max-backoff",
-            "1s",
-        ],
+        &database_url,
+        // Retries a second apart at most: the failing event is delivered
+        // on its fourth attempt within a few seconds.
+        &["--delivery-max-backoff", "1s"],
     )
-    .ready()
     .await;
 
     let set = websub(

@@ -16,7 +16,7 @@ use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
-use common::{Websubd, free_port, scratch_dir};
+use common::{Websubd, scratch_dir};
 use websub_tests::{http_client, serve_on_loopback};
 
 #[derive(Default)]
@@ -123,19 +123,7 @@ async fn no_delivery_after_a_confirmed_unsubscribe(database_url: String, hold_th
     let callback_url = format!("http://{}/cb", server.address);
     let topic = format!("http://127.0.0.1:9/race/{}", uuid::Uuid::new_v4().simple());
     let dir = scratch_dir("unsubscribe-race");
-    let hub = Websubd::spawn(
-        &dir,
-        free_port(),
-        &[
-            "--database-url",
-            &database_url,
-            "--allow-private-network",
-            "--internal-api-key",
-            websub_tests::INTERNAL_KEY,
-        ],
-    )
-    .ready()
-    .await;
+    let hub = Websubd::on_database(&dir, &database_url, &[]).await;
     *callback.hub.lock().expect("lock") = hub.url.clone();
     *callback.topic.lock().expect("lock") = topic.clone();
 

@@ -329,21 +329,7 @@ async fn retention_deletes_what_is_older(database_url: String) {
     let subscriber = TestSubscriber::start().await;
     let topic = "http://127.0.0.1:9/topics/retention";
     save_subscriptions(&database_url, topic, vec![subscriber.callback("kept")]).await;
-    let hub = Websubd::spawn(
-        &dir,
-        free_port(),
-        &[
-            "--database-url",
-            &database_url,
-            "--allow-private-network",
-            "--internal-api-key",
-            INTERNAL_KEY,
-            "--retention",
-            "3s",
-        ],
-    )
-    .ready()
-    .await;
+    let hub = Websubd::on_database(&dir, &database_url, &["--retention", "3s"]).await;
     assert_eq!(hub.fat_ping(topic, "{\"first\":true}").await, 202);
     assert_eq!(
         subscriber

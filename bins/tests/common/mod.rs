@@ -64,6 +64,21 @@ impl Websubd {
         }
     }
 
+    /// Starts websubd in `dir` on a free port, keeping everything in
+    /// `database_url`, with loopback callbacks allowed, the tests' internal
+    /// key and then `extra`, and waits until it serves.
+    pub(crate) async fn on_database(dir: &PathBuf, database_url: &str, extra: &[&str]) -> Self {
+        let mut args = vec![
+            "--database-url",
+            database_url,
+            "--allow-private-network",
+            "--internal-api-key",
+            websub_tests::INTERNAL_KEY,
+        ];
+        args.extend_from_slice(extra);
+        Self::spawn(dir, free_port(), &args).ready().await
+    }
+
     /// Its stderr, when it was spawned with it piped.
     pub(crate) fn log(&mut self) -> Option<std::process::ChildStderr> {
         self.child.stderr.take()

@@ -88,6 +88,15 @@ impl ApiError {
         error
     }
 
+    /// An outbox feed's producer database failed (`cause`, for the log).
+    pub fn producer_failed(cause: sqlx::Error) -> Self {
+        Self::failed(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "a producer's database is unavailable; try again later",
+            cause,
+        )
+    }
+
     /// The way to the admin page's login, for a page asked for without a
     /// session.
     pub fn login() -> Self {

@@ -373,13 +373,7 @@ async fn webhook_replay(
         .feeds
         .resend(request.subscriber.trim(), since, event_id, limit)
         .await
-        .map_err(|error| {
-            ApiError::failed(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "a producer's database is unavailable; try again later",
-                error,
-            )
-        })?;
+        .map_err(ApiError::producer_failed)?;
     Ok(Json(WebhookReplayAnswer { reopened }))
 }
 

@@ -4,7 +4,7 @@
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
@@ -73,12 +73,6 @@ async fn webhook_deliveries(
         .feeds
         .webhook_deliveries(filter, limit)
         .await
-        .map_err(|error| {
-            ApiError::failed(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "a producer's database is unavailable; try again later",
-                error,
-            )
-        })?;
+        .map_err(ApiError::producer_failed)?;
     Ok(Json(listed))
 }

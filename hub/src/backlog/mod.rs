@@ -200,35 +200,29 @@ pub struct Listing<'a> {
     pub owner: Option<&'a str>,
 }
 
-/// Each of `intents`' admission once a group of them was written:
-/// accepted when `written` says so, otherwise full, with the number
-/// waiting read (once, and only then) by `waiting`.
-async fn admissions<Waiting>(
+/// Each of `intents`' admission once those in `written` were written:
+/// the others are refused with the number of verifications waiting, read
+/// from `backlog` only when there are any.
+async fn admissions(
+    backlog: &(impl Backlog + ?Sized),
     intents: &[Intent],
-    written: impl Fn(&Intent) -> bool,
-    waiting: impl FnOnce() -> Waiting,
-) -> Result<Vec<Admission>, BacklogError>
-where
-    Waiting: std::future::Future<Output = Result<i64, BacklogError>>,
-{
-    let mut pending = None;
-    let mut waiting = Some(waiting);
-    let mut answers = Vec::with_capacity(intents.len());
-    for intent in intents {
-        if written(intent) {
-            answers.push(Admission::Accepted);
-            continue;
-        }
-        if pending.is_none()
-            && let Some(waiting) = waiting.take()
-        {
-            pending = Some(u64::try_from(waiting().await?).unwrap_or(0));
-        }
-        answers.push(Admission::Full {
-            pending: pending.unwrap_or(0),
-        });
-    }
-    Ok(answers)
+    written: &std::collections::HashSet<Uuid>,
+) -> Result<Vec<Admission>, BacklogError> {
+    let pending = if intents.iter().all(|intent| written.contains(&intent.id)) {
+        0
+    } else {
+        backlog.waiting().await?.verifications
+    };
+    Ok(intents
+        .iter()
+        .map(|intent| {
+            if written.contains(&intent.id) {
+                Admission::Accepted
+            } else {
+                Admission::Full { pending }
+            }
+        })
+        .collect())
 }
 
 /// Failures of the backlog.

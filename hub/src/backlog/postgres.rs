@@ -86,10 +86,6 @@ const REQUEST_INTENTS: &str = "INSERT INTO websub_verifications \
          next_attempt_at = excluded.next_attempt_at, last_error = NULL \
      RETURNING id";
 
-// Kept by triggers (migration "verifications_waiting"): one row, not a
-// count of every waiting request, for each request admitted.
-const WAITING_INTENTS: &str = "SELECT count FROM websub_verifications_waiting";
-
 const WAITING: &str = "SELECT \
      (SELECT count FROM websub_verifications_waiting), \
      (SELECT count(*) FROM websub_fetches WHERE next_attempt_at IS NOT NULL)";
@@ -327,17 +323,7 @@ impl Backlog for PostgresBacklog {
             .fetch_all(&self.pool)
             .await?;
         let written: std::collections::HashSet<Uuid> = written.into_iter().collect();
-        admissions(
-            intents,
-            |intent| written.contains(&intent.id),
-            || async {
-                let pending: i64 = sqlx::query_scalar(WAITING_INTENTS)
-                    .fetch_one(&self.pool)
-                    .await?;
-                Ok::<_, BacklogError>(pending)
-            },
-        )
-        .await
+        admissions(self, intents, &written).await
     }
 
     async fn waiting(&self) -> Result<Waiting, BacklogError> {
