@@ -122,6 +122,16 @@ impl Limit {
             || self.value < (INITIAL_LIMIT as f64).clamp(self.floor, self.cap)
     }
 
+    /// Whether what it learnt still holds at `now`: it is worth keeping,
+    /// or its fastest answer has not aged out of both windows. A lane
+    /// that was idle for a moment (between two pages of a fan-out, say)
+    /// goes on from here rather than from [`INITIAL_LIMIT`], measuring
+    /// slowness against an answer it no longer remembers.
+    pub fn still_holds(&self, now: Instant) -> bool {
+        self.is_worth_keeping(now)
+            || now.saturating_duration_since(self.window_start) < FASTEST_WINDOW * 2
+    }
+
     pub fn observe(&mut self, reply: Reply, now: Instant) {
         match reply {
             Reply::Overloaded => self.cut(0.5, now),
@@ -168,6 +178,20 @@ impl Limit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_limit_learnt_holds_for_two_windows() {
+        let start = Instant::now();
+        let mut limit = Limit::new(1, 32);
+        limit.observe(Reply::Answered(Duration::from_millis(2)), start);
+        assert!(limit.still_holds(start + FASTEST_WINDOW));
+        assert!(!limit.still_holds(start + FASTEST_WINDOW * 2 + Duration::from_secs(1)));
+        // Below where it started, it is kept as long as it is.
+        limit.observe(Reply::Overloaded, start);
+        limit.observe(Reply::Overloaded, start + Duration::from_secs(1));
+        assert!(limit.current() < INITIAL_LIMIT);
+        assert!(limit.still_holds(start + FASTEST_WINDOW * 10));
+    }
 
     #[test]
     fn the_limit_grows_while_quick_and_halves_on_overload() {

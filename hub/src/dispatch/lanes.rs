@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use lru::LruCache;
 use tokio::sync::OwnedSemaphorePermit;
 use websub_store::Subscription;
 
@@ -232,6 +233,9 @@ pub(super) struct Ask {
     marks: u64,
 }
 
+/// The most limits of idle lanes remembered: a few hundred KB.
+const RESTING: std::num::NonZeroUsize = std::num::NonZeroUsize::new(4096).unwrap();
+
 /// Every lane the scheduler knows.
 #[derive(Debug)]
 pub(super) struct Lanes {
@@ -242,6 +246,10 @@ pub(super) struct Lanes {
     max_wait: Duration,
     clients: HostClients,
     lanes: Mutex<HashMap<Arc<str>, Lane>>,
+    /// The limits of lanes forgotten while idle, the most recent
+    /// [`RESTING`]: a lane that comes back while its limit still holds
+    /// ([`Limit::still_holds`]) takes it up again. Locked inside `lanes`.
+    resting: Mutex<LruCache<Arc<str>, Limit>>,
     /// [`DELIVERIES_WAITING_FOR_HOST`].
     waiting: metrics::Gauge,
 }
@@ -263,6 +271,7 @@ impl Lanes {
             max_wait,
             clients,
             lanes: Mutex::new(HashMap::new()),
+            resting: Mutex::new(LruCache::new(RESTING)),
             waiting: metrics::gauge!(DELIVERIES_WAITING_FOR_HOST, "channel" => Channel::WebSub.label()),
         }
     }
@@ -508,10 +517,14 @@ impl Lanes {
     fn entry<'a>(&self, lanes: &'a mut HashMap<Arc<str>, Lane>, lane: &str) -> &'a mut Lane {
         if !lanes.contains_key(lane) {
             let name: Arc<str> = Arc::from(lane);
+            let rested = self
+                .lock_resting()
+                .pop(lane)
+                .filter(|limit| limit.still_holds(Instant::now()));
             let limit = if is_ordered_lane(&name) {
                 Limit::new(1, 1)
             } else {
-                Limit::new(self.floor, self.cap)
+                rested.unwrap_or_else(|| Limit::new(self.floor, self.cap))
             };
             let paced = (self.rate > 0).then(|| Pace {
                 every: Duration::from_secs(1) / self.rate,
@@ -530,9 +543,18 @@ impl Lanes {
     }
 
     fn forget_if_idle(&self, lanes: &mut HashMap<Arc<str>, Lane>, lane: &str) {
-        if lanes.get(lane).is_some_and(Lane::is_idle) {
-            lanes.remove(lane);
+        if lanes.get(lane).is_some_and(Lane::is_idle)
+            && let Some(lane) = lanes.remove(lane)
+            && !lane.ordered
+        {
+            self.lock_resting().put(lane.name, lane.limit);
         }
+    }
+
+    fn lock_resting(&self) -> std::sync::MutexGuard<'_, LruCache<Arc<str>, Limit>> {
+        self.resting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Lane>> {
