@@ -1131,6 +1131,78 @@ async fn intent_retry_and_failure(backlog: &dyn Backlog) {
 }
 both!(intent_retry_and_failure);
 
+/// Outcomes ended together are written together, each as it would be on
+/// its own: done ones leave, a retry waits with its attempt counted, a
+/// failure is kept, and a done one a newer request replaced only releases
+/// its claim, the newer staying due as written.
+async fn outcomes_are_finished_in_one_group(backlog: &dyn Backlog) {
+    let t = topic("finished-together");
+    for name in ["done-1", "done-2", "retry", "failed", "replaced"] {
+        admit(backlog, subscribe(&t, &callback(name)), at(0)).await;
+    }
+    let claimed = claim_intents(backlog, at(0)).await;
+    assert_eq!(claimed.len(), 5);
+    let newer = admit(
+        backlog,
+        owned_by(Some("bob"), subscribe(&t, &callback("replaced"))),
+        at(1),
+    )
+    .await;
+    let by_callback = |name: &str| {
+        claimed
+            .iter()
+            .find(|intent| intent.request.callback == callback(name))
+            .expect("claimed")
+            .clone()
+    };
+    let retry = IntentResult::Retry {
+        at: at(60),
+        error: "timed out".to_owned(),
+    };
+    let failure = IntentResult::Failed {
+        error: "404 from the callback".to_owned(),
+    };
+    backlog
+        .finish_intents(&[
+            (by_callback("done-1"), IntentResult::Done),
+            (by_callback("retry"), retry),
+            (by_callback("replaced"), IntentResult::Done),
+            (by_callback("failed"), failure),
+            (by_callback("done-2"), IntentResult::Done),
+        ])
+        .await
+        .expect("finish a group");
+    backlog.finish_intents(&[]).await.expect("finish nothing");
+
+    let mut states = intent_states(backlog, all()).await;
+    states.sort_by(|a, b| a.callback.cmp(&b.callback));
+    assert_eq!(
+        states,
+        vec![
+            IntentState {
+                attempts: 1,
+                next_attempt_at: None,
+                last_error: Some("404 from the callback".to_owned()),
+                ..waiting_state(&by_callback("failed"))
+            },
+            waiting_state(&newer),
+            IntentState {
+                attempts: 1,
+                next_attempt_at: Some(at(60)),
+                last_error: Some("timed out".to_owned()),
+                ..waiting_state(&by_callback("retry"))
+            },
+        ]
+    );
+    assert_eq!(claim_intents(backlog, at(1)).await, vec![newer]);
+    assert_eq!(
+        backlog.waiting().await.expect("waiting").verifications,
+        2,
+        "the newer and the retry wait"
+    );
+}
+both!(outcomes_are_finished_in_one_group);
+
 /// The intent listing filters by owner and by state, newest first, within
 /// its limit.
 async fn intent_listing_filters_by_owner_and_state(backlog: &dyn Backlog) {

@@ -106,6 +106,17 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug {
     /// Inserts the subscription, or replaces the one with the same pair.
     async fn save(&self, subscription: &Subscription) -> Result<(), StoreError>;
 
+    /// [`save`](Self::save)s each of `subscriptions`, no two of which name
+    /// the same pair, in one write where the backend has one: all of them
+    /// or, on an error, none. The provided method saves them one by one,
+    /// so an error may leave the first saved.
+    async fn save_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+        for subscription in subscriptions {
+            self.save(subscription).await?;
+        }
+        Ok(())
+    }
+
     /// Returns the subscription of the pair, or
     /// [`StoreError::UnknownSubscription`].
     async fn get(&self, topic: &str, callback: &str) -> Result<Subscription, StoreError>;
@@ -184,6 +195,9 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug {
 impl<S: SubscriptionStore + ?Sized> SubscriptionStore for std::sync::Arc<S> {
     async fn save(&self, subscription: &Subscription) -> Result<(), StoreError> {
         (**self).save(subscription).await
+    }
+    async fn save_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+        (**self).save_all(subscriptions).await
     }
     async fn get(&self, topic: &str, callback: &str) -> Result<Subscription, StoreError> {
         (**self).get(topic, callback).await

@@ -31,16 +31,34 @@ macro_rules! columns {
     };
 }
 
-const UPSERT: &str = "INSERT INTO websub_subscriptions \
-     (topic, callback, secret, lease_seconds, created_at, verified_at, expires_at, owner) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-     ON CONFLICT (topic, callback) DO UPDATE SET \
-     secret = EXCLUDED.secret, \
-     lease_seconds = EXCLUDED.lease_seconds, \
-     created_at = EXCLUDED.created_at, \
-     verified_at = EXCLUDED.verified_at, \
-     expires_at = EXCLUDED.expires_at, \
-     owner = EXCLUDED.owner";
+/// What a save replaces of a pair already stored: everything but the pair.
+macro_rules! replace_on_conflict {
+    () => {
+        " ON CONFLICT (topic, callback) DO UPDATE SET \
+         secret = EXCLUDED.secret, \
+         lease_seconds = EXCLUDED.lease_seconds, \
+         created_at = EXCLUDED.created_at, \
+         verified_at = EXCLUDED.verified_at, \
+         expires_at = EXCLUDED.expires_at, \
+         owner = EXCLUDED.owner"
+    };
+}
+
+const UPSERT: &str = concat!(
+    "INSERT INTO websub_subscriptions (",
+    columns!(),
+    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    replace_on_conflict!()
+);
+
+/// [`UPSERT`] of one array per column.
+const UPSERT_ALL: &str = concat!(
+    "INSERT INTO websub_subscriptions (",
+    columns!(),
+    ") SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], \
+         $5::timestamptz[], $6::timestamptz[], $7::timestamptz[], $8::text[])",
+    replace_on_conflict!()
+);
 
 /// Subscriptions in a PostgreSQL database.
 ///
@@ -176,6 +194,36 @@ fn count(value: i64) -> Result<u64, StoreError> {
 impl SubscriptionStore for PostgresStore {
     async fn save(&self, subscription: &Subscription) -> Result<(), StoreError> {
         upsert(&self.pool, subscription).await
+    }
+
+    async fn save_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+        if subscriptions.is_empty() {
+            return Ok(());
+        }
+        let column = |value: fn(&Subscription) -> Option<&str>| -> Vec<Option<&str>> {
+            subscriptions.iter().map(value).collect()
+        };
+        let time =
+            |value: fn(&Subscription) -> Option<DateTime<Utc>>| -> Vec<Option<DateTime<Utc>>> {
+                subscriptions.iter().map(value).collect()
+            };
+        sqlx::query(UPSERT_ALL)
+            .bind(column(|s| Some(&s.topic)))
+            .bind(column(|s| Some(&s.callback)))
+            .bind(column(|s| s.secret.as_deref()))
+            .bind(
+                subscriptions
+                    .iter()
+                    .map(|s| s.lease_seconds.map(i64::from))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(time(|s| Some(s.created_at)))
+            .bind(time(|s| Some(s.verified_at)))
+            .bind(time(|s| s.expires_at))
+            .bind(column(|s| s.owner.as_deref()))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     async fn get(&self, topic: &str, callback: &str) -> Result<Subscription, StoreError> {

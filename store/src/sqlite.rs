@@ -10,21 +10,19 @@
 //! The behaviour is the [`SubscriptionStore`] contract. What this backend adds:
 //!
 //! - **One writer.** SQLite lets any number of readers run beside a single
-//!   writer (the file is opened in WAL mode), and every write in every process
-//!   queues for the file's write lock. That lock is the throughput limit, not
-//!   the connection count, so [`SqliteStore::connect`] opens at most
-//!   [`POOL_SIZE`] connections: enough that publishes and expiry sweeps keep
-//!   reading while a save holds the lock, few enough that most waiting
-//!   writers queue fairly for a pooled connection rather than sleep-polling
-//!   in SQLite's busy handler. A writer that waits longer than [`BUSY_TIMEOUT`] for the lock
-//!   fails with [`StoreError::Backend`]. This backend is not meant for hubs
-//!   with heavy subscription churn; use PostgreSQL there.
+//!   writer (the file is opened in WAL mode). Within one process every write
+//!   to the file, the hub's included, goes through one connection
+//!   ([`Writer`]), queueing for it on an async lock; reads take one of the
+//!   pool's [`POOL_SIZE`] connections. Between processes every write queues
+//!   for the file's write lock, and one that waits longer than
+//!   [`BUSY_TIMEOUT`] for it fails with [`StoreError::Backend`].
 //! - **Conditional saves** run inside `BEGIN IMMEDIATE`, which takes the write
 //!   lock before the count, so they are serialised against every other write
 //!   to the file, from any process. That covers "per owner" with room to
 //!   spare.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -35,9 +33,13 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteRow, SqliteSynchronous,
 };
-use sqlx::{Executor, Row, Sqlite};
+use sqlx::{Connection, Executor, Row, Sqlite};
 
 use crate::{OwnerQuota, StoreError, Subscription, SubscriptionStore, expiry_bound_micros};
+
+mod writer;
+
+pub use writer::Writer;
 
 /// The most connections [`SqliteStore::connect`] opens; see the module doc.
 pub const POOL_SIZE: u32 = 4;
@@ -74,16 +76,36 @@ macro_rules! page_of {
     };
 }
 
-const UPSERT: &str = "INSERT INTO websub_subscriptions \
-     (topic, callback, secret, lease_seconds, created_at, verified_at, expires_at, owner) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
-     ON CONFLICT (topic, callback) DO UPDATE SET \
-     secret = excluded.secret, \
-     lease_seconds = excluded.lease_seconds, \
-     created_at = excluded.created_at, \
-     verified_at = excluded.verified_at, \
-     expires_at = excluded.expires_at, \
-     owner = excluded.owner";
+/// What a save replaces of a pair already stored: everything but the pair.
+macro_rules! replace_on_conflict {
+    () => {
+        " ON CONFLICT (topic, callback) DO UPDATE SET \
+         secret = excluded.secret, \
+         lease_seconds = excluded.lease_seconds, \
+         created_at = excluded.created_at, \
+         verified_at = excluded.verified_at, \
+         expires_at = excluded.expires_at, \
+         owner = excluded.owner"
+    };
+}
+
+const UPSERT: &str = concat!(
+    "INSERT INTO websub_subscriptions (",
+    columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    replace_on_conflict!()
+);
+
+/// [`UPSERT`] of a JSON array, each element an array of [`columns!`].
+/// `WHERE true` tells SQLite the `ON` is the upsert's, not a join's.
+const UPSERT_ALL: &str = concat!(
+    "INSERT INTO websub_subscriptions (",
+    columns!(),
+    ") SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
+              value ->> 5, value ->> 6, value ->> 7 \
+     FROM json_each(?1) WHERE true",
+    replace_on_conflict!()
+);
 
 /// Subscriptions in a SQLite database file.
 ///
@@ -91,6 +113,8 @@ const UPSERT: &str = "INSERT INTO websub_subscriptions \
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    /// The file's write connection, shared with the hub's tables.
+    writer: Arc<Writer>,
 }
 
 impl SqliteStore {
@@ -114,7 +138,10 @@ impl SqliteStore {
     ///
     /// [`migrate`]: Self::migrate
     pub fn from_pool(pool: SqlitePool) -> Self {
-        Self { pool }
+        Self {
+            writer: Writer::of(&pool),
+            pool,
+        }
     }
 
     /// Applies the store's pending migrations.
@@ -349,7 +376,33 @@ fn count(value: i64) -> Result<u64, StoreError> {
 #[async_trait]
 impl SubscriptionStore for SqliteStore {
     async fn save(&self, subscription: &Subscription) -> Result<(), StoreError> {
-        upsert(&self.pool, subscription).await
+        upsert(&mut *self.writer.lock().await?, subscription).await
+    }
+
+    async fn save_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+        if subscriptions.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<serde_json::Value> = subscriptions
+            .iter()
+            .map(|subscription| {
+                serde_json::json!([
+                    subscription.topic,
+                    subscription.callback,
+                    subscription.secret,
+                    subscription.lease_seconds,
+                    subscription.created_at.timestamp_micros(),
+                    subscription.verified_at.timestamp_micros(),
+                    subscription.expires_at.map(|at| at.timestamp_micros()),
+                    subscription.owner,
+                ])
+            })
+            .collect();
+        sqlx::query(UPSERT_ALL)
+            .bind(serde_json::Value::Array(rows).to_string())
+            .execute(&mut *self.writer.lock().await?)
+            .await?;
+        Ok(())
     }
 
     async fn get(&self, topic: &str, callback: &str) -> Result<Subscription, StoreError> {
@@ -372,7 +425,7 @@ impl SubscriptionStore for SqliteStore {
         sqlx::query("DELETE FROM websub_subscriptions WHERE topic = ?1 AND callback = ?2")
             .bind(topic)
             .bind(callback)
-            .execute(&self.pool)
+            .execute(&mut *self.writer.lock().await?)
             .await?;
         Ok(())
     }
@@ -485,7 +538,8 @@ impl SubscriptionStore for SqliteStore {
         // count, so two saves could both count below the limit; the later
         // one's upgrade to writer would then fail with SQLITE_BUSY at once
         // rather than wait, since its snapshot is stale.
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut writer = self.writer.lock().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         if let Err(error) = count_and_upsert(&mut tx, subscription, owner, quota).await {
             // Rolled back here rather than on drop so the write lock is
             // released before the caller hears about the refusal. The first

@@ -61,6 +61,7 @@ macro_rules! __with_checks {
             callback_query_strings_are_part_of_the_pair,
             save_replaces_every_field,
             save_twice_leaves_one_subscription,
+            save_all_saves_each_as_save_would,
             get_missing_is_unknown_subscription,
             get_after_delete_is_unknown_subscription,
             delete_missing_is_ok,

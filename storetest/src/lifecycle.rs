@@ -55,6 +55,40 @@ pub async fn save_twice_leaves_one_subscription(store: SharedStore) {
     assert_eq!(count_of(&store, owner).await, 1);
 }
 
+/// `save_all` saves each of a group as `save` would: new pairs beside a
+/// replaced one, every field as given (optional ones absent included), and
+/// an empty group is no change.
+pub async fn save_all_saves_each_as_save_would(store: SharedStore) {
+    let topic = unique_topic();
+    let existing = leased(&topic, &unique_callback());
+    must_save(&store, &existing).await;
+    let later = existing.verified_at + Duration::seconds(30);
+    let replaced = Subscription {
+        secret: None,
+        lease_seconds: Some(60),
+        verified_at: later,
+        expires_at: Some(later + Duration::seconds(60)),
+        owner: None,
+        ..existing.clone()
+    };
+    let permanent = Subscription {
+        lease_seconds: None,
+        expires_at: None,
+        ..leased(&topic, &unique_callback())
+    };
+    let elsewhere = leased(&unique_topic(), &unique_callback());
+    let group = [permanent.clone(), replaced.clone(), elsewhere.clone()];
+    store.save_all(&group).await.expect("save_all");
+    store.save_all(&[]).await.expect("save_all of none");
+    for subscription in &group {
+        assert_eq!(
+            &must_get(&store, &subscription.topic, &subscription.callback).await,
+            subscription
+        );
+    }
+    assert_eq!(callbacks_of(&store, &topic).await.len(), 2);
+}
+
 /// `get` of a pair never saved is `UnknownSubscription`.
 pub async fn get_missing_is_unknown_subscription(store: SharedStore) {
     let (topic, callback) = (unique_topic(), unique_callback());

@@ -31,6 +31,7 @@ pub mod postgres;
 pub mod sqlite;
 pub mod worker;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -206,7 +207,7 @@ pub struct Listing<'a> {
 async fn admissions(
     backlog: &(impl Backlog + ?Sized),
     intents: &[Intent],
-    written: &std::collections::HashSet<Uuid>,
+    written: &HashSet<Uuid>,
 ) -> Result<Vec<Admission>, BacklogError> {
     let pending = if intents.iter().all(|intent| written.contains(&intent.id)) {
         0
@@ -316,13 +317,22 @@ pub trait Backlog: Send + Sync + std::fmt::Debug {
         visibility: std::time::Duration,
     ) -> Result<Vec<Intent>, BacklogError>;
 
-    /// Records how a claimed intent ended. When a newer request replaced it
-    /// meanwhile, only the claim is released: the newer is due as written.
+    /// Records how each of `finished`, claimed intents, ended, in one
+    /// transaction: the group commit of verifications that end together.
+    /// When a newer request replaced one meanwhile, only its claim is
+    /// released: the newer is due as written. No two may name the same
+    /// pair.
+    async fn finish_intents(&self, finished: &[(Intent, IntentResult)])
+    -> Result<(), BacklogError>;
+
+    /// [`Backlog::finish_intents`] of one.
     async fn finish_intent(
         &self,
         intent: &Intent,
         result: IntentResult,
-    ) -> Result<(), BacklogError>;
+    ) -> Result<(), BacklogError> {
+        self.finish_intents(&[(intent.clone(), result)]).await
+    }
 
     /// Intents waiting or failed, newest first, at most `limit`.
     async fn intents(
@@ -376,6 +386,23 @@ pub async fn connect_as(url: &str, replica: Uuid) -> Result<Arc<dyn Backlog>, Ba
                 .with_replica(replica),
         ))
     }
+}
+
+/// What is left to write of `finished` once the intents of `deleted` are
+/// gone: a done intent not deleted was replaced by a newer request and only
+/// has its claim released, and a failure is recorded on its own row (or,
+/// replaced too, only releases the claim). Each comes with when it is due
+/// again and its error.
+fn releases<'a>(
+    finished: &'a [(Intent, IntentResult)],
+    deleted: &'a HashSet<Uuid>,
+) -> impl Iterator<Item = (&'a Intent, Option<DateTime<Utc>>, Option<&'a str>)> {
+    finished.iter().filter_map(|(intent, result)| match result {
+        IntentResult::Done if deleted.contains(&intent.id) => None,
+        IntentResult::Done => Some((intent, None, None)),
+        IntentResult::Retry { at, error } => Some((intent, Some(*at), Some(error.as_str()))),
+        IntentResult::Failed { error } => Some((intent, None, Some(error.as_str()))),
+    })
 }
 
 /// A count as the unsigned number it is.

@@ -5,6 +5,7 @@
 //! connections, these commit synchronously: a ping or a subscribe is
 //! acknowledged only once its row would survive the database's own crash.
 
+use std::collections::HashSet;
 use std::str::FromStr;
 
 use async_trait::async_trait;
@@ -15,7 +16,7 @@ use uuid::Uuid;
 
 use super::{
     Admission, Backlog, BacklogError, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult,
-    IntentState, Listing, Validators, Waiting, admissions, mode, stale_bound, unsigned,
+    IntentState, Listing, Validators, Waiting, admissions, mode, releases, stale_bound, unsigned,
 };
 use crate::protocol::SubscriptionRequest;
 
@@ -101,8 +102,11 @@ const CLAIM_INTENTS: &str = "UPDATE websub_verifications AS intent \
      RETURNING intent.topic, intent.callback, intent.id, intent.mode, intent.secret, \
          intent.lease_seconds, intent.owner, intent.requested_at, intent.attempts";
 
-const INTENT_DONE: &str =
-    "DELETE FROM websub_verifications WHERE topic = $1 AND callback = $2 AND id = $3";
+// An intent a newer request replaced is not deleted.
+const INTENTS_DONE: &str = "DELETE FROM websub_verifications \
+     WHERE (topic, callback, id) IN \
+         (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[])) \
+     RETURNING id";
 
 // An outcome of a request that a newer one replaced only releases the claim.
 const INTENT_FAILED: &str = "UPDATE websub_verifications SET \
@@ -368,43 +372,47 @@ impl Backlog for PostgresBacklog {
             .collect()
     }
 
-    async fn finish_intent(
+    async fn finish_intents(
         &self,
-        intent: &Intent,
-        result: IntentResult,
+        finished: &[(Intent, IntentResult)],
     ) -> Result<(), BacklogError> {
-        let request = &intent.request;
-        let (next, error) = match result {
-            IntentResult::Done => {
-                let deleted = sqlx::query(INTENT_DONE)
-                    .bind(&request.topic)
-                    .bind(&request.callback)
-                    .bind(intent.id)
-                    .execute(&self.pool)
-                    .await?
-                    .rows_affected();
-                if deleted > 0 {
-                    // A pair has one row: nothing is left to release.
-                    return Ok(());
-                }
-                // The row is a newer request's, to be released.
-                (None, None)
-            }
-            IntentResult::Retry { at, error } => (Some(at), Some(error)),
-            IntentResult::Failed { error } => (None, Some(error)),
+        let done: Vec<&Intent> = finished
+            .iter()
+            .filter(|(_, result)| *result == IntentResult::Done)
+            .map(|(intent, _)| intent)
+            .collect();
+        let mut tx = self.pool.begin().await?;
+        let deleted: HashSet<Uuid> = if done.is_empty() {
+            HashSet::new()
+        } else {
+            let ids: Vec<Uuid> = sqlx::query_scalar(INTENTS_DONE)
+                .bind(
+                    done.iter()
+                        .map(|intent| &intent.request.topic)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    done.iter()
+                        .map(|intent| &intent.request.callback)
+                        .collect::<Vec<_>>(),
+                )
+                .bind(done.iter().map(|intent| intent.id).collect::<Vec<_>>())
+                .fetch_all(&mut *tx)
+                .await?;
+            ids.into_iter().collect()
         };
-        sqlx::query(INTENT_FAILED)
-            .bind(&request.topic)
-            .bind(&request.callback)
-            .bind(if error.is_some() {
-                Some(intent.id)
-            } else {
-                None
-            })
-            .bind(next)
-            .bind(error)
-            .execute(&self.pool)
-            .await?;
+        for (intent, next, error) in releases(finished, &deleted) {
+            let request = &intent.request;
+            sqlx::query(INTENT_FAILED)
+                .bind(&request.topic)
+                .bind(&request.callback)
+                .bind(error.map(|_| intent.id))
+                .bind(next)
+                .bind(error)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 

@@ -1,18 +1,22 @@
 //! The SQLite backlog: the backlog's tables in the embedded default's file,
 //! beside the event log's. Timestamps are INTEGER microseconds and ids
-//! 16-byte BLOBs, as there. Every write queues for the file's write lock,
-//! so claims cannot overlap; topic lists travel as one JSON array parameter
-//! read with `json_each`.
+//! 16-byte BLOBs, as there. Every write goes through the file's one write
+//! connection ([`Writer`]), so claims cannot overlap; topic lists travel as
+//! one JSON array parameter read with `json_each`.
+
+use std::collections::HashSet;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use sqlx::sqlite::{SqlitePool, SqliteRow};
+use sqlx::{Connection, Row};
 use uuid::Uuid;
+use websub_store::sqlite::Writer;
 
 use super::{
     Admission, Backlog, BacklogError, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult,
-    IntentState, Listing, Validators, Waiting, admissions, mode, stale_bound, unsigned,
+    IntentState, Listing, Validators, Waiting, admissions, mode, releases, stale_bound, unsigned,
 };
 use crate::protocol::SubscriptionRequest;
 
@@ -98,8 +102,12 @@ const CLAIM_INTENTS: &str = "UPDATE websub_verifications SET processing_since = 
          ORDER BY next_attempt_at, requested_at LIMIT CAST(?3 AS INTEGER)) \
      RETURNING topic, callback, id, mode, secret, lease_seconds, owner, requested_at, attempts";
 
-const INTENT_DONE: &str =
-    "DELETE FROM websub_verifications WHERE topic = ?1 AND callback = ?2 AND id = ?3";
+// Each given as [topic, callback, id in hex]; an intent a newer request
+// replaced is not deleted.
+const INTENTS_DONE: &str = "DELETE FROM websub_verifications \
+     WHERE (topic, callback, id) IN \
+         (SELECT value ->> 0, value ->> 1, unhex(value ->> 2) FROM json_each(?1)) \
+     RETURNING id";
 
 // An outcome of a request that a newer one replaced only releases the claim.
 const INTENT_FAILED: &str = "UPDATE websub_verifications SET \
@@ -129,6 +137,9 @@ const PURGE_INTENTS: &str =
 #[derive(Debug, Clone)]
 pub struct SqliteBacklog {
     pool: SqlitePool,
+    /// The file's write connection, shared with the event log and the
+    /// subscription store ([`Writer`]).
+    writer: Arc<Writer>,
 }
 
 impl SqliteBacklog {
@@ -143,7 +154,10 @@ impl SqliteBacklog {
 
     /// A backlog on an existing pool.
     pub fn from_pool(pool: SqlitePool) -> Self {
-        Self { pool }
+        Self {
+            writer: Writer::of(&pool),
+            pool,
+        }
     }
 }
 
@@ -178,7 +192,7 @@ impl Backlog for SqliteBacklog {
         sqlx::query(REQUEST_FETCHES)
             .bind(json(topics))
             .bind(now.timestamp_micros())
-            .execute(&self.pool)
+            .execute(&mut *self.writer.lock().await?)
             .await?;
         Ok(())
     }
@@ -193,7 +207,7 @@ impl Backlog for SqliteBacklog {
             .bind(now.timestamp_micros())
             .bind(stale_bound(now, visibility).timestamp_micros())
             .bind(limit(limit_to))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.writer.lock().await?)
             .await?;
         rows.iter()
             .map(|row| {
@@ -223,7 +237,8 @@ impl Backlog for SqliteBacklog {
             FetchResult::Retry { at, .. } => Some(at.timestamp_micros()),
             _ => None,
         };
-        let mut tx = self.pool.begin().await?;
+        let mut writer = self.writer.lock().await?;
+        let mut tx = writer.begin().await?;
         match result {
             FetchResult::Done { validators } => {
                 if let Some(validators) = validators {
@@ -319,12 +334,12 @@ impl Backlog for SqliteBacklog {
         let written: Vec<Vec<u8>> = sqlx::query_scalar(REQUEST_INTENTS)
             .bind(serde_json::Value::Array(rows).to_string())
             .bind(i64::try_from(bound).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.writer.lock().await?)
             .await?;
         let written = written
             .iter()
             .map(|id| Uuid::from_slice(id))
-            .collect::<Result<std::collections::HashSet<Uuid>, _>>()
+            .collect::<Result<HashSet<Uuid>, _>>()
             .map_err(|error| BacklogError::Invalid(error.to_string()))?;
         admissions(self, intents, &written).await
     }
@@ -348,7 +363,7 @@ impl Backlog for SqliteBacklog {
             .bind(now.timestamp_micros())
             .bind(stale_bound(now, visibility).timestamp_micros())
             .bind(limit(limit_to))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.writer.lock().await?)
             .await?;
         rows.iter()
             .map(|row| {
@@ -372,40 +387,48 @@ impl Backlog for SqliteBacklog {
             .collect()
     }
 
-    async fn finish_intent(
+    async fn finish_intents(
         &self,
-        intent: &Intent,
-        result: IntentResult,
+        finished: &[(Intent, IntentResult)],
     ) -> Result<(), BacklogError> {
-        let request = &intent.request;
-        let id = intent.id.as_bytes().as_slice();
-        let (next, error) = match result {
-            IntentResult::Done => {
-                let deleted = sqlx::query(INTENT_DONE)
-                    .bind(&request.topic)
-                    .bind(&request.callback)
-                    .bind(id)
-                    .execute(&self.pool)
-                    .await?
-                    .rows_affected();
-                if deleted > 0 {
-                    // A pair has one row: nothing is left to release.
-                    return Ok(());
-                }
-                // The row is a newer request's, to be released.
-                (None, None)
-            }
-            IntentResult::Retry { at, error } => (Some(at.timestamp_micros()), Some(error)),
-            IntentResult::Failed { error } => (None, Some(error)),
+        let done: Vec<serde_json::Value> = finished
+            .iter()
+            .filter(|(_, result)| *result == IntentResult::Done)
+            .map(|(intent, _)| {
+                let request = &intent.request;
+                serde_json::json!([
+                    request.topic,
+                    request.callback,
+                    intent.id.simple().to_string()
+                ])
+            })
+            .collect();
+        let mut writer = self.writer.lock().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let deleted = if done.is_empty() {
+            HashSet::new()
+        } else {
+            let ids: Vec<Vec<u8>> = sqlx::query_scalar(INTENTS_DONE)
+                .bind(serde_json::Value::Array(done).to_string())
+                .fetch_all(&mut *tx)
+                .await?;
+            ids.iter()
+                .map(|id| Uuid::from_slice(id))
+                .collect::<Result<HashSet<Uuid>, _>>()
+                .map_err(|error| BacklogError::Invalid(error.to_string()))?
         };
-        sqlx::query(INTENT_FAILED)
-            .bind(&request.topic)
-            .bind(&request.callback)
-            .bind(if error.is_some() { Some(id) } else { None })
-            .bind(next)
-            .bind(error)
-            .execute(&self.pool)
-            .await?;
+        for (intent, next, error) in releases(finished, &deleted) {
+            let request = &intent.request;
+            sqlx::query(INTENT_FAILED)
+                .bind(&request.topic)
+                .bind(&request.callback)
+                .bind(error.map(|_| intent.id.as_bytes().as_slice()))
+                .bind(next.map(|at| at.timestamp_micros()))
+                .bind(error)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
@@ -447,21 +470,21 @@ impl Backlog for SqliteBacklog {
         let cutoff = cutoff.timestamp_micros();
         let fetches = sqlx::query(PURGE_FETCHES)
             .bind(cutoff)
-            .execute(&self.pool)
+            .execute(&mut *self.writer.lock().await?)
             .await?;
         let intents = sqlx::query(PURGE_INTENTS)
             .bind(cutoff)
-            .execute(&self.pool)
+            .execute(&mut *self.writer.lock().await?)
             .await?;
         Ok(fetches.rows_affected() + intents.rows_affected())
     }
 
     async fn release_claims(&self) -> Result<u64, BacklogError> {
         let fetches = sqlx::query(RELEASE_FETCH_CLAIMS)
-            .execute(&self.pool)
+            .execute(&mut *self.writer.lock().await?)
             .await?;
         let intents = sqlx::query(RELEASE_INTENT_CLAIMS)
-            .execute(&self.pool)
+            .execute(&mut *self.writer.lock().await?)
             .await?;
         Ok(fetches.rows_affected() + intents.rows_affected())
     }

@@ -5,12 +5,16 @@
 //! [`Verifier`] makes the GET requests; [`Subscriptions`] runs the workflow
 //! (network policy, lease, verification, save or delete). A request is
 //! written to the backlog before the hub answers 202, with the requests
-//! arriving beside it in one statement ([`admission`]), and verifiers
+//! arriving beside it in one statement ([`group_commit`]), and verifiers
 //! claim it from there ([`queue`]): bounded in number and in concurrency,
 //! retried when the callback could not answer, resumed after a restart.
+//! The outcomes of verifications that end together are written together
+//! too.
 
-mod admission;
+mod group_commit;
 mod queue;
+
+use group_commit::GroupCommit;
 
 pub use queue::VERIFICATIONS_TOTAL;
 
@@ -29,7 +33,7 @@ use tracing::Instrument;
 use url::Url;
 use websub_store::{StoreError, Subscription, SubscriptionStore};
 
-use crate::backlog::Backlog;
+use crate::backlog::{Admission, Backlog, BacklogError, Intent, IntentResult};
 use crate::clock::Clock;
 use crate::config::{LeasePolicy, VerificationPolicy};
 use crate::delivery::attempt::{error_chain, lacks_local_resource};
@@ -340,7 +344,12 @@ struct WorkflowState {
     quota: std::sync::OnceLock<QuotaEnforcer>,
     catch_up: std::sync::OnceLock<CatchUp>,
     /// Writes requests to the backlog in groups; started by the first.
-    admissions: std::sync::OnceLock<admission::Admissions>,
+    admissions: std::sync::OnceLock<GroupCommit<Intent, Result<Admission, BacklogError>>>,
+    /// Saves verified subscriptions in groups (without a quota, whose
+    /// saves are counted one by one); started by the first.
+    saves: std::sync::OnceLock<GroupCommit<Subscription, Result<(), StoreError>>>,
+    /// Writes how verifications ended in groups; started by the first.
+    outcomes: std::sync::OnceLock<GroupCommit<(Intent, IntentResult), Result<(), BacklogError>>>,
 }
 
 /// Why a delivery of an event published after its subscription's
@@ -452,6 +461,8 @@ impl Subscriptions {
                 quota: std::sync::OnceLock::new(),
                 catch_up: std::sync::OnceLock::new(),
                 admissions: std::sync::OnceLock::new(),
+                saves: std::sync::OnceLock::new(),
+                outcomes: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -705,11 +716,21 @@ impl Subscriptions {
     /// nothing and denies nothing: the subscriber may simply try again.
     async fn save(&self, subscription: &Subscription) -> Result<(), SaveError> {
         let Some(quota) = self.inner.quota.get() else {
-            return self
-                .inner
-                .store
-                .save(subscription)
+            let saves = self.inner.saves.get_or_init(|| {
+                let store = self.inner.store.clone();
+                GroupCommit::start(move |subscriptions: Vec<Subscription>| {
+                    let store = store.clone();
+                    async move { save_all(store.as_ref(), &subscriptions).await }
+                })
+            });
+            return saves
+                .join(subscription.clone())
                 .await
+                .unwrap_or_else(|| {
+                    Err(StoreError::Invalid(
+                        "the writer of saves stopped".to_owned(),
+                    ))
+                })
                 .map_err(|error| match error {
                     StoreError::LimitReached { limit, .. } => SaveError::Refused {
                         reason: format!("subscription limit of {limit} reached"),
@@ -732,6 +753,23 @@ impl Subscriptions {
             Err(error) => Err(SaveError::Quota(error)),
         }
     }
+}
+
+/// Saves `subscriptions` in one write and answers each; when that fails,
+/// each is saved on its own, so that each hears its own answer (one over a
+/// store's limit fails alone).
+async fn save_all(
+    store: &dyn SubscriptionStore,
+    subscriptions: &[Subscription],
+) -> Vec<Result<(), StoreError>> {
+    if store.save_all(subscriptions).await.is_ok() {
+        return subscriptions.iter().map(|_| Ok(())).collect();
+    }
+    let mut saved = Vec::with_capacity(subscriptions.len());
+    for subscription in subscriptions {
+        saved.push(store.save(subscription).await);
+    }
+    saved
 }
 
 fn log_failure(error: &ProcessError) {

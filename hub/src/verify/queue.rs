@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Chain, ProcessError, Subscriptions, VerifyError};
+use super::{Chain, GroupCommit, ProcessError, Subscriptions, VerifyError, group_commit};
 use crate::backlog::worker::{self, Job};
 use crate::backlog::{Admission, Backlog, BacklogError, Intent, IntentResult};
 use crate::protocol::SubscriptionRequest;
@@ -30,18 +30,34 @@ const FINISH_TRIES: u32 = 5;
 impl Subscriptions {
     /// Writes `request` to the backlog, to be verified, unless the number
     /// waiting has reached the policy's bound, with the requests that
-    /// arrive beside it (see [`admission`](super::admission)). Returns once
-    /// it is durable.
+    /// arrive beside it (see [`group_commit`](super::group_commit)).
+    /// Returns once it is durable.
     pub async fn accept(&self, request: SubscriptionRequest) -> Result<Admission, BacklogError> {
         let intent = Intent::new(request, self.inner.clock.now());
         let admissions = self.inner.admissions.get_or_init(|| {
-            super::admission::Admissions::start(
-                self.inner.backlog.clone(),
-                self.inner.verifier.policy().max_pending,
-                self.inner.written.clone(),
-            )
+            let backlog = self.inner.backlog.clone();
+            let bound = self.inner.verifier.policy().max_pending;
+            let written = self.inner.written.clone();
+            GroupCommit::start(move |intents: Vec<Intent>| {
+                let backlog = backlog.clone();
+                let written = written.clone();
+                async move {
+                    match backlog.request_intents(&intents, bound).await {
+                        Ok(admissions) => {
+                            if admissions.contains(&Admission::Accepted) {
+                                written.notify_one();
+                            }
+                            admissions.into_iter().map(Ok).collect()
+                        }
+                        Err(error) => group_commit::failed(intents.len(), error),
+                    }
+                }
+            })
         });
-        admissions.admit(intent).await
+        admissions
+            .join(intent)
+            .await
+            .unwrap_or_else(|| Err(group_commit::stopped()))
     }
 
     /// The backlog the intents wait in.
@@ -99,26 +115,48 @@ impl Subscriptions {
             }
         };
         metrics::counter!(VERIFICATIONS_TOTAL, "mode" => mode, "outcome" => label).increment(1);
-        self.finish(&intent, result).instrument(span).await;
+        self.finish(intent, result).instrument(span).await;
     }
 
-    async fn finish(&self, intent: &Intent, result: IntentResult) {
-        for attempt in 1..=FINISH_TRIES {
-            match self
-                .inner
-                .backlog
-                .finish_intent(intent, result.clone())
-                .await
-            {
-                Ok(()) => return,
-                Err(error) if attempt < FINISH_TRIES => {
-                    tracing::warn!(%error, "recording a verification's outcome failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(200) * 2u32.pow(attempt)).await;
+    /// Records how `intent` ended, with the verifications that end beside
+    /// it (see [`group_commit`](super::group_commit)).
+    async fn finish(&self, intent: Intent, result: IntentResult) {
+        let outcomes = self.inner.outcomes.get_or_init(|| {
+            let backlog = self.inner.backlog.clone();
+            GroupCommit::start(move |finished: Vec<(Intent, IntentResult)>| {
+                let backlog = backlog.clone();
+                async move {
+                    match record(backlog.as_ref(), &finished).await {
+                        Ok(()) => finished.iter().map(|_| Ok(())).collect(),
+                        Err(error) => group_commit::failed(finished.len(), error),
+                    }
                 }
-                Err(error) => {
-                    tracing::warn!(%error, "verification outcome not recorded; it will be verified again");
-                }
+            })
+        });
+        let recorded = outcomes
+            .join((intent, result))
+            .await
+            .unwrap_or_else(|| Err(group_commit::stopped()));
+        if let Err(error) = recorded {
+            tracing::warn!(%error, "verification outcome not recorded; it will be verified again");
+        }
+    }
+}
+
+/// Writes `finished` to `backlog`, trying again while the database fails.
+async fn record(
+    backlog: &dyn Backlog,
+    finished: &[(Intent, IntentResult)],
+) -> Result<(), BacklogError> {
+    let mut attempt = 1;
+    loop {
+        match backlog.finish_intents(finished).await {
+            Err(error) if attempt < FINISH_TRIES => {
+                tracing::warn!(%error, "recording verifications' outcomes failed; retrying");
+                tokio::time::sleep(Duration::from_millis(200) * 2u32.pow(attempt)).await;
+                attempt += 1;
             }
+            result => return result,
         }
     }
 }

@@ -23,13 +23,11 @@
 //! - **One writer.** Every write in every process queues for the file's write
 //!   lock, waiting up to [`BUSY_TIMEOUT`]. Claims therefore cannot overlap:
 //!   each one holds the lock from choosing its rows to marking them. Within
-//!   one process the log's writes all go through one connection of their
-//!   own, queueing for it on an async lock: a waiting write starts the
-//!   moment the previous one commits (left to SQLite's busy handler, it would
-//!   sleep in steps of up to 100 ms, and the dispatcher's claimed parts and
-//!   outcomes would stall deliveries), and that connection's page cache
-//!   stays valid from one write to the next (a write by another connection
-//!   invalidates it, and the next write would read its pages again).
+//!   one process every write to the file (the log's, the backlog's and the
+//!   subscription store's) goes through one connection, queueing for it on
+//!   an async lock ([`websub_store::sqlite::Writer`]): a waiting write starts
+//!   the moment the previous one commits, where SQLite's busy handler would
+//!   have it sleep in steps of up to 100 ms and stall deliveries.
 //! - **A transaction, one round trip.** sqlx runs SQLite on a thread of its
 //!   own, and each statement, `BEGIN` and `COMMIT` is a round trip to it:
 //!   two thread switches, and tens of microseconds on a busy machine. The
@@ -49,8 +47,8 @@ use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
 use sqlx::{AssertSqlSafe, Connection, Row};
-use tokio::sync::{Mutex, OnceCell};
 use uuid::Uuid;
+use websub_store::sqlite::Writer;
 
 mod changes;
 mod delivery_path;
@@ -89,9 +87,9 @@ const PURGE_CHUNK: i64 = 500;
 #[derive(Debug, Clone)]
 pub struct SqliteEventLog {
     pool: SqlitePool,
-    /// The connection every write of this log goes through, taken from the
-    /// pool at the first write; see the module doc.
-    writer: Arc<OnceCell<Mutex<writer::Writer>>>,
+    /// The connection every write to the file goes through; see the
+    /// module doc.
+    writer: Arc<Writer>,
 }
 
 impl SqliteEventLog {
@@ -115,8 +113,8 @@ impl SqliteEventLog {
     /// purging leaves delivery rows behind.
     pub fn from_pool(pool: SqlitePool) -> Self {
         Self {
+            writer: Writer::of(&pool),
             pool,
-            writer: Arc::new(OnceCell::new()),
         }
     }
 
