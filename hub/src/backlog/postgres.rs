@@ -91,16 +91,18 @@ const WAITING: &str = "SELECT \
      (SELECT count FROM websub_verifications_waiting), \
      (SELECT count(*) FROM websub_fetches WHERE next_attempt_at IS NOT NULL)";
 
-const CLAIM_INTENTS: &str = "UPDATE websub_verifications AS intent \
+// The rows are chosen and locked first, then updated by their tuple ids:
+// joined back by key instead, a generic plan (what a prepared statement
+// settles on) reads the whole table to hash it.
+const CLAIM_INTENTS: &str = "UPDATE websub_verifications \
      SET processing_since = $1, claimed_by = $4 \
-     FROM (SELECT topic, callback FROM websub_verifications \
-           WHERE next_attempt_at <= $1 \
-             AND (processing_since IS NULL OR processing_since < $2) \
-           ORDER BY next_attempt_at, requested_at LIMIT $3 \
-           FOR UPDATE SKIP LOCKED) AS due \
-     WHERE intent.topic = due.topic AND intent.callback = due.callback \
-     RETURNING intent.topic, intent.callback, intent.id, intent.mode, intent.secret, \
-         intent.lease_seconds, intent.owner, intent.requested_at, intent.attempts";
+     WHERE ctid = ANY(ARRAY( \
+         SELECT ctid FROM websub_verifications \
+         WHERE next_attempt_at <= $1 \
+           AND (processing_since IS NULL OR processing_since < $2) \
+         ORDER BY next_attempt_at, requested_at LIMIT $3 \
+         FOR UPDATE SKIP LOCKED)) \
+     RETURNING topic, callback, id, mode, secret, lease_seconds, owner, requested_at, attempts";
 
 // An intent a newer request replaced is not deleted.
 const INTENTS_DONE: &str = "DELETE FROM websub_verifications \
