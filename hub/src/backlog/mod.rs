@@ -317,11 +317,11 @@ pub trait Backlog: Send + Sync + std::fmt::Debug {
         visibility: std::time::Duration,
     ) -> Result<Vec<Intent>, BacklogError>;
 
-    /// Records how each of `finished`, claimed intents, ended, in one
-    /// transaction: the group commit of verifications that end together.
-    /// When a newer request replaced one meanwhile, only its claim is
-    /// released: the newer is due as written. No two may name the same
-    /// pair.
+    /// Records how each of `finished`, claimed intents, ended: the done
+    /// ones leave in one statement, the group commit of verifications that
+    /// end together, and each failure is a statement of its own. When a
+    /// newer request replaced one meanwhile, only its claim is released:
+    /// the newer is due as written. No two may name the same pair.
     async fn finish_intents(&self, finished: &[(Intent, IntentResult)])
     -> Result<(), BacklogError>;
 

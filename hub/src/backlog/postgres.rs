@@ -383,7 +383,6 @@ impl Backlog for PostgresBacklog {
             .filter(|(_, result)| *result == IntentResult::Done)
             .map(|(intent, _)| intent)
             .collect();
-        let mut tx = self.pool.begin().await?;
         let deleted: HashSet<Uuid> = if done.is_empty() {
             HashSet::new()
         } else {
@@ -399,7 +398,7 @@ impl Backlog for PostgresBacklog {
                         .collect::<Vec<_>>(),
                 )
                 .bind(done.iter().map(|intent| intent.id).collect::<Vec<_>>())
-                .fetch_all(&mut *tx)
+                .fetch_all(&self.pool)
                 .await?;
             ids.into_iter().collect()
         };
@@ -411,10 +410,9 @@ impl Backlog for PostgresBacklog {
                 .bind(error.map(|_| intent.id))
                 .bind(next)
                 .bind(error)
-                .execute(&mut *tx)
+                .execute(&self.pool)
                 .await?;
         }
-        tx.commit().await?;
         Ok(())
     }
 

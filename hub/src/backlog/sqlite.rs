@@ -404,13 +404,12 @@ impl Backlog for SqliteBacklog {
             })
             .collect();
         let mut writer = self.writer.lock().await?;
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
         let deleted = if done.is_empty() {
             HashSet::new()
         } else {
             let ids: Vec<Vec<u8>> = sqlx::query_scalar(INTENTS_DONE)
                 .bind(serde_json::Value::Array(done).to_string())
-                .fetch_all(&mut *tx)
+                .fetch_all(&mut *writer)
                 .await?;
             ids.iter()
                 .map(|id| Uuid::from_slice(id))
@@ -425,10 +424,9 @@ impl Backlog for SqliteBacklog {
                 .bind(error.map(|_| intent.id.as_bytes().as_slice()))
                 .bind(next.map(|at| at.timestamp_micros()))
                 .bind(error)
-                .execute(&mut *tx)
+                .execute(&mut *writer)
                 .await?;
         }
-        tx.commit().await?;
         Ok(())
     }
 
