@@ -73,8 +73,15 @@ pub(super) const CLAIM: &str =
 pub(super) const COMPLETE: &str =
     "SELECT websub_complete_attempts($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
+// The attempts' rows and the successful attempt its record keeps.
 pub(super) const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
-     FROM websub_attempts WHERE event_id = $1 AND subscriber = $2 ORDER BY attempted_at";
+     FROM websub_attempts WHERE event_id = $1 AND subscriber = $2 \
+     UNION ALL \
+     SELECT delivered_attempt_at, delivered_duration_us, delivered_status, NULL, \
+            delivered_response \
+     FROM websub_deliveries WHERE event_id = $1 AND subscriber = $2 \
+       AND delivered_attempt_at IS NOT NULL \
+     ORDER BY attempted_at";
 
 pub(super) const WEBHOOK_ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
      FROM websub_webhook_attempts WHERE event_id = $1 AND subscriber = $2 \
@@ -145,11 +152,17 @@ pub(super) const PURGE: &str = "DELETE FROM websub_events WHERE id IN ( \
      SELECT id FROM websub_events WHERE created_at < $1 \
      ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
-// Successful attempts carry no error; the events' time index bounds the
-// work to the window.
-pub(super) const DELIVERED_SINCE: &str = "SELECT count(*) AS delivered \
-     FROM websub_events AS e JOIN websub_attempts AS a ON a.event_id = e.id \
-     WHERE e.created_at >= $1 AND a.attempted_at >= $1 AND a.error IS NULL";
+// Successful attempts: those their records keep, and (from before the
+// records kept them, or closed before the answer came) attempts' rows
+// without an error. The events' time index bounds the work to the window.
+pub(super) const DELIVERED_SINCE: &str = "SELECT \
+     (SELECT count(*) FROM websub_events AS e \
+      JOIN websub_deliveries AS d ON d.event_id = e.id \
+      WHERE e.created_at >= $1 AND d.delivered_attempt_at >= $1) \
+     + (SELECT count(*) FROM websub_events AS e \
+        JOIN websub_attempts AS a ON a.event_id = e.id \
+        WHERE e.created_at >= $1 AND a.attempted_at >= $1 AND a.error IS NULL) \
+     AS delivered";
 
 pub(super) const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
      SELECT id, $2, $4 FROM websub_events \
