@@ -184,7 +184,14 @@ pub(crate) fn is_loopback_url(url: &str) -> bool {
     match url.host() {
         Some(url::Host::Ipv4(address)) => address.is_loopback(),
         Some(url::Host::Ipv6(address)) => address.is_loopback(),
-        Some(url::Host::Domain(name)) => name == "localhost",
+        // A scheme the URL standard does not know (`postgres:`) has an
+        // opaque host: an address literal comes as a name.
+        Some(url::Host::Domain(name)) => {
+            name == "localhost"
+                || name
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|address| address.is_loopback())
+        }
         None => false,
     }
 }
@@ -336,4 +343,31 @@ pub(crate) fn cpu_time(pid: u32) -> Option<Duration> {
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     // USER_HZ, which Linux fixes at 100 for /proc.
     Some(Duration::from_millis(ticks * 10))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback_url;
+
+    #[test]
+    fn only_loopback_servers_pass_whatever_the_scheme() {
+        for url in [
+            "http://127.0.0.1:8080/",
+            "http://localhost/",
+            "http://[::1]:80/",
+            "postgres://postgres@127.0.0.1:55432/postgres",
+            "postgres://postgres@127.3.2.1/postgres",
+            "postgres://postgres@localhost:55432/postgres",
+        ] {
+            assert!(is_loopback_url(url), "{url}");
+        }
+        for url in [
+            "http://10.0.0.1/",
+            "postgres://postgres@db.example:5432/postgres",
+            "postgres://postgres@10.0.0.1:5432/postgres",
+            "not a url",
+        ] {
+            assert!(!is_loopback_url(url), "{url}");
+        }
+    }
 }
