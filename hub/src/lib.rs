@@ -16,7 +16,8 @@
 //!   metrics exist there once. `docs/architecture.md` draws the flow.
 //!
 //! The modules, one per job:
-//! - [`protocol`]: parsing and validating WebSub requests;
+//! - [`protocol`]: parsing and validating WebSub requests (the
+//!   `websub-protocol` crate, re-exported);
 //! - [`verify`]: verification of intent, denials, and the subscription
 //!   workflow that saves or deletes only after success;
 //! - [`lease`]: lease clamping and the reaper of expired subscriptions;
@@ -35,14 +36,17 @@
 //! - [`feed`]: the hub consuming a producer's outbox, bridged to WebSub;
 //! - [`delivery`]: the delivery core both schedulers share;
 //! - [`net`]: the network policy for everything contacted on others' behalf;
-//! - [`signature`]: the HMAC signatures and their header names;
+//! - [`signature`]: the HMAC signatures and their header names (from
+//!   `websub-protocol`);
 //! - [`api`]: the HTTP adapter; [`routes`]: its route table with each
 //!   route's policy, and the table's export for Traefik; [`server`]:
 //!   assembling and running a hub, which serves connections under bounds on
 //!   slow, idle and surplus clients;
 //! - [`telemetry`]: every metric's name and help, histogram buckets, and the
 //!   gauges sampled from the databases;
-//! - [`subscriber`]: the receiving side for services that subscribe;
+//! - [`subscriber`]: the receiving side for services that subscribe (the
+//!   `websub-subscriber` crate, re-exported: a service that only receives
+//!   depends on it alone);
 //! - [`config`]: settings, defaults and validation; [`clock`]: injected time.
 //!
 //! Running a hub on the embedded default until Ctrl-C:
@@ -87,14 +91,14 @@ pub mod lease;
 mod listen;
 pub mod net;
 pub mod outbox;
-pub mod protocol;
+pub use websub_protocol as protocol;
 pub mod quota;
 pub mod replicas;
 pub mod routes;
 pub mod server;
 mod setting;
-pub mod signature;
-pub mod subscriber;
+pub use websub_protocol::signature;
+pub use websub_subscriber as subscriber;
 pub mod telemetry;
 pub mod verify;
 

@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::client::SubscriberClient;
-use crate::future::or_never;
 
 /// The share of a lease after which it is renewed by default.
 pub const DEFAULT_RENEW_FRACTION: f64 = 0.8;
@@ -94,7 +93,13 @@ impl Renewer {
                     Instant::now() + retry,
                 );
             }
-            let sleep = or_never(next.map(tokio::time::sleep_until));
+            // With nothing due, only a change or the stop wakes it.
+            let sleep = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = stop.cancelled() => return,
                 _ = changes.changed() => {}

@@ -1,12 +1,17 @@
-//! Parsing and validation of the hub's form POSTs: WebSub subscribe and
-//! unsubscribe requests (WebSub 5.1) and publish pings. Pure functions, no
-//! I/O: the HTTP adapter hands over the body, gets a [`HubRequest`] or a
-//! [`ProtocolError`] whose text is the plain-text reason a client reads.
+//! WebSub on the wire, shared by the hub and by services that only
+//! subscribe or receive: parsing and validation of the hub's form POSTs
+//! (WebSub subscribe and unsubscribe requests, 5.1, and publish pings),
+//! and the [`signature`]s a hub sends and a receiver checks. Pure
+//! functions, no I/O: the HTTP adapter hands over the body, gets a
+//! [`HubRequest`] or a [`ProtocolError`] whose text is the plain-text
+//! reason a client reads.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use url::Url;
+
+pub mod signature;
 
 /// What a subscription request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::protocol::Mode;
+use websub_protocol::Mode;
 
 /// Something observable the receiver did.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use super::discovery::{self, Discovery};
 use super::error::ClientError;
 use super::error::reason;
 use super::intents::{Intents, Renewal};
-use crate::protocol::MAX_SECRET_BYTES;
+use websub_protocol::MAX_SECRET_BYTES;
 
 /// A hub's subscriber: sends subscribe and unsubscribe requests to one hub
 /// and records each in its [`Intents`]. Cheap to clone.

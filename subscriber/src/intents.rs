@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use url::Url;
 
-use crate::protocol::{self, Mode};
+use websub_protocol::{self as protocol, Mode};
 
 /// Where a subscription stands, as far as this subscriber knows.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,5 +1,6 @@
-//! The subscriber's side, for services that receive from a WebSub hub (this
-//! one or any compliant hub) or from outbox webhooks:
+//! The subscriber's side, for services that receive from a WebSub hub
+//! (websub-hub or any compliant hub) or from websub-hub's outbox webhooks,
+//! without compiling the hub:
 //!
 //! - [`Receiver`]: an axum router that confirms only the verifications of
 //!   intent this service asked for, checks `X-Hub-Signature` (or the
@@ -16,7 +17,7 @@
 //! use std::time::Duration;
 //!
 //! use tokio_util::sync::CancellationToken;
-//! use websub_hub::subscriber::{
+//! use websub_subscriber::{
 //!     NotificationError, Intents, MemoryDedup, Notification, Receiver, Renewer, SubscriberClient,
 //! };
 //!
@@ -36,7 +37,8 @@
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! tokio::spawn(async move { axum::serve(listener, app).await });
 //!
-//! websub_hub::net::install_crypto_provider();
+//! // reqwest runs on rustls without a crypto provider of its own.
+//! let _ = rustls::crypto::ring::default_provider().install_default();
 //! let client = SubscriberClient::new("https://hub.example/".parse()?, reqwest::Client::new())
 //!     .with_intents(intents);
 //! client
