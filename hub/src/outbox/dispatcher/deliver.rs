@@ -11,7 +11,6 @@ use reqwest::header::HeaderValue;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::super::envelope::{ENVELOPE_CONTENT_TYPE, Envelope};
 use super::super::sql::{ClaimedRow, RowCompletion, RowOutcome};
 use super::Dispatcher;
 use super::config::DispatcherConfig;
@@ -24,6 +23,7 @@ use crate::delivery::limit::Reply;
 use crate::delivery::recorder::{Batching, OutcomeStore};
 use crate::delivery::{Verdict, error_chain};
 use crate::events::Attempt;
+use websub_outbox::{ENVELOPE_CONTENT_TYPE, Envelope};
 
 impl Dispatcher {
     /// One attempt: the handler or webhook registered now for the row's

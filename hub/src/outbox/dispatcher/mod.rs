@@ -256,7 +256,7 @@ impl Dispatcher {
     async fn advise_on_scan_index(self) {
         let config = &self.inner.config;
         let tables = &config.tables;
-        let outbox = &tables.outbox.text;
+        let outbox = tables.outbox();
         let found = super::sql::scan_index(&self.inner.pool, tables);
         match super::sql::bounded(config.query_timeout, found).await {
             Ok((true, _)) => {
@@ -331,7 +331,7 @@ impl Dispatcher {
     /// Keeps the feed's gauges current until `shutdown`: whether it listens
     /// (also set at every change of the listener), and its backlog.
     pub(super) async fn sample_gauges(self, shutdown: CancellationToken) {
-        let outbox = self.inner.config.tables.outbox.text.clone();
+        let outbox = self.inner.config.tables.outbox().to_owned();
         let listening = metrics::gauge!(OUTBOX_LISTENER_CONNECTED, "outbox" => outbox.clone());
         let backlog = metrics::gauge!(OUTBOX_BACKLOG, "outbox" => outbox.clone());
         let oldest = metrics::gauge!(OUTBOX_OLDEST_UNDELIVERED_SECONDS, "outbox" => outbox);

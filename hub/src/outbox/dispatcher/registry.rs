@@ -9,11 +9,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use url::Url;
 
-use super::super::envelope::Envelope;
 use super::super::sql::{MatchColumns, Registrations};
 use super::Dispatcher;
 use super::signals::Scan;
 use crate::net::NetPolicy;
+use websub_outbox::Envelope;
 
 /// A webhook subscriber of one event name.
 #[derive(Debug, Clone, PartialEq, Eq)]

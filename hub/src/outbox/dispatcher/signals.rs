@@ -123,7 +123,7 @@ impl Dispatcher {
     /// The listener connected (again): notifications may have been missed.
     pub(crate) fn listener_connected(&self, connected: bool) {
         self.inner.listening.store(connected, Ordering::Relaxed);
-        let outbox = self.inner.config.tables.outbox.text.clone();
+        let outbox = self.inner.config.tables.outbox().to_owned();
         metrics::gauge!(super::OUTBOX_LISTENER_CONNECTED, "outbox" => outbox).set(if connected {
             1.0
         } else {
