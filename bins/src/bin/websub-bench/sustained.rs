@@ -5,7 +5,11 @@
 //! real `websubd` with retention on. Every ping carries the moment it was
 //! sent, so the receiver measures each delivery's publish-to-receipt
 //! latency; the table gives the deliveries per second held, the latency
-//! percentiles, and the event log's size on disk at the end.
+//! percentiles, and the event log's size on disk at the end. With
+//! `--window`, a second table follows the run window by window (the
+//! deliveries received in each, their latency, the database's size at its
+//! end): with a short `--retention`, whether disk use and latency stay flat
+//! across several retention periods.
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,6 +44,9 @@ pub(crate) struct SustainedArgs {
     /// websubd's `--retention`.
     #[arg(long, default_value = "10m")]
     retention: String,
+    /// Seconds of each window of the second table; none when 0.
+    #[arg(long, default_value_t = 0)]
+    window: u64,
     #[command(flatten)]
     hub: HubFlags,
 }
@@ -48,12 +55,13 @@ pub(crate) struct SustainedArgs {
 /// 127.0.0.1, where websubd listens.
 const FIRST_HOST: u32 = u32::from_be_bytes([127, 0, 5, 1]);
 
-/// What the receiver keeps: a count, and one latency per delivery.
+/// What the receiver keeps: a count, and for each delivery when it came
+/// (since `origin`) and its latency.
 #[derive(Clone)]
 struct Receipts {
     origin: Instant,
     delivered: Arc<AtomicUsize>,
-    latencies: Arc<Mutex<Vec<Duration>>>,
+    latencies: Arc<Mutex<Vec<(Duration, Duration)>>>,
 }
 
 pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
@@ -103,6 +111,20 @@ pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
         .hub
         .spawn(&database_url, &["--retention", &args.retention])
         .await?;
+    let sizes = DatabaseSize::new(&database_url, &database).await?;
+    // A sample a second: the run is bounded in time, and so are they.
+    let samples: Arc<Mutex<Vec<(Duration, u64)>>> = Arc::default();
+    let sampling = (args.window > 0).then(|| {
+        let (sizes, samples, origin) = (sizes.clone(), samples.clone(), receipts.origin);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                ticks.tick().await;
+                let bytes = sizes.bytes().await;
+                lock(&samples).push((origin.elapsed(), bytes));
+            }
+        })
+    });
     let client = loopback_client(64)?;
 
     eprintln!(
@@ -155,24 +177,17 @@ pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
     }
     let elapsed = started.elapsed();
     drop(progress);
+    if let Some(sampling) = sampling {
+        sampling.abort();
+    }
+    let samples = std::mem::take(&mut *lock(&samples));
     let peak_rss = hub.peak_rss();
+    let log_bytes = sizes.bytes().await;
     hub.stop();
-    let log_bytes: u64 = ["", "-wal", "-shm"]
-        .iter()
-        .filter_map(|suffix| {
-            std::fs::metadata(format!("{}{suffix}", database.display()))
-                .ok()
-                .map(|metadata| metadata.len())
-        })
-        .sum();
     std::fs::remove_dir_all(&scratch)?;
 
-    let mut latencies = std::mem::take(
-        &mut *receipts
-            .latencies
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()),
-    );
+    let mut receipts_taken = std::mem::take(&mut *lock(&receipts.latencies));
+    let mut latencies: Vec<Duration> = receipts_taken.iter().map(|(_, latency)| *latency).collect();
     let delivered = latencies.len();
     println!(
         "| topics × subscribers | pings/s | publishing | deliveries | refused pings | delivered /s | p50 | p99 | max | database at the end | websubd peak RSS |"
@@ -194,7 +209,113 @@ pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
             .map(|bytes| format!("{:.0} MB", bytes as f64 / 1e6))
             .unwrap_or_else(|| "–".to_owned()),
     );
+    if args.window > 0 {
+        let from = started.duration_since(receipts.origin);
+        print_windows(
+            &mut receipts_taken,
+            &samples,
+            from,
+            Duration::from_secs(args.window),
+        );
+    }
     Ok(())
+}
+
+/// The second table: from `from`, window by window, the deliveries
+/// received in each, their latency, and the database's size at its end.
+fn print_windows(
+    receipts: &mut [(Duration, Duration)],
+    samples: &[(Duration, u64)],
+    from: Duration,
+    window: Duration,
+) {
+    receipts.sort_by_key(|(received, _)| *received);
+    let Some(&(last, _)) = receipts.last() else {
+        return;
+    };
+    println!();
+    println!("| window | deliveries | delivered /s | p50 | p99 | database at its end |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let mut start = from;
+    while start <= last {
+        let end = start + window;
+        let mut latencies: Vec<Duration> = receipts
+            .iter()
+            .filter(|(received, _)| *received >= start && *received < end)
+            .map(|(_, latency)| *latency)
+            .collect();
+        let size = samples
+            .iter()
+            .rev()
+            .find(|(at, _)| *at <= end)
+            .map(|(_, bytes)| format!("{:.1} MB", *bytes as f64 / 1e6))
+            .unwrap_or_else(|| "–".to_owned());
+        let count = latencies.len();
+        let (p50, p99) = if count == 0 {
+            ("–".to_owned(), "–".to_owned())
+        } else {
+            (
+                micros(percentile(&mut latencies, 50.0)),
+                micros(percentile(&mut latencies, 99.0)),
+            )
+        };
+        println!(
+            "| {:.0}–{:.0} s | {count} | {:.0} | {p50} | {p99} | {size} |",
+            (start - from).as_secs_f64(),
+            (end - from).as_secs_f64(),
+            count as f64 / window.as_secs_f64(),
+        );
+        start = end;
+    }
+}
+
+/// Where the size of the hub's database is read: its SQLite files, or the
+/// PostgreSQL database's own count.
+#[derive(Clone)]
+enum DatabaseSize {
+    Sqlite(std::path::PathBuf),
+    Postgres(sqlx::PgPool),
+}
+
+impl DatabaseSize {
+    async fn new(database_url: &str, sqlite_file: &std::path::Path) -> Result<Self, Failure> {
+        if database_url.starts_with("sqlite:") {
+            Ok(Self::Sqlite(sqlite_file.to_path_buf()))
+        } else {
+            Ok(Self::Postgres(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(database_url)
+                    .await?,
+            ))
+        }
+    }
+
+    /// The bytes on disk now; 0 when they cannot be read.
+    async fn bytes(&self) -> u64 {
+        match self {
+            Self::Sqlite(file) => ["", "-wal", "-shm"]
+                .iter()
+                .filter_map(|suffix| {
+                    std::fs::metadata(format!("{}{suffix}", file.display()))
+                        .ok()
+                        .map(|metadata| metadata.len())
+                })
+                .sum(),
+            Self::Postgres(pool) => {
+                sqlx::query_scalar::<_, i64>("SELECT pg_database_size(current_database())")
+                    .fetch_one(pool)
+                    .await
+                    .map_or(0, |bytes| u64::try_from(bytes).unwrap_or(0))
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Counts a delivery and its latency from the moment in its body.
@@ -205,11 +326,7 @@ async fn receive(State(receipts): State<Receipts>, body: Bytes) -> StatusCode {
         .and_then(|text| text.parse::<u64>().ok())
         .map(Duration::from_nanos);
     if let Some(sent) = sent {
-        receipts
-            .latencies
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .push(received.saturating_sub(sent));
+        lock(&receipts.latencies).push((received, received.saturating_sub(sent)));
     }
     receipts.delivered.fetch_add(1, Ordering::Relaxed);
     StatusCode::NO_CONTENT

@@ -77,9 +77,15 @@ pub use websub_store::sqlite::{BUSY_TIMEOUT, POOL_SIZE};
 /// so this bounds the size of one statement's argument, not a variable count.
 const EXPAND_CHUNK: usize = 10_000;
 
-/// Events per `DELETE` in [`EventLog::purge_before`]: each one cascades to its
-/// delivery rows, and a chunk holds the write lock while it runs.
-const PURGE_CHUNK: i64 = 500;
+/// How long one `DELETE` of [`EventLog::purge_before`] aims to hold the
+/// writer: each event deleted cascades to its delivery rows, as many as it
+/// had subscribers, so the number of events per chunk follows the time the
+/// last chunk took, between one and [`PURGE_MOST`]. Deliveries waiting for
+/// the writer meanwhile wait at most about this long.
+const PURGE_TURN: Duration = Duration::from_millis(2);
+
+/// The most events one chunk of a purge deletes.
+const PURGE_MOST: i64 = 1_000;
 
 /// The event log in a SQLite database file.
 ///
@@ -638,16 +644,25 @@ impl EventLog for SqliteEventLog {
 
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
         let mut deleted = 0;
+        let mut size: i64 = 16;
         loop {
             let mut writer = self.writer().await?;
+            let started = std::time::Instant::now();
             let chunk = sqlx::query(PURGE)
                 .bind(cutoff.timestamp_micros())
-                .bind(PURGE_CHUNK)
+                .bind(size)
                 .execute(&mut *writer)
                 .await?
                 .rows_affected();
             deleted += chunk;
-            if chunk < PURGE_CHUNK.unsigned_abs() {
+            let took = started.elapsed();
+            let full = chunk >= size.unsigned_abs();
+            if took < PURGE_TURN / 2 {
+                size = (size * 2).min(PURGE_MOST);
+            } else if took > PURGE_TURN * 2 {
+                size = (size / 2).max(1);
+            }
+            if !full {
                 sqlx::query(PURGE_WEBHOOK_ATTEMPTS)
                     .bind(cutoff.timestamp_micros())
                     .execute(&mut *writer)
