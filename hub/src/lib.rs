@@ -32,7 +32,8 @@
 //! - [`dispatch`]: the WebSub scheduler: expand, claim, hand to the core;
 //! - [`replicas`]: the replicas sharing one PostgreSQL database, their
 //!   heartbeats, and the takeover of a dead one's claims;
-//! - [`outbox`]: the producer side of the outbox, and the outbox scheduler;
+//! - [`outbox`]: the outbox scheduler, and the producer side (the
+//!   `websub-outbox` crate, re-exported);
 //! - [`feed`]: the hub consuming a producer's outbox, bridged to WebSub;
 //! - [`delivery`]: the delivery core both schedulers share;
 //! - [`net`]: the network policy for everything contacted on others' behalf;
