@@ -15,6 +15,8 @@ ALTER TABLE websub_deliveries
 -- 0006's completion, keeping a delivery's attempt in its record. A
 -- delivered attempt whose record was already closed (a late answer to a
 -- claim taken over) is still kept, as a row, so no attempt goes unrecorded.
+-- The update runs as 0003 planned it (a primary-key probe per completion);
+-- which delivered attempts it kept is a set question, hashed.
 CREATE OR REPLACE FUNCTION websub_complete_attempts(
     event_ids     UUID[],
     subscribers   TEXT[],
@@ -34,6 +36,9 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET enable_material = off
 AS $$
+DECLARE
+    kept_ids         UUID[];
+    kept_subscribers TEXT[];
 BEGIN
     WITH closed AS (
         UPDATE websub_deliveries AS d
@@ -56,8 +61,15 @@ BEGIN
         WHERE d.event_id = c.event_id
           AND d.subscriber = c.subscriber
           AND COALESCE(d.processed_at, '-infinity') = '-infinity'
-        RETURNING d.event_id, d.subscriber, c.kind
+        RETURNING d.event_id, d.subscriber, d.delivered_attempt_at
     )
+    SELECT COALESCE(array_agg(event_id), '{}'), COALESCE(array_agg(subscriber), '{}')
+    INTO kept_ids, kept_subscribers
+    FROM closed
+    WHERE delivered_attempt_at IS NOT NULL;
+
+    SET LOCAL enable_hashjoin = on;
+    SET LOCAL enable_seqscan = on;
     INSERT INTO websub_attempts
         (event_id, subscriber, attempted_at, duration_us, status, error, response)
     SELECT a.event_id, a.subscriber, a.attempted_at, a.duration_us, a.status,
@@ -66,9 +78,8 @@ BEGIN
                 responses)
         AS a (event_id, subscriber, kind, error, attempted_at, duration_us, status, response)
     WHERE a.attempted_at IS NOT NULL
-      AND NOT (a.kind = 'delivered' AND EXISTS (
-          SELECT 1 FROM closed
-          WHERE closed.event_id = a.event_id AND closed.subscriber = a.subscriber
-            AND closed.kind = 'delivered'));
+      AND NOT EXISTS (
+          SELECT 1 FROM unnest(kept_ids, kept_subscribers) AS k (event_id, subscriber)
+          WHERE k.event_id = a.event_id AND k.subscriber = a.subscriber);
 END
 $$;
