@@ -39,6 +39,9 @@
 
 mod error;
 pub mod memory;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[macro_use]
+mod sql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]

@@ -24,26 +24,6 @@ use crate::{OwnerQuota, StoreError, Subscription, SubscriptionStore, expiry_boun
 /// The table the store's migrations are recorded in; see the module doc.
 const MIGRATIONS_TABLE: &str = "websub_store_migrations";
 
-/// The columns [`subscription_from_row`] reads, in every `SELECT`.
-macro_rules! columns {
-    () => {
-        "topic, callback, secret, lease_seconds, created_at, verified_at, expires_at, owner"
-    };
-}
-
-/// What a save replaces of a pair already stored: everything but the pair.
-macro_rules! replace_on_conflict {
-    () => {
-        " ON CONFLICT (topic, callback) DO UPDATE SET \
-         secret = EXCLUDED.secret, \
-         lease_seconds = EXCLUDED.lease_seconds, \
-         created_at = EXCLUDED.created_at, \
-         verified_at = EXCLUDED.verified_at, \
-         expires_at = EXCLUDED.expires_at, \
-         owner = EXCLUDED.owner"
-    };
-}
-
 const UPSERT: &str = concat!(
     "INSERT INTO websub_subscriptions (",
     columns!(),

@@ -51,13 +51,6 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The table the store's migrations are recorded in; see the module doc.
 const MIGRATIONS_TABLE: &str = "websub_store_migrations";
 
-/// The columns [`subscription_from_row`] reads, in every `SELECT`.
-macro_rules! columns {
-    () => {
-        "topic, callback, secret, lease_seconds, created_at, verified_at, expires_at, owner"
-    };
-}
-
 /// A page of a topic's subscriptions in callback order, `$after` narrowing
 /// where it starts, as one JSON value: an array of each one's [`columns!`].
 /// sqlx hands each row over from SQLite's thread as a message of its own,
@@ -73,19 +66,6 @@ macro_rules! page_of {
             $after,
             " ORDER BY callback LIMIT CAST(?2 AS INTEGER))"
         )
-    };
-}
-
-/// What a save replaces of a pair already stored: everything but the pair.
-macro_rules! replace_on_conflict {
-    () => {
-        " ON CONFLICT (topic, callback) DO UPDATE SET \
-         secret = excluded.secret, \
-         lease_seconds = excluded.lease_seconds, \
-         created_at = excluded.created_at, \
-         verified_at = excluded.verified_at, \
-         expires_at = excluded.expires_at, \
-         owner = excluded.owner"
     };
 }
 
