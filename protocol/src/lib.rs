@@ -13,6 +13,19 @@ use url::Url;
 
 pub mod signature;
 
+/// An error and its causes on one line, `outer: inner: innermost`, as the
+/// hub records a failure and a subscriber reports one.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// What a subscription request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {

@@ -3,6 +3,8 @@
 
 use http::StatusCode;
 
+use websub_protocol::error_chain;
+
 use super::intents::IntentError;
 
 /// The most of a hub's refusal kept in an error.
@@ -68,16 +70,4 @@ pub(crate) async fn reason(response: reqwest::Response) -> String {
     let body = response.bytes().await.unwrap_or_default();
     let text = String::from_utf8_lossy(&body[..body.len().min(MAX_REASON_BYTES)]);
     text.trim().to_owned()
-}
-
-/// An error and its causes, on one line.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -36,8 +36,8 @@ use super::dedup::{Claim, DedupStore, MemoryDedup};
 use super::discovery::parse_link_header;
 use super::intents::{CallbackKey, IntentError, Intents, Secret, Target};
 use super::report::{Counters, NOTIFICATIONS, ReceiverEvent, ReceiverStats, VERIFICATIONS, bump};
-use crate::error::error_chain;
 use websub_protocol::Mode;
+use websub_protocol::error_chain;
 use websub_protocol::signature::{
     self, EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, MESSAGING_EVENT_ID_HEADER,
     MESSAGING_SIGNATURE_HEADER,

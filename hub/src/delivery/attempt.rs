@@ -349,17 +349,9 @@ pub fn status_error(status: StatusCode) -> String {
     }
 }
 
-/// An error and its causes on one line, for a recorded error or a log line.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+/// An error and its causes on one line, for a recorded error or a log line
+/// (shared with the subscriber kit, whose reasons read the same).
+pub use websub_protocol::error_chain;
 
 #[cfg(test)]
 mod tests {

@@ -18,7 +18,6 @@ use group_commit::GroupCommit;
 
 pub use queue::VERIFICATIONS_TOTAL;
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -623,7 +622,7 @@ impl Subscriptions {
                     .deny(&subscription.topic, &subscription.callback, &reason)
                     .await
                 {
-                    tracing::info!(error = %Chain(&error), "denial notice not delivered");
+                    tracing::info!(error = %error_chain(&error), "denial notice not delivered");
                 }
                 Err(ProcessError::Denied { reason })
             }
@@ -773,7 +772,7 @@ async fn save_all(
 }
 
 fn log_failure(error: &ProcessError) {
-    let chain = Chain(error);
+    let chain = error_chain(error);
     match error {
         ProcessError::Refused(_) => tracing::info!(error = %chain, "callback refused"),
         ProcessError::Verification(_) => tracing::info!(error = %chain, "not verified"),
@@ -781,21 +780,6 @@ fn log_failure(error: &ProcessError) {
         ProcessError::Store(_) => tracing::warn!(error = %chain, "not saved"),
         ProcessError::Quota(_) => tracing::warn!(error = %chain, "not saved"),
         ProcessError::CatchUp(_) => tracing::warn!(error = %chain, "saved, not caught up"),
-    }
-}
-
-/// An error and its causes on one line, for logs.
-struct Chain<'a>(&'a dyn std::error::Error);
-
-impl fmt::Display for Chain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(cause) = source {
-            write!(f, ": {cause}")?;
-            source = cause.source();
-        }
-        Ok(())
     }
 }
 
@@ -818,7 +802,7 @@ mod tests {
             host: "x.example".to_owned(),
         });
         assert_eq!(
-            Chain(&error).to_string(),
+            error_chain(&error),
             "the callback is refused by the network policy: the host x.example has no address"
         );
     }

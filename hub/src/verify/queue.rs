@@ -14,9 +14,10 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::{Chain, GroupCommit, ProcessError, Subscriptions, VerifyError, group_commit};
+use super::{GroupCommit, ProcessError, Subscriptions, VerifyError, group_commit};
 use crate::backlog::worker::{self, Job};
 use crate::backlog::{Admission, Backlog, BacklogError, Intent, IntentResult};
+use crate::delivery::error_chain;
 use crate::protocol::SubscriptionRequest;
 
 /// Verifications by mode and outcome: `verified`, `retried`, `failed`
@@ -96,7 +97,7 @@ impl Subscriptions {
             Ok(_) => (IntentResult::Done, "verified"),
             Err(error) => {
                 let failures = intent.attempts + 1;
-                let reason = Chain(&error).to_string();
+                let reason = error_chain(&error);
                 if worth_retrying(&error) && failures < policy.attempts {
                     let wait = retry_wait(policy.retry_wait, failures);
                     span.in_scope(|| tracing::info!(?wait, "verification to be tried again"));
