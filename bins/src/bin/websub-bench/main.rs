@@ -93,6 +93,14 @@ async fn main() -> Result<(), Failure> {
     }
 }
 
+/// The guard of `mutex`, poisoned or not: a panicking task leaves a count
+/// or a sample list as it was, still worth reading.
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 pub(crate) fn percentile(samples: &mut [Duration], at: f64) -> Duration {
     samples.sort_unstable();
     let rank = ((at / 100.0) * samples.len() as f64).ceil() as usize;

@@ -37,7 +37,7 @@ use websub_hub::outbox::{Event, Outbox, OutboxTables, ddl, scan_index_ddl};
 use websub_hub::signature::MESSAGING_EVENT_ID_HEADER;
 
 use crate::launch::{Hub, locate_websubd};
-use crate::{Failure, ThrowawayDatabase, micros, percentile};
+use crate::{Failure, ThrowawayDatabase, lock, micros, percentile};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct OutboxArgs {
@@ -468,12 +468,6 @@ async fn end_to_end(
         backlog,
         drained: last_receipt.saturating_duration_since(last_commit),
     })
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 async fn receive(State(receipts): State<Receipts>, headers: HeaderMap) -> StatusCode {

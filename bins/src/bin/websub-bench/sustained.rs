@@ -25,7 +25,7 @@ use websub_hub::net;
 
 use crate::launch::{HubFlags, fat_ping, loopback_client, save_subscriptions, serve_on};
 use crate::progress::Progress;
-use crate::{Failure, micros, percentile};
+use crate::{Failure, lock, micros, percentile};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct SustainedArgs {
@@ -310,12 +310,6 @@ impl DatabaseSize {
             }
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Counts a delivery and its latency from the moment in its body.

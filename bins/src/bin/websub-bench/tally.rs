@@ -14,6 +14,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::task::JoinHandle;
 
+use crate::lock;
+
 /// How often the logs are read.
 const READ_EVERY: Duration = Duration::from_millis(10);
 
@@ -216,12 +218,6 @@ impl Drop for Follower {
     fn drop(&mut self) {
         self.reader.abort();
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// One log being followed.
