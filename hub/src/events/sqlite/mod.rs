@@ -53,6 +53,7 @@ use websub_store::sqlite::Writer;
 mod changes;
 mod delivery_path;
 mod operate;
+mod retention;
 mod rows;
 mod statements;
 mod writer;
@@ -76,16 +77,6 @@ pub use websub_store::sqlite::{BUSY_TIMEOUT, POOL_SIZE};
 /// Subscribers per `INSERT` in [`EventLog::expand`]: one JSON parameter each,
 /// so this bounds the size of one statement's argument, not a variable count.
 const EXPAND_CHUNK: usize = 10_000;
-
-/// How long one `DELETE` of [`EventLog::purge_before`] aims to hold the
-/// writer: each event deleted cascades to its delivery rows, as many as it
-/// had subscribers, so the number of events per chunk follows the time the
-/// last chunk took, between one and [`PURGE_MOST`]. Deliveries waiting for
-/// the writer meanwhile wait at most about this long.
-const PURGE_TURN: Duration = Duration::from_millis(2);
-
-/// The most events one chunk of a purge deletes.
-const PURGE_MOST: i64 = 1_000;
 
 /// The event log in a SQLite database file.
 ///
@@ -643,33 +634,7 @@ impl EventLog for SqliteEventLog {
     }
 
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
-        let mut deleted = 0;
-        let mut size: i64 = 16;
-        loop {
-            let mut writer = self.writer().await?;
-            let started = std::time::Instant::now();
-            let chunk = sqlx::query(PURGE)
-                .bind(cutoff.timestamp_micros())
-                .bind(size)
-                .execute(&mut *writer)
-                .await?
-                .rows_affected();
-            deleted += chunk;
-            let took = started.elapsed();
-            let full = chunk >= size.unsigned_abs();
-            if took < PURGE_TURN / 2 {
-                size = (size * 2).min(PURGE_MOST);
-            } else if took > PURGE_TURN * 2 {
-                size = (size / 2).max(1);
-            }
-            if !full {
-                sqlx::query(PURGE_WEBHOOK_ATTEMPTS)
-                    .bind(cutoff.timestamp_micros())
-                    .execute(&mut *writer)
-                    .await?;
-                return Ok(deleted);
-            }
-        }
+        retention::purge_before(self, cutoff).await
     }
 
     async fn deliver_since(
