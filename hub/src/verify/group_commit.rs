@@ -14,7 +14,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
-use websub_store::Subscription;
+use websub_store::{StoreError, Subscription, SubscriptionStore};
 
 use crate::backlog::{BacklogError, Intent, IntentResult};
 
@@ -86,6 +86,23 @@ pub(super) fn failed<A>(count: usize, error: BacklogError) -> Vec<Result<A, Back
     (0..count)
         .map(|_| Err(BacklogError::Group(error.clone())))
         .collect()
+}
+
+/// Saves `subscriptions` in one write and answers each; when that fails,
+/// each is saved on its own, so that each hears its own answer (one over a
+/// store's limit fails alone).
+pub(super) async fn save_all(
+    store: &dyn SubscriptionStore,
+    subscriptions: &[Subscription],
+) -> Vec<Result<(), StoreError>> {
+    if store.save_all(subscriptions).await.is_ok() {
+        return subscriptions.iter().map(|_| Ok(())).collect();
+    }
+    let mut saved = Vec::with_capacity(subscriptions.len());
+    for subscription in subscriptions {
+        saved.push(store.save(subscription).await);
+    }
+    saved
 }
 
 /// What a caller hears when the writer of groups is gone.

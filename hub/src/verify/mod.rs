@@ -719,7 +719,7 @@ impl Subscriptions {
                 let store = self.inner.store.clone();
                 GroupCommit::start(move |subscriptions: Vec<Subscription>| {
                     let store = store.clone();
-                    async move { save_all(store.as_ref(), &subscriptions).await }
+                    async move { group_commit::save_all(store.as_ref(), &subscriptions).await }
                 })
             });
             return saves
@@ -752,23 +752,6 @@ impl Subscriptions {
             Err(error) => Err(SaveError::Quota(error)),
         }
     }
-}
-
-/// Saves `subscriptions` in one write and answers each; when that fails,
-/// each is saved on its own, so that each hears its own answer (one over a
-/// store's limit fails alone).
-async fn save_all(
-    store: &dyn SubscriptionStore,
-    subscriptions: &[Subscription],
-) -> Vec<Result<(), StoreError>> {
-    if store.save_all(subscriptions).await.is_ok() {
-        return subscriptions.iter().map(|_| Ok(())).collect();
-    }
-    let mut saved = Vec::with_capacity(subscriptions.len());
-    for subscription in subscriptions {
-        saved.push(store.save(subscription).await);
-    }
-    saved
 }
 
 fn log_failure(error: &ProcessError) {
