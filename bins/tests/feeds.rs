@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{DatabaseOutage, Websubd, free_port, prometheus, scratch_dir};
 use sqlx::postgres::PgPool;
-use websub_hub::outbox::{Event, Outbox, OutboxTables, ddl};
+use websub_hub::delivery::outbox::{Event, Outbox, OutboxTables, ddl};
 use websub_hub::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, verify};
 use websub_tests::{Answer, Received, RecordingReceiver, Route, TestSubscriber, http_client};
 
@@ -50,7 +50,7 @@ struct Shop {
 
 impl Shop {
     async fn open() -> Option<Self> {
-        websub_hub::net::install_crypto_provider();
+        websub_hub::delivery::net::install_crypto_provider();
         let url = websub_storetest::servers::fresh_postgres_url().await?;
         let pool = PgPool::connect(&url).await.expect("connect to the shop");
         let tables = OutboxTables::in_schema("shop").expect("valid names");

@@ -365,14 +365,17 @@ async fn feeds_show_their_backlog_and_listener() {
         eprintln!("skipped: no PostgreSQL for the producer's database (CI is unset)");
         return;
     };
-    let tables = websub_hub::outbox::OutboxTables::in_schema("shop").expect("valid names");
+    let tables =
+        websub_hub::delivery::outbox::OutboxTables::in_schema("shop").expect("valid names");
     let pool = sqlx::PgPool::connect(&shop)
         .await
         .expect("connect to the shop");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(websub_hub::outbox::ddl(&tables)))
-        .execute(&pool)
-        .await
-        .expect("create the outbox tables");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(websub_hub::delivery::outbox::ddl(
+        &tables,
+    )))
+    .execute(&pool)
+    .await
+    .expect("create the outbox tables");
     let dir = scratch_dir("operator-cli-feeds");
     // The webhook's port has no listener, and its retries are spread over
     // far longer than the test: its delivery stays in the backlog.

@@ -286,7 +286,7 @@ async fn a_subscriber_orders_its_own_subscriptions_only() {
     .ready()
     .await;
     let token =
-        websub_hub::auth::issue_token(TOKEN_KEY, "alice", None, chrono::TimeDelta::hours(1));
+        websub_hub::web::auth::issue_token(TOKEN_KEY, "alice", None, chrono::TimeDelta::hours(1));
     let client = reqwest::Client::new();
     let put = |callback: &str, body: &'static str| {
         let url = reqwest::Url::parse_with_params(

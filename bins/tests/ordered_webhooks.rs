@@ -20,7 +20,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use common::{Websubd, free_port, scratch_dir};
 use sqlx::postgres::PgPool;
-use websub_hub::outbox::{Event, Outbox, OutboxTables, ddl};
+use websub_hub::delivery::outbox::{Event, Outbox, OutboxTables, ddl};
 use websub_tests::serve_on_loopback;
 
 const EVENT_NAME: &str = "ledger.entry.posted";
@@ -56,7 +56,7 @@ struct Producer {
 
 impl Producer {
     async fn open() -> Option<Self> {
-        websub_hub::net::install_crypto_provider();
+        websub_hub::delivery::net::install_crypto_provider();
         let url = websub_storetest::servers::fresh_postgres_url().await?;
         let pool = PgPool::connect(&url)
             .await

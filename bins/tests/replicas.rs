@@ -285,7 +285,7 @@ async fn a_killed_replicas_claims_are_delivered_by_the_other_within_seconds() {
     // The fan-out fits the host's lane, so the replica that took the
     // publish claims all of it as it expands, and sends as many as the
     // host's first in-flight limit allows; they hang.
-    let in_flight = websub_hub::dispatch::INITIAL_LIMIT.min(FAN_OUT);
+    let in_flight = websub_hub::delivery::websub::INITIAL_LIMIT.min(FAN_OUT);
     let deadline = Instant::now() + Duration::from_secs(20);
     while host.held.load(Ordering::SeqCst) < in_flight {
         assert!(

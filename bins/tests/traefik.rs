@@ -98,8 +98,12 @@ async fn traefik_routes_the_export_by_policy() {
     .ready()
     .await;
 
-    let token =
-        websub_hub::auth::issue_token(USER_TOKEN_KEY, "alice", None, chrono::TimeDelta::minutes(5));
+    let token = websub_hub::web::auth::issue_token(
+        USER_TOKEN_KEY,
+        "alice",
+        None,
+        chrono::TimeDelta::minutes(5),
+    );
     let bearer = format!("Bearer {token}");
     let asked = Arc::new(AtomicUsize::new(0));
     let auth = forward_auth(bearer.clone(), asked.clone()).await;
@@ -143,7 +147,7 @@ async fn traefik_routes_the_export_by_policy() {
             .expect("start Traefik"),
     );
 
-    websub_hub::net::install_crypto_provider();
+    websub_hub::delivery::net::install_crypto_provider();
     let client = reqwest::Client::builder()
         .no_proxy()
         .resolve(HOST, SocketAddr::from(([127, 0, 0, 1], 0)))

@@ -7,48 +7,47 @@
 //!
 //! There are **two sources** of events and **one delivery core**:
 //! - the hub's own event log, fed by WebSub publishers, distributed to the
-//!   subscriptions of each topic by the WebSub scheduler ([`dispatch`]);
+//!   subscriptions of each topic by the WebSub scheduler
+//!   ([`delivery::websub`]);
 //! - producers' outbox tables, delivered to webhooks and in-process handlers
-//!   by the outbox scheduler ([`outbox::Dispatcher`]), which the hub runs per
-//!   [`feed`];
-//! - both hand every attempt to [`delivery`]: retry policy, request and
-//!   signature headers, POST, verdict, HTTP clients, outcome recorder and
-//!   metrics exist there once. `docs/architecture.md` draws the flow.
+//!   by the outbox scheduler ([`delivery::outbox::Dispatcher`]), which the
+//!   hub runs per [feed](intake::feed);
+//! - both hand every attempt to the [`delivery`] core: retry policy, request
+//!   and signature headers, POST, verdict, HTTP clients, outcome recorder
+//!   and metrics exist there once. `docs/architecture.md` draws the flow.
 //!
-//! The modules, one per job:
-//! - [`protocol`]: parsing and validating WebSub requests (the
+//! The modules, by what they own:
+//! - [`intake`]: what the hub accepts and keeps until it is done:
+//!   [`publish`](intake::publish) (pings, topic fetches, fat pings),
+//!   [`verify`](intake::verify) (verification of intent and the
+//!   subscription workflow), [`lease`](intake::lease),
+//!   [`quota`](intake::quota), and the [`feed`](intake::feed)s that bring
+//!   producers' outbox events in;
+//! - [`delivery`]: scheduling and delivery: the WebSub scheduler
+//!   ([`websub`](delivery::websub)), the outbox scheduler
+//!   ([`outbox`](delivery::outbox), with the producer side of the
+//!   `websub-outbox` crate re-exported), the delivery core they share, and
+//!   the network policy ([`net`](delivery::net)) for everything contacted on
+//!   others' behalf;
+//! - [`storage`]: the hub's own tables: the event log and delivery records
+//!   ([`events`](storage::events)), acknowledged work not yet done
+//!   ([`backlog`](storage::backlog)), and the [`replicas`](storage::replicas)
+//!   sharing one PostgreSQL database;
+//! - [`web`]: the hub over HTTP: the [`routes`](web::routes) with each
+//!   route's policy, the [`api`](web::api) handlers, the
+//!   [`admin`](web::admin) page, [`auth`](web::auth), and the connections
+//!   they are served on under bounds on slow, idle and surplus clients;
+//! - [`protocol`]: parsing and validating WebSub requests, and
+//!   [`signature`]: the HMAC signatures and their header names (the
 //!   `websub-protocol` crate, re-exported);
-//! - [`verify`]: verification of intent, denials, and the subscription
-//!   workflow that saves or deletes only after success;
-//! - [`lease`]: lease clamping and the reaper of expired subscriptions;
-//! - [`quota`]: total-quota enforcement against the subscriptions service;
-//! - [`auth`]: user tokens and the internal API key;
-//! - [`intake`]: publish pings, topic fetches, fat pings;
-//! - [`backlog`]: acknowledged work not yet done (pending topic fetches and
-//!   verifications), durable before its answer, and the workers that claim
-//!   it;
-//! - [`events`]: the durable event log, per-subscriber delivery records and
-//!   the history of their attempts;
-//! - [`dispatch`]: the WebSub scheduler: expand, claim, hand to the core;
-//! - [`replicas`]: the replicas sharing one PostgreSQL database, their
-//!   heartbeats, and the takeover of a dead one's claims;
-//! - [`outbox`]: the outbox scheduler, and the producer side (the
-//!   `websub-outbox` crate, re-exported);
-//! - [`feed`]: the hub consuming a producer's outbox, bridged to WebSub;
-//! - [`delivery`]: the delivery core both schedulers share;
-//! - [`net`]: the network policy for everything contacted on others' behalf;
-//! - [`signature`]: the HMAC signatures and their header names (from
-//!   `websub-protocol`);
-//! - [`api`]: the HTTP adapter; [`routes`]: its route table with each
-//!   route's policy, and the table's export for Traefik; [`server`]:
-//!   assembling and running a hub, which serves connections under bounds on
-//!   slow, idle and surplus clients;
-//! - [`telemetry`]: every metric's name and help, histogram buckets, and the
-//!   gauges sampled from the databases;
 //! - [`subscriber`]: the receiving side for services that subscribe (the
 //!   `websub-subscriber` crate, re-exported: a service that only receives
-//!   depends on it alone);
-//! - [`config`]: settings, defaults and validation; [`clock`]: injected time.
+//!   depends on it alone); [`store`]: the subscription stores (the
+//!   `websub-store` crate);
+//! - [`server`]: assembling and running a hub; [`config`]: settings,
+//!   defaults and validation; [`telemetry`]: every metric's name and help,
+//!   histogram buckets, and the gauges sampled from the databases;
+//!   [`clock`]: injected time.
 //!
 //! Running a hub on the embedded default until Ctrl-C:
 //!
@@ -75,33 +74,18 @@
 //! assert_eq!(policy.after_failure(10), NextStep::GiveUp);
 //! ```
 
-pub mod admin;
-pub mod api;
-pub mod auth;
-pub mod backlog;
 pub mod clock;
 pub mod config;
 pub mod delivery;
-pub mod descriptors;
-pub mod dispatch;
-pub mod events;
-pub mod feed;
 mod future;
 pub mod intake;
-pub mod lease;
-mod listen;
-pub mod net;
-pub mod outbox;
 pub use websub_protocol as protocol;
-pub mod quota;
-pub mod replicas;
-pub mod routes;
 pub mod server;
-mod setting;
 pub use websub_protocol::signature;
+pub mod storage;
 pub use websub_subscriber as subscriber;
 pub mod telemetry;
-pub mod verify;
+pub mod web;
 
 pub use config::HubConfig;
 pub use server::serve;

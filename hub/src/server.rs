@@ -15,23 +15,23 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use websub_store::SubscriptionStore;
 
-use crate::api::{self, ApiState};
-use crate::auth::{InternalKey, UserTokens};
-use crate::backlog::Backlog;
 use crate::clock::{Clock, SystemClock};
 use crate::config::HubConfig;
+use crate::config::descriptors;
 use crate::delivery::client::{self, Purpose, Trust};
+use crate::delivery::net::NetPolicy;
 use crate::delivery::operator::OperatorWebhook;
 use crate::delivery::pool::{HostClients, IdleLimits};
-use crate::descriptors;
-use crate::dispatch::Distributor;
-use crate::events::{self, EventLog, EventLogError};
-use crate::feed::{Feed, FeedHandle, Feeds, SubscribedTopics};
-use crate::intake::Intake;
-use crate::lease::Reaper;
-use crate::net::NetPolicy;
-use crate::quota::{QuotaConfig, QuotaEnforcer};
-use crate::verify::{CatchUp, Subscriptions, Verifier};
+use crate::delivery::websub::Distributor;
+use crate::intake::feed::{Feed, FeedHandle, Feeds, SubscribedTopics};
+use crate::intake::lease::Reaper;
+use crate::intake::publish::Intake;
+use crate::intake::quota::{QuotaConfig, QuotaEnforcer};
+use crate::intake::verify::{CatchUp, Subscriptions, Verifier};
+use crate::storage::backlog::Backlog;
+use crate::storage::events::{self, EventLog, EventLogError};
+use crate::web::api::{self, ApiState};
+use crate::web::auth::{InternalKey, UserTokens};
 
 /// How long shutdown waits for work in flight before giving up on it. What
 /// is cut short is not lost: unrecorded deliveries are claimed again after
@@ -64,7 +64,7 @@ pub struct Hub {
     operator_webhook: Option<OperatorWebhook>,
     /// This process in the registry of replicas (PostgreSQL): beats while
     /// it runs.
-    replicas: Option<crate::replicas::Replicas>,
+    replicas: Option<crate::storage::replicas::Replicas>,
 }
 
 /// Asks a running hub's outbox feeds to read their webhooks files again
@@ -86,7 +86,7 @@ impl FeedReloader {
 pub enum ServeError {
     /// The configuration is invalid.
     #[error(transparent)]
-    Config(#[from] crate::setting::ConfigError),
+    Config(#[from] crate::config::text::ConfigError),
     /// The subscription store could not be opened.
     #[error("opening the subscription store failed: {0}")]
     Store(#[from] websub_store::StoreError),
@@ -95,22 +95,22 @@ pub enum ServeError {
     Events(#[from] EventLogError),
     /// The backlog could not be opened.
     #[error("opening the backlog failed: {0}")]
-    Backlog(#[from] crate::backlog::BacklogError),
+    Backlog(#[from] crate::storage::backlog::BacklogError),
     /// The registry of replicas could not be opened.
     #[error("registering the replica failed: {0}")]
-    Replicas(#[from] crate::replicas::ReplicaError),
+    Replicas(#[from] crate::storage::replicas::ReplicaError),
     /// The HTTP clients could not be built.
     #[error("building the HTTP clients failed: {0}")]
-    Net(#[from] crate::net::NetError),
+    Net(#[from] crate::delivery::net::NetError),
     /// The authentication settings cannot work.
     #[error("authentication settings: {0}")]
-    Auth(#[from] crate::auth::AuthError),
+    Auth(#[from] crate::web::auth::AuthError),
     /// The quota settings cannot work.
     #[error("quota settings: {0}")]
-    Quota(#[from] crate::quota::QuotaError),
+    Quota(#[from] crate::intake::quota::QuotaError),
     /// An outbox feed could not start.
     #[error("outbox feed: {0}")]
-    Feed(#[from] crate::feed::FeedError),
+    Feed(#[from] crate::intake::feed::FeedError),
     /// Serving HTTP failed.
     #[error("serving HTTP failed: {0}")]
     Io(#[from] std::io::Error),
@@ -153,16 +153,16 @@ impl Hub {
         let replicas = if config.database_url.starts_with("sqlite:") {
             None
         } else {
-            Some(crate::replicas::Replicas::connect(&config.database_url).await?)
+            Some(crate::storage::replicas::Replicas::connect(&config.database_url).await?)
         };
         let (events, backlog) = match &replicas {
             Some(replicas) => (
                 events::connect_as(&config.database_url, replicas.id()).await?,
-                crate::backlog::connect_as(&config.database_url, replicas.id()).await?,
+                crate::storage::backlog::connect_as(&config.database_url, replicas.id()).await?,
             ),
             None => (
                 events::connect(&config.database_url).await?,
-                crate::backlog::connect(&config.database_url).await?,
+                crate::storage::backlog::connect(&config.database_url).await?,
             ),
         };
         // Registered (the event log's migrations made the table) before any
@@ -170,9 +170,12 @@ impl Hub {
         // before: a predecessor killed more than a few seconds ago.
         if let Some(replicas) = &replicas {
             replicas.register().await?;
-            match replicas.take_over(crate::replicas::DEAD_AFTER).await {
+            match replicas
+                .take_over(crate::storage::replicas::DEAD_AFTER)
+                .await
+            {
                 Ok(taken_over) => {
-                    crate::replicas::report(&taken_over);
+                    crate::storage::replicas::report(&taken_over);
                 }
                 Err(error) => {
                     warn!(%error, "taking over the claims of dead replicas failed");
@@ -246,7 +249,7 @@ impl Hub {
         let cache = dispatcher.clone();
         let subscribed_topics = SubscribedTopics::new(store.clone());
         let feeds = subscribed_topics.clone();
-        subscriptions.on_change(crate::verify::ChangeListener::new(move |topic| {
+        subscriptions.on_change(crate::intake::verify::ChangeListener::new(move |topic| {
             cache.forget_topic(topic);
             feeds.changed(topic);
         }));
@@ -331,8 +334,8 @@ impl Hub {
 
     /// Beats as `replicas` while running, taking over dead replicas'
     /// claims, and deregisters on shutdown. Its id must be the one the
-    /// event log and backlog claim as ([`crate::events::connect_as`]).
-    pub fn with_replicas(mut self, replicas: crate::replicas::Replicas) -> Self {
+    /// event log and backlog claim as ([`crate::storage::events::connect_as`]).
+    pub fn with_replicas(mut self, replicas: crate::storage::replicas::Replicas) -> Self {
         self.replicas = Some(replicas);
         self
     }
@@ -393,7 +396,7 @@ impl Hub {
             retention: self.config.retention,
             feeds: self.feeds.clone(),
         };
-        api::layers(api::router(state.clone()).merge(crate::admin::router(state)))
+        api::layers(api::router(state.clone()).merge(crate::web::admin::router(state)))
     }
 
     /// Runs the hub on `listener` until `shutdown` resolves, then drains.
@@ -409,7 +412,7 @@ impl Hub {
         let beating = CancellationToken::new();
         let heartbeat = self.replicas.clone().map(|replicas| {
             let woken = self.dispatcher.clone();
-            tokio::spawn(crate::replicas::keep_beating(
+            tokio::spawn(crate::storage::replicas::keep_beating(
                 replicas,
                 move || woken.wake(),
                 beating.clone(),
@@ -502,10 +505,10 @@ impl Hub {
         });
         // Requests in flight at shutdown have as long to finish as the
         // drain after them.
-        crate::listen::serve(
+        crate::web::connections::serve(
             listener,
             self.router(),
-            crate::listen::Limits::from(&self.config),
+            crate::web::connections::Limits::from(&self.config),
             stop.clone(),
             DRAIN_TIMEOUT,
         )

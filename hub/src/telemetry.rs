@@ -11,12 +11,13 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::backlog::Backlog;
 use crate::delivery::Channel;
-use crate::events::EventLog;
-use crate::outbox::{OUTBOX_BACKLOG, OUTBOX_LISTENER_CONNECTED, OUTBOX_OLDEST_UNDELIVERED_SECONDS};
+use crate::delivery::outbox::{
+    OUTBOX_BACKLOG, OUTBOX_LISTENER_CONNECTED, OUTBOX_OLDEST_UNDELIVERED_SECONDS,
+};
+use crate::storage::backlog::Backlog;
+use crate::storage::events::EventLog;
 
-use crate::api::{HTTP_REQUEST_SECONDS, HTTP_REQUESTS_TOTAL, SHED_TOTAL};
 use crate::delivery::changes::ENDPOINT_CHANGES_DROPPED_TOTAL;
 use crate::delivery::health::{
     ENDPOINT_CHANGES_TOTAL, ENDPOINTS_DISABLED, ENDPOINTS_DISABLED_TOTAL, ENDPOINTS_OPEN,
@@ -26,10 +27,11 @@ use crate::delivery::metrics::{
     DELIVERY_LATENCY_SECONDS,
 };
 use crate::delivery::operator::OPERATOR_WEBHOOK_DELIVERIES_TOTAL;
-use crate::intake::{EVENTS_RECORDED_TOTAL, FETCHES_TOTAL};
-use crate::lease::EXPIRED_METRIC;
-use crate::listen::{CLOSED_METRIC, OPEN_METRIC, REFUSED_METRIC};
-use crate::verify::VERIFICATIONS_TOTAL;
+use crate::intake::lease::EXPIRED_METRIC;
+use crate::intake::publish::{EVENTS_RECORDED_TOTAL, FETCHES_TOTAL};
+use crate::intake::verify::VERIFICATIONS_TOTAL;
+use crate::web::api::{HTTP_REQUEST_SECONDS, HTTP_REQUESTS_TOTAL, SHED_TOTAL};
+use crate::web::connections::{CLOSED_METRIC, OPEN_METRIC, REFUSED_METRIC};
 
 /// A metric's kind, as `# TYPE` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,7 +192,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
          outbox table; 0 when none (sampled).",
     ),
     (
-        crate::replicas::CLAIMS_TAKEN_OVER_TOTAL,
+        crate::storage::replicas::CLAIMS_TAKEN_OVER_TOTAL,
         Kind::Counter,
         "Claims of dead replicas (on PostgreSQL) handed back to be claimed again at once, by \
          kind (delivery, verification, fetch).",

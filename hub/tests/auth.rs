@@ -14,8 +14,8 @@ use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
 use tower::ServiceExt;
 use websub_hub::HubConfig;
-use websub_hub::api::ApiError;
-use websub_hub::auth::{
+use websub_hub::web::api::ApiError;
+use websub_hub::web::auth::{
     AuthConfig, AuthError, DEFAULT_INTERNAL_API_KEY_HEADER, DEFAULT_USER_TOKEN_HEADER, InternalKey,
     MAX_TOKEN_BYTES, MIN_INTERNAL_KEY_CHARS, UserTokens, issue_token,
 };
@@ -479,7 +479,7 @@ impl Drop for ScratchHub {
 }
 
 async fn scratch_hub() -> ScratchHub {
-    websub_hub::net::install_crypto_provider();
+    websub_hub::delivery::net::install_crypto_provider();
     let database = websub_storetest::scratch::path("auth.db");
     let config = HubConfig {
         database_url: format!("sqlite:{}", database.display()),

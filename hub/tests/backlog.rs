@@ -34,13 +34,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use sqlx::Connection;
-use websub_hub::backlog::{
+use websub_hub::protocol::{Mode, SubscriptionRequest};
+use websub_hub::storage::backlog::{
     Admission, Backlog, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult, IntentState,
     Listing, Validators,
 };
-use websub_hub::events::postgres::PostgresEventLog;
-use websub_hub::events::sqlite::SqliteEventLog;
-use websub_hub::protocol::{Mode, SubscriptionRequest};
+use websub_hub::storage::events::postgres::PostgresEventLog;
+use websub_hub::storage::events::sqlite::SqliteEventLog;
 
 /// Long enough that no claim in a check goes stale unless the check moves
 /// its `now` past it.
@@ -76,7 +76,7 @@ impl Scratch {
             .await
             .expect("open the SQLite event log (its migrations make the backlog's tables)");
         events.pool().close().await;
-        let backlog = websub_hub::backlog::connect(&url)
+        let backlog = websub_hub::storage::backlog::connect(&url)
             .await
             .expect("open the SQLite backlog");
         Self {
@@ -97,7 +97,7 @@ impl Scratch {
             .await
             .expect("open the PostgreSQL event log (its migrations make the backlog's tables)");
         events.pool().close().await;
-        let backlog = websub_hub::backlog::connect(&url)
+        let backlog = websub_hub::storage::backlog::connect(&url)
             .await
             .expect("open the PostgreSQL backlog");
         Some(Self {
@@ -1459,7 +1459,7 @@ async fn concurrent_claimers_never_share_a_row(scratch: &Scratch) {
             let url = scratch.url.clone();
             let start = start.clone();
             tokio::spawn(async move {
-                let backlog = websub_hub::backlog::connect(&url)
+                let backlog = websub_hub::storage::backlog::connect(&url)
                     .await
                     .expect("open a claimer's backlog");
                 start.wait().await;

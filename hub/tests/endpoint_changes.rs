@@ -5,7 +5,7 @@
 //! purged by age.
 
 use chrono::{DateTime, Utc};
-use websub_hub::events::{
+use websub_hub::storage::events::{
     ChangeFilter, EndpointChange, EndpointState, EventLog, MAX_CHANGES, NewChange, Sent,
     WebhookState,
 };

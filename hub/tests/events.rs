@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use chrono::{DateTime, TimeDelta, Utc};
 use uuid::Uuid;
-use websub_hub::events::postgres::PostgresEventLog;
-use websub_hub::events::sqlite::SqliteEventLog;
-use websub_hub::events::{
+use websub_hub::storage::events::postgres::PostgresEventLog;
+use websub_hub::storage::events::sqlite::SqliteEventLog;
+use websub_hub::storage::events::{
     Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliveryState,
     EventLog, EventLogError, Exhaustion, FailedFilter, LoggedEvent, NewEvent, Outcome,
     WebhookAttempt,
@@ -1785,7 +1785,9 @@ both!(unwritten_records_are_created_with_their_first_outcome);
 // ---------------------------------------------------------------------------
 
 /// The state of each listed record, by (event, subscriber).
-fn states(listed: &[websub_hub::events::DeliverySummary]) -> Vec<(Uuid, String, DeliveryState)> {
+fn states(
+    listed: &[websub_hub::storage::events::DeliverySummary],
+) -> Vec<(Uuid, String, DeliveryState)> {
     listed
         .iter()
         .map(|record| (record.event_id, record.subscriber.clone(), record.state))
@@ -2072,19 +2074,20 @@ async fn endpoints_are_disabled_after_failures_in_a_row(log: &dyn EventLog) {
         .await
         .expect("tally");
     assert!(disabled.is_empty());
-    let ours = |records: Vec<websub_hub::events::EndpointRecord>| -> Vec<(String, u32, bool)> {
-        records
-            .into_iter()
-            .filter(|record| record.endpoint.ends_with(&run.to_string()))
-            .map(|record| {
-                (
-                    record.endpoint,
-                    record.failures,
-                    record.disabled_at.is_some(),
-                )
-            })
-            .collect()
-    };
+    let ours =
+        |records: Vec<websub_hub::storage::events::EndpointRecord>| -> Vec<(String, u32, bool)> {
+            records
+                .into_iter()
+                .filter(|record| record.endpoint.ends_with(&run.to_string()))
+                .map(|record| {
+                    (
+                        record.endpoint,
+                        record.failures,
+                        record.disabled_at.is_some(),
+                    )
+                })
+                .collect()
+        };
     assert_eq!(
         ours(log.endpoints("websub", 1000).await.expect("endpoints")),
         vec![(dead.clone(), 2, false), (flaky.clone(), 1, false)]
@@ -2272,7 +2275,7 @@ both!(webhook_attempts_are_kept_and_go_by_age);
 /// lane only what is asked, in due order, and lists the lanes with due
 /// records; waiting records are written unclaimed; a claim is released.
 async fn records_are_claimed_per_lane(log: &dyn EventLog) {
-    use websub_hub::dispatch::lane_of;
+    use websub_hub::delivery::websub::lane_of;
     let t0 = base_time();
     let event = record(log, &topic(), t0).await;
     let run = Uuid::new_v4().simple();
@@ -2413,7 +2416,7 @@ both!(records_are_claimed_per_lane);
 /// head holds the rest; an exhausted one leaves the line; the requests are
 /// kept, listed and withdrawn.
 async fn ordered_lines_give_their_head_only(log: &dyn EventLog) {
-    use websub_hub::dispatch::{lane_of, ordered_lane_of};
+    use websub_hub::delivery::websub::{lane_of, ordered_lane_of};
     let t0 = base_time();
     let topic = topic();
     let run = Uuid::new_v4().simple();

@@ -20,17 +20,17 @@ use url::Url;
 use uuid::Uuid;
 use websub_hub::clock::SystemClock;
 use websub_hub::config::DeliveryPolicy;
-use websub_hub::dispatch::Distributor;
-use websub_hub::events::postgres::PostgresEventLog;
-use websub_hub::events::sqlite::SqliteEventLog;
-use websub_hub::events::{EventLog, LoggedEvent};
-use websub_hub::feed::{
+use websub_hub::delivery::net::NetPolicy;
+use websub_hub::delivery::outbox::{Envelope, Handler, MESSAGING_SIGNATURE_HEADER};
+use websub_hub::delivery::websub::Distributor;
+use websub_hub::intake::feed::{
     BEFORE_FIRST_SUBSCRIPTION, DEFAULT_TOPIC_TEMPLATE, Feed, FeedConfig, FeedError,
     SubscribedTopics, TopicTemplate, WebSubBridge,
 };
-use websub_hub::net::NetPolicy;
-use websub_hub::outbox::{Envelope, Handler, MESSAGING_SIGNATURE_HEADER};
 use websub_hub::signature::{EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, verify};
+use websub_hub::storage::events::postgres::PostgresEventLog;
+use websub_hub::storage::events::sqlite::SqliteEventLog;
+use websub_hub::storage::events::{EventLog, LoggedEvent};
 use websub_store::memory::MemoryStore;
 use websub_store::{Subscription, SubscriptionStore};
 use websub_tests::RecordingReceiver;
@@ -333,7 +333,7 @@ async fn a_subscription_made_after_the_feed_started_gets_the_events_committed_af
 /// outbox gave up waiting, or could not mark the row processed) records
 /// nothing new: one hub event, one delivery, under the envelope's id.
 async fn a_bridged_event_handed_over_twice_is_delivered_once(events: Arc<dyn EventLog>) {
-    websub_hub::net::install_crypto_provider();
+    websub_hub::delivery::net::install_crypto_provider();
     let receiver = RecordingReceiver::start().await;
     let topic = topic_of(EVENT);
     let store = Arc::new(MemoryStore::new());

@@ -20,13 +20,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 use websub_hub::delivery::RetryPolicy;
-use websub_hub::events::sqlite::SqliteEventLog;
-use websub_hub::events::{DeliveryState, EventLog};
-use websub_hub::net::NetPolicy;
-use websub_hub::outbox::{
+use websub_hub::delivery::net::NetPolicy;
+use websub_hub::delivery::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, MESSAGING_EVENT_ID_HEADER,
     MESSAGING_SIGNATURE_HEADER, Outbox, RegistrationError, WebhookFilter, scan_index_ddl, verify,
 };
+use websub_hub::storage::events::sqlite::SqliteEventLog;
+use websub_hub::storage::events::{DeliveryState, EventLog};
 use websub_tests::{Answer, RecordingReceiver};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -872,7 +872,10 @@ async fn ten_thousand_subscribers_of_one_event_expand_at_once() {
         .map(|n| {
             (
                 format!("subscriber-{n}"),
-                websub_hub::outbox::WebhookSubscriber::new(None, receiver.url(&format!("/s/{n}"))),
+                websub_hub::delivery::outbox::WebhookSubscriber::new(
+                    None,
+                    receiver.url(&format!("/s/{n}")),
+                ),
             )
         })
         .collect();

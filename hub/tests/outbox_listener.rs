@@ -16,7 +16,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 use tokio::time::Instant;
 use uuid::Uuid;
-use websub_hub::outbox::{DispatcherConfig, Outbox, OutboxTables, ddl};
+use websub_hub::delivery::outbox::{DispatcherConfig, Outbox, OutboxTables, ddl};
 use websub_tests::{Answer, RecordingReceiver};
 
 /// Produces one notified event and returns how long it took to arrive.
@@ -181,7 +181,7 @@ async fn a_database_restart_mid_flow_loses_nothing() {
     let Some(cluster) = PrivateCluster::start().await else {
         return;
     };
-    websub_hub::net::install_crypto_provider();
+    websub_hub::delivery::net::install_crypto_provider();
     let pool = PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_secs(3))

@@ -12,7 +12,7 @@ use common::{Db, Running, config, eventually_async};
 use sqlx::postgres::PgListener;
 use sqlx::{AssertSqlSafe, Row};
 use uuid::Uuid;
-use websub_hub::outbox::{
+use websub_hub::delivery::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, OutboxTables, ddl, purge_expired,
 };
 

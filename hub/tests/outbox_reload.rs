@@ -16,7 +16,7 @@ use common::{Db, EVENT, Running, config, eventually, eventually_async, webhook};
 use url::Url;
 use uuid::Uuid;
 use websub_hub::delivery::RetryPolicy;
-use websub_hub::outbox::{
+use websub_hub::delivery::outbox::{
     Dispatcher, DispatcherConfig, Envelope, HandlerError, RegistrationError, ReloadError,
     WebhookRegistrar, WebhookSubscriber,
 };

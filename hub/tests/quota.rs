@@ -16,12 +16,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use websub_hub::api::ApiError;
-use websub_hub::quota::fake::FakeQuotaServer;
-use websub_hub::quota::{
+use websub_hub::intake::quota::fake::FakeQuotaServer;
+use websub_hub::intake::quota::{
     self, DEFAULT_INTERNAL_API_KEY_HEADER, DEFAULT_TIMEOUT, ErrorBody, Quota, QuotaConfig,
     QuotaEnforcer, QuotaError,
 };
+use websub_hub::web::api::ApiError;
 use websub_store::memory::MemoryStore;
 use websub_store::postgres::PostgresStore;
 use websub_store::{OwnerQuota, StoreError, Subscription, SubscriptionStore};
@@ -777,7 +777,7 @@ async fn a_route_answers_quota_refusals_over_http() {
         .expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("address"));
     let serving = tokio::spawn(async move { axum::serve(listener, app).await });
-    websub_hub::net::install_crypto_provider();
+    websub_hub::delivery::net::install_crypto_provider();
     let client = reqwest::Client::new();
     let post = |path: &str| client.post(format!("{base}{path}")).send();
 

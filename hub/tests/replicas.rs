@@ -13,12 +13,12 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::postgres::PgPool;
 use uuid::Uuid;
-use websub_hub::backlog::Backlog;
-use websub_hub::backlog::postgres::PostgresBacklog;
-use websub_hub::events::postgres::PostgresEventLog;
-use websub_hub::events::{EventLog, NewEvent};
 use websub_hub::protocol::{Mode, SubscriptionRequest};
-use websub_hub::replicas::{DEAD_AFTER, Replicas, TakenOver};
+use websub_hub::storage::backlog::Backlog;
+use websub_hub::storage::backlog::postgres::PostgresBacklog;
+use websub_hub::storage::events::postgres::PostgresEventLog;
+use websub_hub::storage::events::{EventLog, NewEvent};
+use websub_hub::storage::replicas::{DEAD_AFTER, Replicas, TakenOver};
 
 /// Long enough that no claim here goes stale by the visibility timeout.
 const VISIBILITY: Duration = Duration::from_secs(60);
@@ -152,7 +152,7 @@ async fn claim_some(log: &PostgresEventLog, backlog: &PostgresBacklog, host: &st
             .len(),
         1
     );
-    let intent = websub_hub::backlog::Intent::new(
+    let intent = websub_hub::storage::backlog::Intent::new(
         subscribe(
             &format!("http://{host}/topic"),
             &format!("http://{host}/cb"),

@@ -35,7 +35,7 @@ const SECRET: &str = "a secret shared with the hub";
 const WAIT: Duration = Duration::from_secs(10);
 
 fn http() -> reqwest::Client {
-    websub_hub::net::install_crypto_provider();
+    websub_hub::delivery::net::install_crypto_provider();
     reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -64,7 +64,7 @@ impl Drop for TestHub {
 
 impl TestHub {
     async fn start() -> Self {
-        websub_hub::net::install_crypto_provider();
+        websub_hub::delivery::net::install_crypto_provider();
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
         let database = websub_storetest::scratch::path("subscriber.db");

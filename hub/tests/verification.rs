@@ -8,15 +8,15 @@ use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use chrono::{DateTime, TimeZone, Utc};
-use websub_hub::backlog::{Admission, Backlog, Listing};
 use websub_hub::clock::{Clock, ManualClock};
 use websub_hub::config::{LeasePolicy, VerificationPolicy};
-use websub_hub::events::sqlite::SqliteEventLog;
-use websub_hub::net::{NetError, NetPolicy};
-use websub_hub::protocol::{Mode, SubscriptionRequest};
-use websub_hub::verify::{
+use websub_hub::delivery::net::{NetError, NetPolicy};
+use websub_hub::intake::verify::{
     CHALLENGE_LENGTH, ProcessError, Processed, Subscriptions, Verifier, VerifyError,
 };
+use websub_hub::protocol::{Mode, SubscriptionRequest};
+use websub_hub::storage::backlog::{Admission, Backlog, Listing};
+use websub_hub::storage::events::sqlite::SqliteEventLog;
 use websub_store::memory::MemoryStore;
 use websub_store::{StoreError, Subscription, SubscriptionStore};
 use websub_tests::{Received, RecordingReceiver, Route};
@@ -115,7 +115,9 @@ fn lease_policy() -> LeasePolicy {
 async fn temporary_backlog() -> Arc<dyn Backlog> {
     let url = websub_storetest::scratch::sqlite_url("verification");
     SqliteEventLog::connect(&url).await.expect("event log");
-    websub_hub::backlog::connect(&url).await.expect("backlog")
+    websub_hub::storage::backlog::connect(&url)
+        .await
+        .expect("backlog")
 }
 
 /// The hub side: the workflow over a memory store, a manual clock, and a
@@ -779,7 +781,7 @@ async fn a_save_refused_by_policy_sends_a_denial_after_verification() {
 
 /// The clients a verifier contacts callbacks with, as the hub builds them.
 fn callback_clients(
-    policy: &websub_hub::net::NetPolicy,
+    policy: &websub_hub::delivery::net::NetPolicy,
     timeout: Duration,
 ) -> websub_hub::delivery::pool::HostClients {
     websub_hub::delivery::pool::HostClients::new(

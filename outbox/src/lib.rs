@@ -3,7 +3,7 @@
 //! seed's envelope. A service that only writes events depends on this
 //! crate alone; websub-hub's dispatcher (in-process handlers and webhooks)
 //! and its bridge into hub events read what it writes, and the hub
-//! re-exports it as `websub_hub::outbox`.
+//! re-exports it as `websub_hub::delivery::outbox`.
 //!
 //! The two tables live in the producer's database and schema; their shape is
 //! fixed by the messaging contract and [`ddl`] prints it for any names:

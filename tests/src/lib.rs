@@ -249,7 +249,7 @@ pub struct TestHub {
     /// The hub's subscription store.
     pub store: std::sync::Arc<dyn websub_store::SubscriptionStore>,
     /// The hub's event log.
-    pub events: std::sync::Arc<dyn websub_hub::events::EventLog>,
+    pub events: std::sync::Arc<dyn websub_hub::storage::events::EventLog>,
     /// The database it keeps its event log and backlog in.
     pub database_url: String,
     stop: CancellationToken,
@@ -305,7 +305,7 @@ impl TestHub {
         mut config: websub_hub::HubConfig,
         store: Option<std::sync::Arc<dyn websub_store::SubscriptionStore>>,
     ) -> Self {
-        websub_hub::net::install_crypto_provider();
+        websub_hub::delivery::net::install_crypto_provider();
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .unwrap_or_else(|error| panic!("bind a loopback port: {error}"));
@@ -321,10 +321,10 @@ impl TestHub {
                 .await
                 .unwrap_or_else(|error| panic!("open the hub: {error}")),
             Some(store) => {
-                let events = websub_hub::events::connect(&config.database_url)
+                let events = websub_hub::storage::events::connect(&config.database_url)
                     .await
                     .unwrap_or_else(|error| panic!("open the event log: {error}"));
-                let backlog = websub_hub::backlog::connect(&config.database_url)
+                let backlog = websub_hub::storage::backlog::connect(&config.database_url)
                     .await
                     .unwrap_or_else(|error| panic!("open the backlog: {error}"));
                 websub_hub::server::Hub::assemble(
@@ -454,7 +454,7 @@ impl Drop for TestHub {
 
 /// A plain HTTP client for tests.
 pub fn http_client() -> reqwest::Client {
-    websub_hub::net::install_crypto_provider();
+    websub_hub::delivery::net::install_crypto_provider();
     reqwest::Client::builder()
         .no_proxy()
         .build()

@@ -49,7 +49,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-use websub_hub::outbox::Envelope;
+use websub_hub::delivery::outbox::Envelope;
 
 /// A server on a loopback port, stopped when dropped.
 #[derive(Debug)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::http::Method;
 use chrono::TimeDelta;
 use serde_json::Value;
-use websub_hub::auth::issue_token;
+use websub_hub::web::auth::issue_token;
 use websub_tests::{
     Answer, Backend, INTERNAL_KEY, Route, TestHub, TestPublisher, TestSubscriber, http_client,
     test_config,
@@ -255,10 +255,10 @@ async fn a_ping_for_a_topic_nobody_subscribes_to_is_not_kept() {
     let Some(config) = test_config(Backend::Sqlite).await else {
         return;
     };
-    let events = websub_hub::events::connect(&config.database_url)
+    let events = websub_hub::storage::events::connect(&config.database_url)
         .await
         .expect("event log");
-    let backlog = websub_hub::backlog::connect(&config.database_url)
+    let backlog = websub_hub::storage::backlog::connect(&config.database_url)
         .await
         .expect("backlog");
     let store = std::sync::Arc::new(websub_store::memory::MemoryStore::new());
@@ -286,7 +286,7 @@ async fn a_ping_for_a_topic_nobody_subscribes_to_is_not_kept() {
         .await
         .expect("ping");
     let kept: Vec<String> = backlog
-        .fetches(websub_hub::backlog::Listing::default(), 10)
+        .fetches(websub_hub::storage::backlog::Listing::default(), 10)
         .await
         .expect("list")
         .into_iter()

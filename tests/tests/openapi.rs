@@ -21,7 +21,7 @@ use std::process::Command;
 use chrono::TimeDelta;
 use reqwest::Method;
 use serde_json::{Value, json};
-use websub_hub::auth::issue_token;
+use websub_hub::web::auth::issue_token;
 use websub_storetest::servers::in_ci;
 use websub_tests::{Backend, INTERNAL_KEY, TestHub, http_client, test_config};
 

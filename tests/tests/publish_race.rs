@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, Semaphore};
-use websub_hub::backlog::Listing;
+use websub_hub::storage::backlog::Listing;
 use websub_store::memory::MemoryStore;
 use websub_store::{OwnerQuota, StoreError, Subscription, SubscriptionStore};
 use websub_tests::{Backend, TestHub, TestPublisher, TestSubscriber, test_config};
@@ -131,7 +131,7 @@ async fn a_publish_between_answer_and_save_reaches_the_new_subscription(backend:
     assert_eq!(status, 202);
     // The thin ping's fetch is done (its row left the backlog) while the
     // subscription is still unsaved.
-    let backlog = websub_hub::backlog::connect(&hub.database_url)
+    let backlog = websub_hub::storage::backlog::connect(&hub.database_url)
         .await
         .expect("backlog");
     tokio::time::timeout(Duration::from_secs(10), async {

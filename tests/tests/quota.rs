@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use chrono::TimeDelta;
 use serde_json::Value;
-use websub_hub::auth::issue_token;
-use websub_hub::quota::Quota;
-use websub_hub::quota::fake::FakeQuotaServer;
+use websub_hub::intake::quota::Quota;
+use websub_hub::intake::quota::fake::FakeQuotaServer;
+use websub_hub::web::auth::issue_token;
 use websub_tests::{
     Answer, Backend, INTERNAL_KEY, RecordingReceiver, TestHub, TestSubscriber, http_client,
     test_config,

@@ -13,8 +13,8 @@ use axum::http::{Request, StatusCode, header};
 use tower::ServiceExt;
 use websub_hub::HubConfig;
 use websub_hub::clock::SystemClock;
-use websub_hub::events::sqlite::SqliteEventLog;
 use websub_hub::server::Hub;
+use websub_hub::storage::events::sqlite::SqliteEventLog;
 use websub_store::memory::MemoryStore;
 use websub_tests::INTERNAL_KEY;
 
@@ -42,7 +42,7 @@ impl TestRouter {
     /// A hub refusing private networks, with the [`INTERNAL_KEY`], after
     /// `configure` has had its say.
     async fn new(configure: impl FnOnce(&mut HubConfig)) -> Self {
-        websub_hub::net::install_crypto_provider();
+        websub_hub::delivery::net::install_crypto_provider();
         let mut config = HubConfig {
             internal_api_key: Some(INTERNAL_KEY.to_owned()),
             ..HubConfig::default()
@@ -54,7 +54,7 @@ impl TestRouter {
         let events = SqliteEventLog::connect(&url)
             .await
             .unwrap_or_else(|error| panic!("open the event log: {error}"));
-        let backlog = websub_hub::backlog::connect(&url)
+        let backlog = websub_hub::storage::backlog::connect(&url)
             .await
             .unwrap_or_else(|error| panic!("open the backlog: {error}"));
         let hub = Hub::assemble(

@@ -15,9 +15,9 @@ use futures::stream::FuturesUnordered;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use websub_hub::HubConfig;
-use websub_hub::auth::issue_token;
-use websub_hub::quota::Quota;
-use websub_hub::quota::fake::FakeQuotaServer;
+use websub_hub::intake::quota::Quota;
+use websub_hub::intake::quota::fake::FakeQuotaServer;
+use websub_hub::web::auth::issue_token;
 use websub_tests::{Backend, INTERNAL_KEY, TestHub, TestSubscriber, http_client, test_config};
 
 /// The longest any step below may take before the test fails.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use chrono::TimeDelta;
 use serde_json::{Value, json};
-use websub_hub::auth::issue_token;
+use websub_hub::web::auth::issue_token;
 use websub_tests::{
     Answer, Backend, INTERNAL_KEY, TestHub, TestSubscriber, http_client, test_config,
 };

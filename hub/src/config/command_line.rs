@@ -3,7 +3,7 @@
 
 use std::ffi::OsString;
 
-use crate::setting::ConfigError;
+use crate::config::text::ConfigError;
 
 use super::{HubConfig, Settings};
 

@@ -5,10 +5,15 @@
 //! and the validation that runs once at start-up so a bad value is named
 //! before anything is served. Behind the `cli` feature, [`CommandLine`]
 //! is the same settings as `clap` arguments and loads all the layers.
+//! [`descriptors`] fits the delivery settings under the process's
+//! file-descriptor limit; `text` is the parsing and the errors of settings
+//! written as text, shared with the outbox dispatcher's and the feeds'.
 
 #[cfg(feature = "cli")]
 mod command_line;
+pub mod descriptors;
 mod settings;
+pub(crate) mod text;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,12 +24,12 @@ use url::Url;
 use crate::delivery::RetryPolicy;
 use crate::delivery::client::Trust;
 pub use crate::delivery::health::BreakerPolicy;
-use crate::feed::{FeedConfig, TopicTemplate};
-pub use crate::setting::{ConfigError, format_duration, parse_duration};
-use crate::setting::{invalid, secs};
+use crate::intake::feed::{FeedConfig, TopicTemplate};
 #[cfg(feature = "cli")]
 pub use command_line::{CommandLine, LoadError};
 pub use settings::Settings;
+pub use text::{ConfigError, format_duration, parse_duration};
+use text::{invalid, secs};
 
 /// The longest header read or idle timeout accepted: a client allowed
 /// more than a day to say something holds its connection for good.
@@ -90,7 +95,7 @@ pub struct HubConfig {
     /// waited longest for its client is closed to make room; with the hub
     /// working on a request on every one, a new one is answered 503. The
     /// default fits within the descriptors kept apart from callback
-    /// connections ([`crate::descriptors::RESERVED`]).
+    /// connections ([`crate::config::descriptors::RESERVED`]).
     pub max_connections: usize,
     /// How the binary writes its log lines.
     pub log_format: LogFormat,
@@ -204,7 +209,7 @@ impl Default for HubConfig {
             allow_private_network: false,
             extra_ca: None,
             internal_api_key: None,
-            internal_api_key_header: crate::auth::DEFAULT_INTERNAL_API_KEY_HEADER.to_owned(),
+            internal_api_key_header: crate::web::auth::DEFAULT_INTERNAL_API_KEY_HEADER.to_owned(),
             max_form_bytes: 64 * 1024,
             max_content_bytes: 16 * 1024 * 1024,
             header_read_timeout: Duration::from_secs(10),
@@ -215,9 +220,9 @@ impl Default for HubConfig {
             poll_interval: Duration::from_secs(1),
             retention: Some(DEFAULT_RETENTION),
             user_token_key: None,
-            user_token_header: crate::auth::DEFAULT_USER_TOKEN_HEADER.to_owned(),
+            user_token_header: crate::web::auth::DEFAULT_USER_TOKEN_HEADER.to_owned(),
             quota_url: None,
-            quota_timeout: crate::quota::DEFAULT_TIMEOUT,
+            quota_timeout: crate::intake::quota::DEFAULT_TIMEOUT,
             quota_type: websub_store::OwnerQuota::DEFAULT_TYPE.to_owned(),
             feeds: Vec::new(),
             operator_webhook: None,

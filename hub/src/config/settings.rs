@@ -11,9 +11,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use url::Url;
 
+use crate::config::text::{ConfigError, format_duration, invalid, parse_duration};
 use crate::delivery::RetryPolicy;
-use crate::feed::FeedConfig;
-use crate::setting::{ConfigError, format_duration, invalid, parse_duration};
+use crate::intake::feed::FeedConfig;
 
 use super::{
     DeliveryPolicy, HubConfig, LeasePolicy, LogFormat, VerificationPolicy, public_url_for,
@@ -202,7 +202,7 @@ pub struct Settings {
     /// disabled, enabled) is POSTed as JSON, signed; none when unset.
     #[cfg_attr(feature = "cli", arg(long, value_name = "URL"))]
     pub operator_webhook: Option<String>,
-    /// The Standard Webhooks secret (whsec_<base64>) the operator
+    /// The Standard Webhooks secret (`whsec_<base64>`) the operator
     /// webhook's requests are signed with; required with it.
     #[cfg_attr(feature = "cli", arg(long, value_name = "SECRET"))]
     pub operator_webhook_secret: Option<String>,

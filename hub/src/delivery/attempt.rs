@@ -12,8 +12,8 @@ use http_body_util::{BodyExt as _, Full};
 use tokio::time::Instant;
 
 use super::direct::{BoxError, DirectClient};
-use crate::events::RESPONSE_EXCERPT_BYTES;
 use crate::signature::{sign, sign_standard};
+use crate::storage::events::RESPONSE_EXCERPT_BYTES;
 
 /// How much of an answer is read so its connection can be reused; a longer
 /// one is abandoned with its connection (the content means nothing here).

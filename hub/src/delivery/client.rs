@@ -22,7 +22,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, OtherError, SignatureScheme};
 
-use crate::net::{
+use crate::delivery::net::{
     MAX_FETCH_REDIRECTS, NetError, NetPolicy, PolicyResolver, install_crypto_provider,
 };
 

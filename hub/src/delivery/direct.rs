@@ -21,7 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::net::{NetPolicy, PolicyResolver};
+use crate::delivery::net::{NetPolicy, PolicyResolver};
 
 type Connector = HttpsConnector<HttpConnector<PolicyResolver>>;
 

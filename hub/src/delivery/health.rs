@@ -41,7 +41,7 @@ use tracing::{info, warn};
 
 use super::Channel;
 use super::changes::{ChangeSink, change, failing_stage, was_failing};
-use crate::events::{
+use crate::storage::events::{
     Completion, EndpointRecord, EndpointState, EventLog, EventLogError, Exhaustion, NewChange,
     Outcome,
 };
@@ -620,7 +620,7 @@ impl Endpoints {
     }
 
     /// Disables every endpoint whose breaker has stayed open longer than
-    /// the policy allows at `now` (see [`Self::open_too_long`]).
+    /// the policy allows at `now` (see `open_too_long`).
     pub async fn disable_long_outages(&self, now: DateTime<Utc>) {
         for (endpoint, since) in self.open_too_long(now) {
             let reason = format!("failing since {}", since.to_rfc3339());

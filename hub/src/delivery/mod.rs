@@ -1,11 +1,15 @@
-//! The delivery core: what every delivery has in common, whichever channel
-//! it is on and whichever scheduler hands it over.
+//! Scheduling and delivery: the two schedulers, and the delivery core they
+//! share, whichever channel a delivery is on.
 //!
-//! Two schedulers feed it: the WebSub [`Distributor`](crate::dispatch::Distributor)
-//! (events of the hub's own log, to the subscriptions of their topic) and the
-//! outbox [`Dispatcher`](crate::outbox::Dispatcher) (rows of a producer's
-//! outbox, to registered webhooks and in-process handlers). They decide what
-//! is due and in which order; everything else is here, once:
+//! The schedulers decide what is due and in which order:
+//! - [`websub`]: the WebSub scheduler, whose [`Distributor`](websub::Distributor)
+//!   expands the events of the hub's own log into the subscriptions of their
+//!   topic, claims them per endpoint lane and hands each to the core;
+//! - [`outbox`]: the outbox scheduler, whose [`Dispatcher`](outbox::Dispatcher)
+//!   delivers the rows of a producer's outbox to registered webhooks and
+//!   in-process handlers.
+//!
+//! Everything else is here, once:
 //!
 //! - [`retry`]: the retry policy and the one decision after a failure;
 //! - [`attempt`]: the request with the channel's signature headers, the
@@ -25,7 +29,9 @@
 //!   too many in a row;
 //! - [`changes`]: each change of an endpoint's state, counted and kept;
 //! - [`operator`]: the changes sent to the optional operator webhook, an
-//!   endpoint like any other.
+//!   endpoint like any other;
+//! - [`net`]: the network policy for everything contacted on others' behalf
+//!   (deliveries, verifications, topic fetches), enforced by every client.
 
 pub mod attempt;
 pub mod changes;
@@ -34,11 +40,14 @@ pub mod direct;
 pub mod health;
 pub mod limit;
 pub mod metrics;
+pub mod net;
 pub mod operator;
+pub mod outbox;
 pub mod pool;
 pub mod recorder;
 pub mod retry;
 pub mod verdict;
+pub mod websub;
 
 pub use attempt::{Answer, MESSAGING_SCHEME, Request, SignatureScheme, WEBSUB_SCHEME, error_chain};
 pub use health::Endpoints;

@@ -23,7 +23,7 @@ use lru::LruCache;
 
 use super::client::{POOL_IDLE_TIMEOUT, Trust, callback_tls};
 use super::direct::DirectClient;
-use crate::net::{NetError, NetPolicy};
+use crate::delivery::net::{NetError, NetPolicy};
 
 /// How many idle connections the pool keeps, and to how many hosts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 use url::Url;
 use uuid::Uuid;
 use websub_hub::delivery::RetryPolicy;
-use websub_hub::net::NetPolicy;
-use websub_hub::outbox::{
+use websub_hub::delivery::net::NetPolicy;
+use websub_hub::delivery::outbox::{
     Dispatcher, DispatcherConfig, Event, Outbox, OutboxTables, WebhookSubscriber, ddl,
 };
 use websub_tests::RecordingReceiver;
@@ -41,7 +41,7 @@ impl Db {
     /// A fresh database on the test server with `tables` created, or `None`
     /// (skip) outside CI without a server.
     pub(crate) async fn fresh(tables: OutboxTables) -> Option<Self> {
-        websub_hub::net::install_crypto_provider();
+        websub_hub::delivery::net::install_crypto_provider();
         let url = websub_storetest::servers::fresh_postgres_url().await?;
         let pool = pool(&url, 4).await;
         sqlx::raw_sql(AssertSqlSafe(ddl(&tables)))

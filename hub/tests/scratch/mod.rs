@@ -12,8 +12,8 @@ use std::str::FromStr;
 use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use uuid::Uuid;
-use websub_hub::events::postgres::PostgresEventLog;
-use websub_hub::events::sqlite::SqliteEventLog;
+use websub_hub::storage::events::postgres::PostgresEventLog;
+use websub_hub::storage::events::sqlite::SqliteEventLog;
 
 /// A fresh SQLite event log in its own file, removed by
 /// [`SqliteScratch::remove`] when the check passes.

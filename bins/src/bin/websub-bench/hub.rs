@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
-use websub_hub::net;
+use websub_hub::delivery::net;
 
 use crate::launch::{Hub, INTERNAL_KEY, fat_ping, is_loopback_url, locate_websubd, urlencode};
 use crate::nginx::Nginx;

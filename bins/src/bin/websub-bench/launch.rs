@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::http::StatusCode;
-use websub_hub::net::NetPolicy;
+use websub_hub::delivery::net::NetPolicy;
 use websub_store::{Subscription, SubscriptionStore};
 
 use crate::Failure;

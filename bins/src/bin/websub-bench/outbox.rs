@@ -33,7 +33,7 @@ use axum::http::{HeaderMap, StatusCode};
 use sqlx::PgConnection;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use uuid::Uuid;
-use websub_hub::outbox::{Event, Outbox, OutboxTables, ddl, scan_index_ddl};
+use websub_hub::delivery::outbox::{Event, Outbox, OutboxTables, ddl, scan_index_ddl};
 use websub_hub::signature::MESSAGING_EVENT_ID_HEADER;
 
 use crate::launch::{Hub, locate_websubd};
@@ -160,7 +160,7 @@ impl Producer {
 }
 
 pub(crate) async fn run(args: OutboxArgs) -> Result<(), Failure> {
-    websub_hub::net::install_crypto_provider();
+    websub_hub::delivery::net::install_crypto_provider();
     let websubd = locate_websubd(args.websubd.as_ref())?;
     let database = ThrowawayDatabase::create(&args.postgres).await?;
     let url = database.url.clone();

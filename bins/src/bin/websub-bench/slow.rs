@@ -18,7 +18,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use tokio::sync::Notify;
-use websub_hub::net;
+use websub_hub::delivery::net;
 
 use crate::Failure;
 use crate::launch::{HubFlags, fat_ping, loopback_client, save_subscriptions};

@@ -15,7 +15,7 @@ use axum::Router;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::routing::get;
-use websub_hub::net;
+use websub_hub::delivery::net;
 
 use crate::Failure;
 use crate::launch::{HubFlags, locate_websubd, loopback_client, serve, urlencode};

@@ -21,7 +21,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
-use websub_hub::net;
+use websub_hub::delivery::net;
 
 use crate::launch::{HubFlags, fat_ping, loopback_client, save_subscriptions, serve_on};
 use crate::progress::Progress;

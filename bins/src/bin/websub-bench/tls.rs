@@ -19,7 +19,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use websub_hub::net;
+use websub_hub::delivery::net;
 
 use crate::Failure;
 use crate::https::{Connections, HttpsServer, TestCa};

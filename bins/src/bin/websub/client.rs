@@ -16,7 +16,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::{Method, RequestBuilder};
 use serde_json::Value;
 use url::Url;
-use websub_hub::auth::DEFAULT_INTERNAL_API_KEY_HEADER;
+use websub_hub::web::auth::DEFAULT_INTERNAL_API_KEY_HEADER;
 
 /// The variable the internal API key is read from.
 pub(crate) const KEY_VARIABLE: &str = "WEBSUB_INTERNAL_API_KEY";
@@ -151,7 +151,7 @@ impl Hub {
             Failure::Usage(format!("{KEY_VARIABLE} holds characters a header cannot"))
         })?;
         key.set_sensitive(true);
-        websub_hub::net::install_crypto_provider();
+        websub_hub::delivery::net::install_crypto_provider();
         // A redirect is refused rather than followed: the key would go
         // along to wherever it points.
         let client = reqwest::Client::builder()

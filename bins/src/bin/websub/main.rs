@@ -32,11 +32,11 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use websub_hub::auth::issue_token;
 use websub_hub::config::parse_duration;
-use websub_hub::outbox::{ddl, scan_index_ddl};
-use websub_hub::quota::Quota;
-use websub_hub::quota::fake::FakeQuotaServer;
+use websub_hub::delivery::outbox::{ddl, scan_index_ddl};
+use websub_hub::intake::quota::Quota;
+use websub_hub::intake::quota::fake::FakeQuotaServer;
+use websub_hub::web::auth::issue_token;
 
 use operator::OperatorCommand;
 use outbox::TableNames;

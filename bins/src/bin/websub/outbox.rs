@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use websub_hub::outbox::{
+use websub_hub::delivery::outbox::{
     DEFAULT_DELIVERIES_TABLE, DEFAULT_OUTBOX_TABLE, OutboxError, OutboxTables, purge_expired,
 };
 
@@ -54,7 +54,7 @@ pub(crate) async fn purge(
 #[cfg(test)]
 mod tests {
     use websub_hub::config::parse_duration;
-    use websub_hub::outbox::ddl;
+    use websub_hub::delivery::outbox::ddl;
 
     use super::*;
 

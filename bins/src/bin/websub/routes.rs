@@ -1,17 +1,17 @@
 //! `websub routes`: the hub's routes with their policies, or a Traefik
 //! file-provider configuration routing them (the table and the export are
-//! `websub_hub::routes`'). A refused setting is named by the flag or
+//! `websub_hub::web::routes`'). A refused setting is named by the flag or
 //! variable it came from, with exit code 2.
 
 use std::process::ExitCode;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args};
-use websub_hub::routes::traefik::{
+use websub_hub::web::routes::traefik::{
     DEFAULT_ADMIN_MIDDLEWARES, DEFAULT_ENRICHED_MIDDLEWARES, DEFAULT_ENTRY_POINT, DEFAULT_NAME,
     DEFAULT_PROTECTED_MIDDLEWARES, DEFAULT_SERVICE_URL, Setting, TraefikConfig, split_list,
 };
-use websub_hub::routes::{Policy, ROUTES};
+use websub_hub::web::routes::{Policy, ROUTES};
 
 use crate::table::Table;
 

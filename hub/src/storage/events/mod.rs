@@ -1,0 +1,799 @@
+//! The hub's durable event log: one row per accepted event (a publish's
+//! content, a fat ping) and one delivery record per (event, subscriber) —
+//! the same two-table shape as a producer's outbox. The dispatcher expands
+//! events into delivery records, claims due records, and writes back each
+//! outcome; everything it needs to survive a crash is here.
+//!
+//! Two backends: [`sqlite::SqliteEventLog`] (the embedded default) and
+//! [`postgres::PostgresEventLog`] (several hub replicas on one database:
+//! claims use `FOR UPDATE SKIP LOCKED` and never overlap).
+
+pub mod changes;
+mod operate;
+pub mod postgres;
+pub mod sqlite;
+
+pub use operate::{
+    DeliveryFilter, DeliveryState, DeliverySummary, EndpointRecord, Exhaustion, Replayed,
+    WebhookAttempt,
+};
+
+pub use changes::{
+    ChangeFilter, EndpointChange, EndpointChanges, EndpointState, MAX_CHANGES, NewChange, Sent,
+    WebhookState,
+};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+/// Content accepted for distribution, before it is recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    /// The topic URL the content belongs to.
+    pub topic: String,
+    /// The topic's Content-Type, exactly (parameters included).
+    pub content_type: String,
+    /// The content, byte for byte.
+    pub body: Bytes,
+}
+
+/// A recorded event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggedEvent {
+    /// Unique. Time-ordered (UUIDv7) when the log assigns it
+    /// ([`EventLog::record`]); the caller's own id otherwise
+    /// ([`EventLog::record_once`]: an outbox event keeps its envelope's).
+    /// Deliveries carry it as their event id.
+    pub id: Uuid,
+    /// The topic URL.
+    pub topic: String,
+    /// The Content-Type delivered with the body.
+    pub content_type: String,
+    /// The content.
+    pub body: Bytes,
+    /// When it was recorded.
+    pub created_at: DateTime<Utc>,
+    /// For a redelivery ([`EventLog::redeliver`], [`EventLog::replay`]): the
+    /// event it sends again, whose id its deliveries carry.
+    pub original_id: Option<Uuid>,
+}
+
+impl LoggedEvent {
+    /// The id its deliveries carry: the original's, for a redelivery, so
+    /// that a subscriber can tell it has seen the event before.
+    pub fn delivered_id(&self) -> Uuid {
+        self.original_id.unwrap_or(self.id)
+    }
+}
+
+/// What [`EventLog::record_once`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The event as stored.
+    pub event: LoggedEvent,
+    /// Whether this call stored it; `false` when an event with its id was
+    /// there already (and is returned unchanged).
+    pub created: bool,
+}
+
+/// A subscription that asked for ordered delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderedSubscription {
+    pub topic: String,
+    pub callback: String,
+    /// When it asked: a subscription created later is another one.
+    pub since: DateTime<Utc>,
+}
+
+/// A delivery record claimed for one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    /// The event to deliver.
+    pub event_id: Uuid,
+    /// The event's topic.
+    pub topic: String,
+    /// Who it goes to: the subscription's callback URL.
+    pub subscriber: String,
+    /// Failed attempts so far.
+    pub retry_count: u32,
+}
+
+/// What became of one claimed delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The subscriber answered 2xx.
+    Delivered,
+    /// The attempt failed; try again at `next_attempt_at`.
+    Retry {
+        /// Why the attempt failed (status or transport error).
+        error: String,
+        /// When the record becomes due again.
+        next_attempt_at: DateTime<Utc>,
+    },
+    /// The attempt failed and no retries are left: the record stops being
+    /// claimed and keeps the error for inspection.
+    Exhausted {
+        /// Why the last attempt failed.
+        error: String,
+    },
+    /// Nothing to deliver any more (the subscription is gone, or answered
+    /// 410): the record is closed with the reason kept.
+    Dropped {
+        /// Why it was dropped.
+        reason: String,
+    },
+    /// Not sent: the endpoint is disabled. The record is closed with the
+    /// reason kept, and a replay sends the event again.
+    Skipped {
+        /// Why it was skipped.
+        reason: String,
+    },
+    /// Not attempted, or failed for want of the hub's own resources (its
+    /// callback host was saturated, it had no file descriptor or memory to
+    /// spare): due again at `next_attempt_at`, and not a failure of the
+    /// subscriber's, so its retries are not counted.
+    Postponed {
+        /// The local error, if the attempt was made; kept as the last
+        /// error.
+        error: Option<String>,
+        /// When the record becomes due again.
+        next_attempt_at: DateTime<Utc>,
+    },
+}
+
+impl Outcome {
+    /// The error (or the reason for dropping) it records; none when
+    /// delivered.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            Self::Delivered => None,
+            Self::Retry { error, .. } | Self::Exhausted { error } => Some(error),
+            Self::Dropped { reason } | Self::Skipped { reason } => Some(reason),
+            Self::Postponed { error, .. } => error.as_deref(),
+        }
+    }
+}
+
+/// The outcome of one claimed delivery, ready to be recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The event delivered.
+    pub event_id: Uuid,
+    /// The subscriber it went to.
+    pub subscriber: String,
+    /// What happened.
+    pub outcome: Outcome,
+    /// The attempt that came to it, kept in the delivery's history; none
+    /// when nothing was sent (the subscription went away first). Its error is
+    /// written from `outcome`, so it need not be filled in.
+    pub attempt: Option<Attempt>,
+}
+
+/// One attempt of a delivery, as its history keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// When it started.
+    pub at: DateTime<Utc>,
+    /// How long it took, in microseconds.
+    pub duration_micros: i64,
+    /// The answer's status, when one came.
+    pub status: Option<u16>,
+    /// Why it failed, as the delivery records it; none when delivered.
+    pub error: Option<String>,
+    /// The first [`RESPONSE_EXCERPT_BYTES`] of the answer's body.
+    pub response: Bytes,
+}
+
+/// How much of an answer's body an attempt keeps.
+pub const RESPONSE_EXCERPT_BYTES: usize = 1024;
+
+/// The full state of one delivery record, for inspection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryRecord {
+    /// The event.
+    pub event_id: Uuid,
+    /// The subscriber.
+    pub subscriber: String,
+    /// When it was delivered (or dropped); `None` while pending or exhausted.
+    pub processed_at: Option<DateTime<Utc>>,
+    /// Failed attempts so far.
+    pub retry_count: u32,
+    /// The last failure, kept after exhaustion.
+    pub last_error: Option<String>,
+    /// When a dispatcher claimed it, while an attempt is in flight.
+    pub processing_since: Option<DateTime<Utc>>,
+    /// When it is due; `None` once exhausted or processed.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Where it stands.
+    pub state: DeliveryState,
+}
+
+/// How deliveries to one subscriber of a topic are going, over the topic's
+/// most recent events.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeliveryHealth {
+    /// When a record was last closed: delivered, or dropped because the
+    /// subscription was gone.
+    pub last_success: Option<DateTime<Utc>>,
+    /// The most recent event's failure, if any of them failed.
+    pub last_error: Option<String>,
+    /// Records still to be delivered (due, retrying or in flight).
+    pub pending: u64,
+    /// Records that exhausted their retries.
+    pub failed: u64,
+}
+
+/// What is left to deliver, for the backlog gauges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Undelivered {
+    /// Records due, retrying or in flight.
+    pub records: u64,
+    /// When the oldest of their events was recorded.
+    pub oldest: Option<DateTime<Utc>>,
+}
+
+/// A delivery record that exhausted its retries, for operators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedDelivery {
+    /// The event.
+    pub event_id: Uuid,
+    /// The event's topic.
+    pub topic: String,
+    /// The subscriber (callback URL).
+    pub subscriber: String,
+    /// When the event was recorded.
+    pub created_at: DateTime<Utc>,
+    /// Attempts made.
+    pub retry_count: u32,
+    /// Why the last attempt failed.
+    pub last_error: Option<String>,
+}
+
+/// Which exhausted records [`EventLog::failed`] and
+/// [`EventLog::retry_failed`] look at; `None` matches everything.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailedFilter<'a> {
+    /// Only records of events of this topic.
+    pub topic: Option<&'a str>,
+    /// Only records of this subscriber.
+    pub subscriber: Option<&'a str>,
+    /// Only the records of this event.
+    pub event_id: Option<Uuid>,
+}
+
+/// Events one [`EventLog::replay`] sends again at most.
+pub const REPLAY_LIMIT: usize = 10_000;
+
+/// Failures of the event log.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EventLogError {
+    /// The database failed.
+    #[error("event log database failed: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Migrations failed.
+    #[error("event log migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// `expand` of an event that is not in the log (never recorded, or
+    /// purged).
+    #[error("no event {0} in the log")]
+    UnknownEvent(Uuid),
+    /// A stored value could not be decoded.
+    #[error("invalid stored event data: {0}")]
+    Invalid(String),
+}
+
+/// Where the hub records events and delivery outcomes.
+///
+/// Every method is safe to call concurrently, from several processes sharing
+/// one database where the backend allows it. Times are passed in (never
+/// read from the clock inside) so callers control them in tests.
+///
+/// Events come in two ways. Content the hub accepted itself (a publish, a
+/// fat ping) is [`record`](EventLog::record)ed under an id the log assigns:
+/// each call is a new event. Content that already has an identity of its
+/// own (an outbox event, by its envelope's `event_id`) is
+/// [`record_once`](EventLog::record_once)d under that id: a caller that
+/// cannot tell whether its first call committed (a timeout, a database
+/// outage, a process that died before it could mark its work done) calls
+/// again, and the event is recorded, expanded and delivered once however
+/// often it is handed over.
+#[async_trait]
+pub trait EventLog: Send + Sync + std::fmt::Debug {
+    /// Records an event durably under a fresh UUIDv7; it is expanded later by
+    /// [`EventLog::expand`]. Returns the stored event.
+    async fn record(
+        &self,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<LoggedEvent, EventLogError>;
+
+    /// Records an event durably under `id`, unless an event with that id is
+    /// in the log already: then nothing is written and the stored event is
+    /// returned as it is (its topic, content and `created_at` are the first
+    /// recording's, whatever `event` says), with
+    /// [`created`](Recorded::created) false. Concurrent calls with one id
+    /// store it once, and every one of them returns it. An event purged by
+    /// retention is no longer there, so a call after the purge records it
+    /// again.
+    async fn record_once(
+        &self,
+        id: Uuid,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<Recorded, EventLogError>;
+
+    /// Writes one delivery record per subscriber (due at `now`) and marks the
+    /// event expanded, in one transaction. Idempotent: records that exist are
+    /// left as they are. Set-based, in chunks: 100 000 subscribers take a
+    /// handful of statements. Returns how many records were created; an
+    /// event not in the log is [`EventLogError::UnknownEvent`].
+    ///
+    /// With no subscribers it only marks the event: the way to finish an
+    /// expansion written in parts ([`EventLog::expand_claimed`]).
+    async fn expand(
+        &self,
+        event_id: Uuid,
+        subscribers: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
+    /// Writes delivery records for some of an event's subscribers, claimed
+    /// for their first attempt by the caller: due at `now`, with
+    /// `processing_since = now`, so that the caller delivers them without a
+    /// claim and no other claimer takes them until the visibility timeout.
+    /// The event stays unexpanded until [`EventLog::expand`] marks it (with
+    /// no further subscribers, once every part is in); after a crash it is
+    /// expanded again.
+    ///
+    /// Returns the subscribers whose records this call created, in no
+    /// particular order; only those are the caller's to deliver. A record
+    /// that exists (an earlier expansion's, another replica's expanding the
+    /// same event, or one left by a process that crashed mid-expansion) is
+    /// left exactly as it is and not returned: it stays with whoever claimed
+    /// it, or goes through [`EventLog::claim`]. So replicas expanding one
+    /// event at once share its records without delivering any twice, and a
+    /// record claimed by a process that died is delivered once its claim is
+    /// older than the visibility timeout. An event not in the log is
+    /// [`EventLogError::UnknownEvent`].
+    async fn expand_claimed(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError>;
+
+    /// Writes delivery records for some of an event's subscribers, due at
+    /// `due` and not claimed: the records a busy lane cannot take now,
+    /// which [`EventLog::claim_lanes`] hands out as it can; or (`ordered`)
+    /// the records of subscriptions that asked for ordered delivery, each
+    /// carrying the event's recording time, its place in its callback's
+    /// line, and belonging to that line's lane (the callback, whole), which
+    /// [`EventLog::claim_ordered`] hands out one at a time. Like
+    /// [`EventLog::expand_claimed`], it leaves the event unexpanded and an
+    /// existing record as it is. Returns how many records it created; an
+    /// event not in the log is [`EventLogError::UnknownEvent`].
+    async fn expand_waiting(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        due: DateTime<Utc>,
+        ordered: bool,
+    ) -> Result<u64, EventLogError>;
+
+    /// Claims, for each ordered lane (a callback) asked for, the head of its
+    /// line: of its records not processed and not exhausted, the first in
+    /// recording order, if it is due and not claimed (or its claim is older
+    /// than `visibility`). A line whose head is in flight or not yet due
+    /// gives nothing: one record in flight, strictly in order, whatever the
+    /// number of claimers. An exhausted record leaves the line.
+    async fn claim_ordered(
+        &self,
+        lanes: &[&str],
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Claimed>, EventLogError>;
+
+    /// Asks for ordered delivery to the subscription of `callback` to
+    /// `topic` (`ordered`), or takes the request back. A request applies to
+    /// the subscription created at or before `now` and to its renewals; a
+    /// subscription created later (after an unsubscribe) starts unordered.
+    async fn set_ordered(
+        &self,
+        topic: &str,
+        callback: &str,
+        ordered: bool,
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError>;
+
+    /// The requests for ordered delivery, at most `limit`.
+    async fn ordered_subscriptions(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<OrderedSubscription>, EventLogError>;
+
+    /// Claims, for each `(lane, count)` asked for, up to `count` due records
+    /// of that lane (see `crate::delivery::websub::lane_of`), most overdue first,
+    /// as [`EventLog::claim`] does for the whole log: concurrent claimers
+    /// never receive the same record, and a claim older than `visibility`
+    /// is taken over.
+    async fn claim_lanes(
+        &self,
+        lanes: &[(&str, usize)],
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Claimed>, EventLogError>;
+
+    /// The lanes holding records not yet processed and not exhausted, each
+    /// with its earliest `next_attempt_at` (records in flight included), at
+    /// most `limit` lanes in lane order. A scheduler finds here the work it
+    /// did not write itself: retries come due, records of a process that
+    /// died, records another replica left.
+    async fn due_lanes(&self, limit: usize) -> Result<Vec<(String, DateTime<Utc>)>, EventLogError>;
+
+    /// Hands back every claim in the log at once: for a log only one
+    /// process can use (SQLite), whose claims at start-up can only be its
+    /// dead predecessor's. Returns how many records were released.
+    async fn release_claims(&self) -> Result<u64, EventLogError>;
+
+    /// `subscriber` answered its unsubscribe verification from `topic` at
+    /// `since`: its records of the topic's events recorded since then that
+    /// are not processed yet (in flight included: a late outcome is
+    /// ignored) are closed as dropped, with `reason`. Returns how many.
+    async fn drop_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
+    /// An endpoint (a subscriber) that was failing since `failing_since`
+    /// answered again: its records waiting for a later attempt are due at
+    /// `now`, and those that ran out of retries with an attempt since
+    /// `failing_since` are due at `now` with their retries counted afresh.
+    /// Records in flight are left to their attempts. Returns how many
+    /// records were released.
+    async fn release_endpoint(
+        &self,
+        subscriber: &str,
+        failing_since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
+    /// Events recorded but not yet expanded (a crash between the two), oldest
+    /// first, at most `limit`.
+    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError>;
+
+    /// Claims up to `limit` due records: unprocessed, `next_attempt_at <=
+    /// now`, and not claimed since `now - visibility` (a claim older than
+    /// that belongs to a dead process). Sets `processing_since = now`.
+    /// Concurrent claimers never receive the same record. The most overdue
+    /// records come first.
+    async fn claim(
+        &self,
+        limit: usize,
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Claimed>, EventLogError>;
+
+    /// One event by id.
+    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError>;
+
+    /// Records outcomes in one round trip: `Delivered` and `Dropped` set
+    /// `processed_at = now`; `Retry` increments `retry_count` and sets
+    /// `next_attempt_at`; `Exhausted` increments `retry_count` and clears
+    /// `next_attempt_at`. Every failure or drop keeps its reason in
+    /// `last_error` (a later `Delivered` leaves the previous failure there
+    /// for inspection), and every outcome clears `processing_since`. An
+    /// outcome for a record already processed is ignored, so a late answer
+    /// from a claim that was taken over cannot reopen it.
+    async fn complete(
+        &self,
+        completions: &[Completion],
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError>;
+
+    /// Records the first outcomes of records nobody wrote: on a log only
+    /// one process uses ([`EventLog::is_single_process`]) a scheduler may
+    /// hold an expansion's records in memory and write each only with its
+    /// first outcome. Each record is created as [`EventLog::expand_waiting`]
+    /// and completed as [`EventLog::complete`] would; one that exists (an
+    /// operator's resend meanwhile) is completed as `complete` does. An
+    /// outcome of an event purged meanwhile is left out.
+    async fn complete_unwritten(
+        &self,
+        completions: &[Completion],
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError> {
+        write_then_complete(self, completions, now).await
+    }
+
+    /// Whether the event has any delivery record: an expansion that finds
+    /// some is taking up one a process began and did not finish.
+    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError>;
+
+    /// Whether only one process can use this log at a time (SQLite): then
+    /// nothing but this process writes its records, and an expansion may
+    /// hold records in memory ([`EventLog::complete_unwritten`]).
+    fn is_single_process(&self) -> bool {
+        false
+    }
+
+    /// Every delivery record of an event.
+    async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError>;
+
+    /// One delivery record, if the event has one for `subscriber`.
+    async fn delivery(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Option<DeliveryRecord>, EventLogError>;
+
+    /// The attempts of one delivery, oldest first.
+    async fn attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError>;
+
+    /// The topic's most recently recorded event, if any.
+    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError>;
+
+    /// The records still to be delivered (due, retrying or in flight; not
+    /// exhausted), and when the oldest of their events was recorded.
+    async fn undelivered(&self) -> Result<Undelivered, EventLogError>;
+
+    /// The versions of this build's migrations that the database has not
+    /// applied (none on a ready log); a query, so also a sign of life.
+    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError>;
+
+    /// Delivery health of `subscriber` over the topic's `window` most recent
+    /// events: bounded work however long the log grows.
+    async fn health(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        window: usize,
+    ) -> Result<DeliveryHealth, EventLogError>;
+
+    /// Exhausted records matching `filter`, newest event first, at most
+    /// `limit`.
+    async fn failed(
+        &self,
+        filter: FailedFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<FailedDelivery>, EventLogError>;
+
+    /// Makes the exhausted records matching `filter` due again at `now` with
+    /// a fresh retry budget; their last error stays until an attempt
+    /// replaces it. Returns how many were re-opened.
+    async fn retry_failed(
+        &self,
+        filter: FailedFilter<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
+    /// Deletes events created before `cutoff` with their delivery records.
+    /// Returns how many events were deleted.
+    async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError>;
+
+    /// Writes a delivery record, due at `now`, for `subscriber` of every
+    /// event of `topic` recorded at or after `since`: the events a
+    /// subscription verified at `since` but saved later could otherwise miss.
+    /// Records that exist are left as they are. Returns how many were
+    /// created.
+    async fn deliver_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
+    /// Delivery records matching `filter`, newest event first, at most
+    /// `limit`.
+    async fn list(
+        &self,
+        filter: DeliveryFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, EventLogError>;
+
+    /// Sends event `event_id` again to `subscribers`: records a redelivery
+    /// (a copy of the event naming it as its original, recorded at `now`,
+    /// never expanded) with a record due at `now` for each subscriber. The
+    /// original's records stay as they are, so each record is the history of
+    /// one round. A redelivery of a redelivery names the first original.
+    /// Returns the redelivery's id; `None` when the event is not in the log.
+    async fn redeliver(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, EventLogError>;
+
+    /// Sends the events of `topic` recorded at or after `since` again to
+    /// `subscriber`, oldest first, at most `limit` of them: a redelivery of
+    /// each (see [`EventLog::redeliver`]). Redeliveries themselves are not
+    /// replayed; their originals are.
+    async fn replay(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Replayed, EventLogError>;
+
+    /// The endpoints of `channel` (a [`Channel`](crate::delivery::Channel)
+    /// label) that failed since their last delivery or are disabled,
+    /// disabled first, at most `limit`.
+    async fn endpoints(
+        &self,
+        channel: &str,
+        limit: usize,
+    ) -> Result<Vec<EndpointRecord>, EventLogError>;
+
+    /// Counts outcomes against their endpoints: each exhaustion is one more
+    /// failure in a row, and an endpoint that reaches `disable_after` (when
+    /// not 0) is disabled at `now`; a delivery to an enabled endpoint clears
+    /// its failures. Returns the endpoints this call disabled.
+    async fn tally_endpoints(
+        &self,
+        channel: &str,
+        exhausted: &[Exhaustion<'_>],
+        delivered: &[&str],
+        disable_after: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError>;
+
+    /// Disables `endpoint` at `now` for `reason`, or (`reason` none) enables
+    /// it again with its failures cleared. Returns whether it changed.
+    async fn set_endpoint_disabled(
+        &self,
+        channel: &str,
+        endpoint: &str,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EventLogError>;
+
+    /// Keeps the attempts of outbox webhooks, whose delivery rows live in
+    /// the producer's database. [`EventLog::purge_before`] deletes them by
+    /// age.
+    async fn keep_webhook_attempts(
+        &self,
+        attempts: &[WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError>;
+
+    /// The attempts of one outbox webhook delivery, oldest first.
+    async fn webhook_attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError>;
+
+    /// The events whose outbox webhook `subscriber` was attempted at or
+    /// after `since`, each once, at most `limit`: among a recovered
+    /// webhook's rows, those that ran out of retries while it was failing,
+    /// as the hub's own history tells them (the rows themselves are the
+    /// producer's, and carry no mark of it).
+    async fn webhook_events_attempted_since(
+        &self,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, EventLogError>;
+
+    /// How many attempts at or after `since` were answered 2xx, counting
+    /// only events recorded at or after `since`: the recent delivery rate,
+    /// read through the events' time index in work bounded by the window
+    /// (an older event's late delivery is not counted).
+    async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError>;
+
+    /// The history of endpoint changes, in the same database.
+    fn changes(&self) -> &dyn EndpointChanges;
+
+    /// How many writes the log makes progress on at once: a writer beyond
+    /// them only waits, with a batch that could have grown meanwhile.
+    fn writes_at_once(&self) -> usize;
+}
+
+/// [`EventLog::complete_unwritten`] in two steps: the records created
+/// waiting, then completed.
+pub(crate) async fn write_then_complete<L: EventLog + ?Sized>(
+    log: &L,
+    completions: &[Completion],
+    now: DateTime<Utc>,
+) -> Result<(), EventLogError> {
+    let mut by_event: std::collections::HashMap<Uuid, Vec<&str>> = std::collections::HashMap::new();
+    for completion in completions {
+        by_event
+            .entry(completion.event_id)
+            .or_default()
+            .push(&completion.subscriber);
+    }
+    for (event_id, subscribers) in by_event {
+        match log.expand_waiting(event_id, &subscribers, now, false).await {
+            Ok(_) | Err(EventLogError::UnknownEvent(_)) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    log.complete(completions, now).await
+}
+
+/// The oldest claim still alive at `now`, or `None` when the visibility
+/// timeout reaches before the Unix epoch (no claim is that old).
+fn stale_bound(now: DateTime<Utc>, visibility: std::time::Duration) -> Option<DateTime<Utc>> {
+    let visibility = chrono::TimeDelta::from_std(visibility).ok()?;
+    now.checked_sub_signed(visibility)
+        .filter(|bound| *bound >= DateTime::UNIX_EPOCH)
+}
+
+/// A column that does not decode is a stored value the backend cannot hold,
+/// not a failure of the database.
+/// The versions of `migrator`'s migrations missing from `applied`.
+fn unapplied(migrator: &sqlx::migrate::Migrator, applied: &[i64]) -> Vec<i64> {
+    migrator
+        .iter()
+        .filter(|migration| migration.migration_type.is_up_migration())
+        .map(|migration| migration.version)
+        .filter(|version| !applied.contains(version))
+        .collect()
+}
+
+fn invalid(error: sqlx::Error) -> EventLogError {
+    EventLogError::Invalid(error.to_string())
+}
+
+/// Subscribers sorted and each once: sorted, the rows go into the primary
+/// key's b-tree in key order (byte order on both backends), mostly
+/// appending to one leaf rather than splitting pages all over the index;
+/// deduplicated, because an insert without ON CONFLICT would fail on a
+/// subscriber listed twice.
+fn sorted_unique<'a>(subscribers: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut subscribers: Vec<&str> = subscribers.into_iter().collect();
+    subscribers.sort_unstable();
+    subscribers.dedup();
+    subscribers
+}
+
+/// A database count as the unsigned number it is.
+fn count(value: i64) -> Result<u64, EventLogError> {
+    u64::try_from(value).map_err(|_| EventLogError::Invalid(format!("negative count {value}")))
+}
+
+/// Opens the event log a database URL names (`sqlite:PATH` or
+/// `postgres://…`) and runs its migrations.
+pub async fn connect(url: &str) -> Result<std::sync::Arc<dyn EventLog>, EventLogError> {
+    if url.starts_with("sqlite:") {
+        Ok(std::sync::Arc::new(
+            sqlite::SqliteEventLog::connect(url).await?,
+        ))
+    } else {
+        Ok(std::sync::Arc::new(
+            postgres::PostgresEventLog::connect(url).await?,
+        ))
+    }
+}
+
+/// [`connect`], with the claims of a PostgreSQL log held by `replica`: the
+/// id this process beats under ([`crate::storage::replicas`]), so that they are
+/// handed back at once if it dies. SQLite, which one process uses, ignores
+/// it.
+pub async fn connect_as(
+    url: &str,
+    replica: Uuid,
+) -> Result<std::sync::Arc<dyn EventLog>, EventLogError> {
+    if url.starts_with("sqlite:") {
+        connect(url).await
+    } else {
+        Ok(std::sync::Arc::new(
+            postgres::PostgresEventLog::connect(url)
+                .await?
+                .with_replica(replica),
+        ))
+    }
+}

@@ -1,0 +1,799 @@
+//! The PostgreSQL event log: events and delivery records in a database that
+//! several hub replicas share.
+//!
+//! It owns the `websub_events` and `websub_deliveries` tables and their
+//! migrations (`migrations/postgres/hub`, embedded at build time), recorded in
+//! their own table, `websub_hub_migrations`, so that the subscription store's
+//! migrator (`websub_store_migrations`) can run on the same database without
+//! either one taking the other's history for missing migrations.
+//!
+//! The behaviour is the [`EventLog`] contract. What this backend adds:
+//!
+//! - **Claims never overlap across replicas.** A claim is one `UPDATE` whose
+//!   due rows come from a `FOR UPDATE SKIP LOCKED` subquery: a row another
+//!   claimer has locked is skipped rather than waited for, and a row another
+//!   claimer has just committed a claim on fails the re-checked predicate.
+//! - **Claims name their holder.** Every claim records the replica that
+//!   makes it (`claimed_by`, see [`PostgresEventLog::with_replica`]), so
+//!   that a dead replica's claims are handed back within seconds
+//!   ([`crate::storage::replicas`]) rather than after the visibility timeout.
+//! - **Every call is a fixed number of round trips**, whatever the batch:
+//!   subscribers and completions travel as array parameters (`unnest`), so no
+//!   statement comes near PostgreSQL's limit of 65 535 bind parameters.
+//! - **Plans that do not depend on statistics.** Claims and completions run
+//!   through two SQL functions the migration defines, which rule out the
+//!   plans a planner with stale statistics would pick right after a large
+//!   expansion (sorting or hashing the whole backlog on every call).
+//! - **A statement-level foreign key.** Delivery records reference their
+//!   event with `ON DELETE CASCADE` semantics, enforced by triggers that check
+//!   once per statement rather than once per row; see the migration for why
+//!   and for the one condition (delete events at READ COMMITTED, as
+//!   [`EventLog::purge_before`] does).
+
+use chrono::{DateTime, Utc};
+use sqlx::migrate::Migrator;
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
+use uuid::Uuid;
+
+mod changes;
+mod delivery_path;
+mod operate;
+mod rows;
+mod statements;
+
+use statements::*;
+
+use super::{
+    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
+    EndpointRecord, EventLog, EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent,
+    NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered, WebhookAttempt,
+};
+use async_trait::async_trait;
+use rows::{
+    attempt_from_row, claimed_from_row, delivery_from_row, event_from_row, is_unique_violation,
+    retry_count,
+};
+
+/// Connections [`PostgresEventLog::connect`] keeps open while idle: what a
+/// dispatcher uses at once in a fan-out (the expander, the claim loop and its
+/// outcome writers), each of which would otherwise start a server process
+/// (and plan the log's functions afresh) in the middle of the fan-out.
+pub const WARM_CONNECTIONS: u32 = 6;
+
+/// Subscribers per `INSERT` in [`EventLog::expand`]. The array is one
+/// parameter, so this bounds statement memory, not parameter count.
+const EXPAND_CHUNK: usize = 10_000;
+
+/// Attempts of [`EventLog::record_once`] at an id a purge keeps deleting.
+const RECORD_ONCE_ROUNDS: usize = 3;
+
+/// Events per `DELETE` in [`EventLog::purge_before`]: each one cascades to its
+/// delivery rows, so a chunk stays a short transaction even for events that
+/// fanned out widely.
+const PURGE_CHUNK: i64 = 500;
+
+/// The event log in a PostgreSQL database.
+///
+/// Cloning is cheap and shares the pool.
+#[derive(Debug, Clone)]
+pub struct PostgresEventLog {
+    pool: PgPool,
+    /// The replica its claims are recorded as held by (`claimed_by`), so
+    /// that they can be handed back at once when it dies; see
+    /// [`crate::storage::replicas`].
+    replica: Uuid,
+}
+
+impl PostgresEventLog {
+    /// Connects a pool to `url` and brings the schema up to date.
+    ///
+    /// The pool's sessions run with `synchronous_commit = off`: a claim or an
+    /// outcome lost in a database crash only means a delivery is made again
+    /// after the visibility timeout (delivery is at least once anyway), and
+    /// an expansion lost leaves its event unexpanded, to be expanded again.
+    /// Waiting for a WAL flush on each of them was most of a fan-out's time.
+    /// Recording an event, which the hub acknowledges, still waits for it.
+    ///
+    /// The pool keeps [`WARM_CONNECTIONS`] open even when idle, so that a
+    /// fan-out after a quiet spell does not wait for new server processes.
+    pub async fn connect(url: &str) -> Result<Self, EventLogError> {
+        let options = PgConnectOptions::from_str(url)?.options([("synchronous_commit", "off")]);
+        let pool = PgPoolOptions::new()
+            .min_connections(WARM_CONNECTIONS)
+            .connect_with(options)
+            .await?;
+        let log = Self::from_pool(pool);
+        log.migrate().await?;
+        Ok(log)
+    }
+
+    /// An event log on an existing pool, for a caller that runs
+    /// [`migrate`](Self::migrate) itself (or knows the schema is current).
+    /// Its claims are held by a replica id of its own (see
+    /// [`with_replica`](Self::with_replica)).
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self {
+            pool,
+            replica: Uuid::now_v7(),
+        }
+    }
+
+    /// The same log, its claims held by `replica`: the id this process
+    /// registers and beats under ([`crate::storage::replicas::Replicas`]).
+    #[must_use]
+    pub fn with_replica(mut self, replica: Uuid) -> Self {
+        self.replica = replica;
+        self
+    }
+
+    /// The replica its claims are held by.
+    pub fn replica(&self) -> Uuid {
+        self.replica
+    }
+
+    /// Applies the event log's pending migrations. Safe to run from several
+    /// replicas at once: the migrator takes a database-wide advisory lock.
+    pub async fn migrate(&self) -> Result<(), EventLogError> {
+        migrator().run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The pool the event log runs on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+fn migrator() -> Migrator {
+    let mut migrator = sqlx::migrate!("../migrations/postgres/hub");
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
+
+/// How [`expand_in`] inserts records on the path where it marks the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Insert {
+    /// Without ON CONFLICT: no record can exist unless parts were written.
+    Unchecked,
+    /// With ON CONFLICT DO NOTHING.
+    SkipExisting,
+}
+
+/// The body of [`EventLog::expand`], on its transaction.
+async fn expand_in(
+    tx: &mut Transaction<'_, Postgres>,
+    event_id: Uuid,
+    subscribers: &[String],
+    now: DateTime<Utc>,
+    mode: Insert,
+) -> Result<u64, EventLogError> {
+    // The UPDATE also locks the event row until commit: a concurrent expand
+    // of the same event waits here, then takes the other path and creates
+    // nothing that exists, and a purge skips the event or waits. On the other
+    // path the insert's foreign-key trigger takes the lock (and fails the
+    // statement if a purge got there first).
+    let first = sqlx::query(MARK_EXPANDED)
+        .bind(event_id)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected()
+        == 1;
+    let insert = if first && mode == Insert::Unchecked {
+        EXPAND_FIRST
+    } else if first {
+        EXPAND_AGAIN
+    } else {
+        let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
+            .bind(event_id)
+            .fetch_one(&mut **tx)
+            .await?;
+        if !exists {
+            return Err(EventLogError::UnknownEvent(event_id));
+        }
+        EXPAND_AGAIN
+    };
+    let subscribers = super::sorted_unique(subscribers.iter().map(String::as_str));
+    let mut created = 0;
+    for chunk in subscribers.chunks(EXPAND_CHUNK) {
+        created += sqlx::query(insert)
+            .bind(event_id)
+            .bind(now)
+            .bind(chunk)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+    }
+    Ok(created)
+}
+
+/// The attempts `sql` selects for one delivery, oldest first.
+async fn attempts_in(
+    pool: &PgPool,
+    sql: &'static str,
+    event_id: Uuid,
+    subscriber: &str,
+) -> Result<Vec<Attempt>, EventLogError> {
+    sqlx::query(sql)
+        .bind(event_id)
+        .bind(subscriber)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(attempt_from_row)
+        .collect()
+}
+
+#[async_trait]
+impl EventLog for PostgresEventLog {
+    async fn record(
+        &self,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<LoggedEvent, EventLogError> {
+        let event = LoggedEvent {
+            id: Uuid::now_v7(),
+            topic: event.topic,
+            content_type: event.content_type,
+            body: event.body,
+            created_at: websub_store::to_micros(now),
+            original_id: None,
+        };
+        // Durable before the hub says "accepted", whatever the session's
+        // synchronous_commit (see `connect`).
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET LOCAL synchronous_commit = on")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(INSERT_EVENT)
+            .bind(event.id)
+            .bind(&event.topic)
+            .bind(&event.content_type)
+            .bind(event.body.as_ref())
+            .bind(event.created_at)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(event)
+    }
+
+    async fn record_once(
+        &self,
+        id: Uuid,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<Recorded, EventLogError> {
+        let event = LoggedEvent {
+            id,
+            topic: event.topic,
+            content_type: event.content_type,
+            body: event.body,
+            created_at: websub_store::to_micros(now),
+            original_id: None,
+        };
+        // An event found there can be purged before it is read back; the
+        // next round then records it again.
+        for _ in 0..RECORD_ONCE_ROUNDS {
+            let mut tx = self.pool.begin_with(READ_COMMITTED).await?;
+            sqlx::query("SET LOCAL synchronous_commit = on")
+                .execute(&mut *tx)
+                .await?;
+            let inserted = sqlx::query(INSERT_EVENT_ONCE)
+                .bind(event.id)
+                .bind(&event.topic)
+                .bind(&event.content_type)
+                .bind(event.body.as_ref())
+                .bind(event.created_at)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+                == 1;
+            if inserted {
+                tx.commit().await?;
+                return Ok(Recorded {
+                    event,
+                    created: true,
+                });
+            }
+            let stored = sqlx::query(EVENT).bind(id).fetch_optional(&mut *tx).await?;
+            tx.commit().await?;
+            if let Some(row) = stored {
+                return Ok(Recorded {
+                    event: event_from_row(&row)?,
+                    created: false,
+                });
+            }
+        }
+        Err(EventLogError::Invalid(format!(
+            "event {id} kept being purged while it was recorded"
+        )))
+    }
+
+    async fn expand(
+        &self,
+        event_id: Uuid,
+        subscribers: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let mut tx = self.pool.begin_with(READ_COMMITTED).await?;
+        match expand_in(&mut tx, event_id, subscribers, now, Insert::Unchecked).await {
+            Ok(created) => {
+                tx.commit().await?;
+                Ok(created)
+            }
+            // Parts written before a crash: the event is unmarked, yet some
+            // of its records exist. Rare; expand again, skipping those.
+            Err(EventLogError::Database(error)) if is_unique_violation(&error) => {
+                drop(tx);
+                let mut tx = self.pool.begin_with(READ_COMMITTED).await?;
+                let created =
+                    expand_in(&mut tx, event_id, subscribers, now, Insert::SkipExisting).await?;
+                tx.commit().await?;
+                Ok(created)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn expand_claimed(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        delivery_path::expand_claimed(self, event_id, subscribers, now).await
+    }
+
+    async fn expand_waiting(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        due: DateTime<Utc>,
+        ordered: bool,
+    ) -> Result<u64, EventLogError> {
+        delivery_path::expand_waiting(self, event_id, subscribers, due, ordered).await
+    }
+
+    async fn claim_lanes(
+        &self,
+        lanes: &[(&str, usize)],
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Claimed>, EventLogError> {
+        delivery_path::claim_lanes(self, lanes, now, visibility).await
+    }
+
+    async fn claim_ordered(
+        &self,
+        lanes: &[&str],
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Claimed>, EventLogError> {
+        delivery_path::claim_ordered(self, lanes, now, visibility).await
+    }
+
+    async fn set_ordered(
+        &self,
+        topic: &str,
+        callback: &str,
+        ordered: bool,
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError> {
+        let query = if ordered {
+            sqlx::query(ORDER).bind(topic).bind(callback).bind(now)
+        } else {
+            sqlx::query(UNORDER).bind(topic).bind(callback)
+        };
+        query.execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn ordered_subscriptions(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<OrderedSubscription>, EventLogError> {
+        sqlx::query(ORDERED_SUBSCRIPTIONS)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(OrderedSubscription {
+                    topic: row.try_get("topic").map_err(super::invalid)?,
+                    callback: row.try_get("callback").map_err(super::invalid)?,
+                    since: row.try_get("since").map_err(super::invalid)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn due_lanes(&self, limit: usize) -> Result<Vec<(String, DateTime<Utc>)>, EventLogError> {
+        sqlx::query(DUE_LANES)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                let lane: String = row.try_get("lane").map_err(super::invalid)?;
+                let due: DateTime<Utc> = row.try_get("due").map_err(super::invalid)?;
+                Ok((lane, due))
+            })
+            .collect()
+    }
+
+    async fn release_claims(&self) -> Result<u64, EventLogError> {
+        // Replicas share this log: a claim found at start may be a live
+        // replica's. A dead one's are handed back by the replicas'
+        // heartbeat (crate::storage::replicas), the rest by the visibility timeout.
+        Ok(0)
+    }
+
+    async fn drop_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        Ok(sqlx::query(DROP_SINCE)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(since)
+            .bind(reason)
+            .bind(now)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn release_endpoint(
+        &self,
+        subscriber: &str,
+        failing_since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        Ok(sqlx::query(RELEASE_ENDPOINT)
+            .bind(crate::delivery::websub::lane_of(subscriber))
+            .bind(subscriber)
+            .bind(now)
+            .bind(failing_since)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
+        sqlx::query(UNEXPANDED)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(event_from_row)
+            .collect()
+    }
+
+    async fn claim(
+        &self,
+        limit: usize,
+        now: DateTime<Utc>,
+        visibility: std::time::Duration,
+    ) -> Result<Vec<Claimed>, EventLogError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        sqlx::query(CLAIM)
+            .bind(now)
+            .bind(super::stale_bound(now, visibility))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(self.replica)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(claimed_from_row)
+            .collect()
+    }
+
+    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError> {
+        sqlx::query(EVENT)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(event_from_row)
+            .transpose()
+    }
+
+    async fn complete(
+        &self,
+        completions: &[Completion],
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError> {
+        delivery_path::complete(self, completions, now).await
+    }
+
+    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError> {
+        Ok(sqlx::query_scalar(HAS_RECORDS)
+            .bind(event_id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn delivery(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Option<DeliveryRecord>, EventLogError> {
+        sqlx::query(DELIVERY)
+            .bind(event_id)
+            .bind(subscriber)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(delivery_from_row)
+            .transpose()
+    }
+
+    async fn attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        attempts_in(&self.pool, ATTEMPTS, event_id, subscriber).await
+    }
+
+    async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {
+        sqlx::query(DELIVERIES)
+            .bind(event_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(delivery_from_row)
+            .collect()
+    }
+
+    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError> {
+        sqlx::query(LATEST)
+            .bind(topic)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(event_from_row)
+            .transpose()
+    }
+
+    async fn undelivered(&self) -> Result<Undelivered, EventLogError> {
+        let row = sqlx::query(UNDELIVERED).fetch_one(&self.pool).await?;
+        Ok(Undelivered {
+            records: super::count(row.try_get("records").map_err(super::invalid)?)?,
+            oldest: row.try_get("oldest").map_err(super::invalid)?,
+        })
+    }
+
+    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError> {
+        let applied: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT version FROM {MIGRATIONS_TABLE} WHERE success"
+        )))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(super::unapplied(&migrator(), &applied))
+    }
+
+    async fn health(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        window: usize,
+    ) -> Result<DeliveryHealth, EventLogError> {
+        let row = sqlx::query(HEALTH)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(i64::try_from(window).unwrap_or(i64::MAX))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(DeliveryHealth {
+            last_success: row.try_get("last_success").map_err(super::invalid)?,
+            last_error: row.try_get("last_error").map_err(super::invalid)?,
+            pending: super::count(row.try_get("pending").map_err(super::invalid)?)?,
+            failed: super::count(row.try_get("failed").map_err(super::invalid)?)?,
+        })
+    }
+
+    async fn failed(
+        &self,
+        filter: FailedFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<FailedDelivery>, EventLogError> {
+        sqlx::query(FAILED)
+            .bind(filter.topic)
+            .bind(filter.subscriber)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(filter.event_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(FailedDelivery {
+                    event_id: row.try_get("event_id").map_err(super::invalid)?,
+                    topic: row.try_get("topic").map_err(super::invalid)?,
+                    subscriber: row.try_get("subscriber").map_err(super::invalid)?,
+                    created_at: row.try_get("created_at").map_err(super::invalid)?,
+                    retry_count: retry_count(row.try_get("retry_count").map_err(super::invalid)?)?,
+                    last_error: row.try_get("last_error").map_err(super::invalid)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn retry_failed(
+        &self,
+        filter: FailedFilter<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        Ok(sqlx::query(RETRY_FAILED)
+            .bind(filter.topic)
+            .bind(filter.subscriber)
+            .bind(now)
+            .bind(filter.event_id)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
+        let mut deleted = 0;
+        loop {
+            // The cascade to delivery records must see rows whose insert
+            // committed while this delete waited for the event row; see the
+            // migration.
+            let mut tx = self.pool.begin_with(READ_COMMITTED).await?;
+            let chunk = sqlx::query(PURGE)
+                .bind(cutoff)
+                .bind(PURGE_CHUNK)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+            deleted += chunk;
+            if chunk == 0 {
+                sqlx::query(PURGE_WEBHOOK_ATTEMPTS)
+                    .bind(cutoff)
+                    .execute(&self.pool)
+                    .await?;
+                return Ok(deleted);
+            }
+        }
+    }
+
+    async fn deliver_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        Ok(sqlx::query(DELIVER_SINCE)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(since)
+            .bind(now)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn list(
+        &self,
+        filter: DeliveryFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, EventLogError> {
+        operate::list(&self.pool, filter, limit).await
+    }
+
+    async fn redeliver(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, EventLogError> {
+        operate::redeliver(&self.pool, event_id, subscribers, now).await
+    }
+
+    async fn replay(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Replayed, EventLogError> {
+        operate::replay(&self.pool, topic, subscriber, since, limit, now).await
+    }
+
+    async fn endpoints(
+        &self,
+        channel: &str,
+        limit: usize,
+    ) -> Result<Vec<EndpointRecord>, EventLogError> {
+        operate::endpoints(&self.pool, channel, limit).await
+    }
+
+    async fn tally_endpoints(
+        &self,
+        channel: &str,
+        exhausted: &[Exhaustion<'_>],
+        delivered: &[&str],
+        disable_after: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        operate::tally_endpoints(
+            &self.pool,
+            channel,
+            exhausted,
+            delivered,
+            disable_after,
+            now,
+        )
+        .await
+    }
+
+    async fn set_endpoint_disabled(
+        &self,
+        channel: &str,
+        endpoint: &str,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EventLogError> {
+        operate::set_endpoint_disabled(&self.pool, channel, endpoint, reason, now).await
+    }
+
+    async fn keep_webhook_attempts(
+        &self,
+        attempts: &[WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError> {
+        operate::keep_webhook_attempts(&self.pool, attempts).await
+    }
+
+    async fn webhook_attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
+    }
+
+    async fn webhook_events_attempted_since(
+        &self,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, EventLogError> {
+        Ok(sqlx::query_scalar(WEBHOOK_EVENTS_SINCE)
+            .bind(subscriber)
+            .bind(since)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
+        let row = sqlx::query(DELIVERED_SINCE)
+            .bind(since)
+            .fetch_one(&self.pool)
+            .await?;
+        super::count(row.try_get("delivered").map_err(super::invalid)?)
+    }
+
+    fn changes(&self) -> &dyn super::EndpointChanges {
+        self
+    }
+
+    /// Each write its own connection and transaction: they overlap on the
+    /// server.
+    fn writes_at_once(&self) -> usize {
+        4
+    }
+}

@@ -1,0 +1,788 @@
+//! The SQLite event log: events and delivery records in one local file, the
+//! embedded default.
+//!
+//! It owns the `websub_events` and `websub_deliveries` tables and their
+//! migrations (`migrations/sqlite/hub`, embedded at build time), recorded in
+//! their own table, `websub_hub_migrations`, so the subscription store can
+//! share the file. The tables are the PostgreSQL backend's wherever the
+//! dialects allow: ids are 16-byte BLOBs, timestamps INTEGER microseconds
+//! since the Unix epoch.
+//!
+//! The behaviour is the [`EventLog`] contract. What this backend adds:
+//!
+//! - **Durability.** The file is in WAL mode with `synchronous = NORMAL`: a
+//!   committed transaction is written to the WAL file (the operating
+//!   system's page cache) before the commit returns, so it survives the
+//!   process being killed at any point. The WAL is only flushed to the disk
+//!   at checkpoints, though, so a power loss or an operating-system crash can
+//!   roll back the transactions committed since the last one (it never
+//!   corrupts the file). That trade saves two disk flushes per claim and
+//!   completion batch; deployments that must not lose an accepted event to a
+//!   power cut should use PostgreSQL (or `synchronous = FULL` via
+//!   [`SqliteEventLog::from_pool`]).
+//! - **One writer.** Every write in every process queues for the file's write
+//!   lock, waiting up to [`BUSY_TIMEOUT`]. Claims therefore cannot overlap:
+//!   each one holds the lock from choosing its rows to marking them. Within
+//!   one process every write to the file (the log's, the backlog's and the
+//!   subscription store's) goes through one connection, queueing for it on
+//!   an async lock ([`websub_store::sqlite::Writer`]): a waiting write starts
+//!   the moment the previous one commits, where SQLite's busy handler would
+//!   have it sleep in steps of up to 100 ms and stall deliveries.
+//! - **A transaction, one round trip.** sqlx runs SQLite on a thread of its
+//!   own, and each statement, `BEGIN` and `COMMIT` is a round trip to it:
+//!   two thread switches, and tens of microseconds on a busy machine. The
+//!   writes of the delivery path (claims, outcomes) therefore go as one
+//!   script, `BEGIN IMMEDIATE; …; COMMIT`, in one round trip
+//!   (`SqliteEventLog::run_script`).
+//! - **JSON parameters.** SQLite has no array type and allows at most 32 766
+//!   bind parameters per statement, so batches (subscribers to expand,
+//!   completions) travel as one JSON array parameter read with `json_each`:
+//!   one statement, prepared once, whatever the batch size.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{SqliteConnection, SqlitePool};
+use sqlx::{AssertSqlSafe, Connection, Row};
+use uuid::Uuid;
+use websub_store::sqlite::Writer;
+
+mod changes;
+mod delivery_path;
+mod operate;
+mod retention;
+mod rows;
+mod statements;
+mod writer;
+
+use statements::*;
+
+use super::{
+    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
+    EndpointRecord, EventLog, EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent,
+    NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered, WebhookAttempt,
+};
+use rows::{
+    attempt_from_row, claimed_from_row, delivery_from_row, event_from_row, from_micros,
+    optional_time, retry_count,
+};
+
+/// The file is opened the way the subscription store opens it (the two share
+/// it by default): these are the store's pool size and busy timeout.
+pub use websub_store::sqlite::{BUSY_TIMEOUT, POOL_SIZE};
+
+/// Subscribers per `INSERT` in [`EventLog::expand`]: one JSON parameter each,
+/// so this bounds the size of one statement's argument, not a variable count.
+const EXPAND_CHUNK: usize = 10_000;
+
+/// The event log in a SQLite database file.
+///
+/// Cloning is cheap and shares the pool.
+#[derive(Debug, Clone)]
+pub struct SqliteEventLog {
+    pool: SqlitePool,
+    /// The connection every write to the file goes through; see the
+    /// module doc.
+    writer: Arc<Writer>,
+}
+
+impl SqliteEventLog {
+    /// Opens the database at `url_or_path` (a `sqlite:` URL or a plain file
+    /// path), creating the file if it is missing, and brings the schema up to
+    /// date.
+    ///
+    /// Every connection runs in WAL mode with `synchronous = NORMAL` (see the
+    /// module doc) and foreign keys on, and waits up to [`BUSY_TIMEOUT`] for
+    /// the write lock; the pool holds at most [`POOL_SIZE`] connections.
+    pub async fn connect(url_or_path: &str) -> Result<Self, EventLogError> {
+        let options = websub_store::sqlite::connect_options(url_or_path)?;
+        let log = Self::from_pool(websub_store::sqlite::open_pool(options).await?);
+        log.migrate().await?;
+        Ok(log)
+    }
+
+    /// An event log on an existing pool, for a caller that runs
+    /// [`migrate`](Self::migrate) itself (or knows the schema is current).
+    /// The pool's options are the caller's; foreign keys must be on, or
+    /// purging leaves delivery rows behind.
+    pub fn from_pool(pool: SqlitePool) -> Self {
+        Self {
+            writer: Writer::of(&pool),
+            pool,
+        }
+    }
+
+    /// Applies the event log's pending migrations.
+    ///
+    /// sqlx's SQLite migrator takes no lock of its own, so two processes
+    /// opening a new file at once would both try to create the tables. The
+    /// whole run is therefore one `BEGIN IMMEDIATE` transaction: the second
+    /// process waits for the first, then finds nothing left to apply.
+    pub async fn migrate(&self) -> Result<(), EventLogError> {
+        websub_store::sqlite::migrate_locked(&self.pool, &migrator()).await?;
+        Ok(())
+    }
+
+    /// The pool the event log runs on.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+}
+
+fn migrator() -> Migrator {
+    let mut migrator = sqlx::migrate!("../migrations/sqlite/hub");
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
+
+/// The body of [`EventLog::expand`], on a transaction holding the write lock.
+async fn expand_in(
+    tx: &mut SqliteConnection,
+    event_id: Uuid,
+    subscribers: &[String],
+    now: i64,
+) -> Result<u64, EventLogError> {
+    // First, so that a missing event is reported even when there is no
+    // subscriber (with subscribers, the foreign key would refuse the rows).
+    let marked = sqlx::query(MARK_EXPANDED)
+        .bind(event_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    if marked == 0 {
+        return Err(EventLogError::UnknownEvent(event_id));
+    }
+    let subscribers = super::sorted_unique(subscribers.iter().map(String::as_str));
+    let mut created = 0;
+    for chunk in subscribers.chunks(EXPAND_CHUNK) {
+        let chunk = serde_json::to_string(chunk)
+            .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+        created += sqlx::query(EXPAND)
+            .bind(event_id)
+            .bind(now)
+            .bind(chunk)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+    }
+    Ok(created)
+}
+
+/// `subscribers` in JSON arrays of at most [`EXPAND_CHUNK`], one statement's
+/// parameter each.
+fn json_chunks(subscribers: &[&str]) -> Result<Vec<String>, EventLogError> {
+    subscribers
+        .chunks(EXPAND_CHUNK)
+        .map(serde_json::to_string)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| EventLogError::Invalid(error.to_string()))
+}
+
+/// An expansion's records need their event: a missing one is
+/// [`EventLogError::UnknownEvent`] rather than a foreign-key failure.
+async fn event_must_exist(pool: &SqlitePool, event_id: Uuid) -> Result<(), EventLogError> {
+    let exists: bool = sqlx::query_scalar(EVENT_EXISTS)
+        .bind(event_id)
+        .fetch_one(pool)
+        .await?;
+    if exists {
+        Ok(())
+    } else {
+        Err(EventLogError::UnknownEvent(event_id))
+    }
+}
+
+/// The attempts `sql` selects for one delivery, oldest first.
+async fn attempts_in(
+    pool: &SqlitePool,
+    sql: &'static str,
+    event_id: Uuid,
+    subscriber: &str,
+) -> Result<Vec<Attempt>, EventLogError> {
+    sqlx::query(sql)
+        .bind(event_id)
+        .bind(subscriber)
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(attempt_from_row)
+        .collect()
+}
+
+#[async_trait]
+impl EventLog for SqliteEventLog {
+    async fn record(
+        &self,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<LoggedEvent, EventLogError> {
+        let event = LoggedEvent {
+            id: Uuid::now_v7(),
+            topic: event.topic,
+            content_type: event.content_type,
+            body: event.body,
+            created_at: websub_store::to_micros(now),
+            original_id: None,
+        };
+        let mut writer = self.writer().await?;
+        sqlx::query(INSERT_EVENT)
+            .bind(event.id)
+            .bind(&event.topic)
+            .bind(&event.content_type)
+            .bind(event.body.as_ref())
+            .bind(event.created_at.timestamp_micros())
+            .execute(&mut *writer)
+            .await?;
+        Ok(event)
+    }
+
+    async fn record_once(
+        &self,
+        id: Uuid,
+        event: NewEvent,
+        now: DateTime<Utc>,
+    ) -> Result<Recorded, EventLogError> {
+        let event = LoggedEvent {
+            id,
+            topic: event.topic,
+            content_type: event.content_type,
+            body: event.body,
+            created_at: websub_store::to_micros(now),
+            original_id: None,
+        };
+        let mut writer = self.writer().await?;
+        // One transaction under the write lock: an event found there stays
+        // until it is read back, whatever another process purges meanwhile.
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let inserted = sqlx::query(INSERT_EVENT_ONCE)
+            .bind(event.id)
+            .bind(&event.topic)
+            .bind(&event.content_type)
+            .bind(event.body.as_ref())
+            .bind(event.created_at.timestamp_micros())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+        let recorded = if inserted {
+            Recorded {
+                event,
+                created: true,
+            }
+        } else {
+            let row = sqlx::query(EVENT).bind(id).fetch_one(&mut *tx).await?;
+            Recorded {
+                event: event_from_row(&row)?,
+                created: false,
+            }
+        };
+        tx.commit().await?;
+        Ok(recorded)
+    }
+
+    async fn expand_claimed(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        delivery_path::expand_claimed(self, event_id, subscribers, now).await
+    }
+
+    async fn expand(
+        &self,
+        event_id: Uuid,
+        subscribers: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        // IMMEDIATE: the write lock is taken (or waited for) at BEGIN, not on
+        // the first write, where a stale read snapshot would fail at once.
+        let mut writer = self.writer().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let created = expand_in(&mut tx, event_id, subscribers, now.timestamp_micros()).await?;
+        tx.commit().await?;
+        Ok(created)
+    }
+
+    async fn expand_waiting(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        due: DateTime<Utc>,
+        ordered: bool,
+    ) -> Result<u64, EventLogError> {
+        delivery_path::expand_waiting(self, event_id, subscribers, due, ordered).await
+    }
+
+    async fn claim_lanes(
+        &self,
+        lanes: &[(&str, usize)],
+        now: DateTime<Utc>,
+        visibility: Duration,
+    ) -> Result<Vec<Claimed>, EventLogError> {
+        delivery_path::claim_lanes(self, lanes, now, visibility).await
+    }
+
+    async fn claim_ordered(
+        &self,
+        lanes: &[&str],
+        now: DateTime<Utc>,
+        visibility: Duration,
+    ) -> Result<Vec<Claimed>, EventLogError> {
+        delivery_path::claim_ordered(self, lanes, now, visibility).await
+    }
+
+    async fn set_ordered(
+        &self,
+        topic: &str,
+        callback: &str,
+        ordered: bool,
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError> {
+        let mut writer = self.writer().await?;
+        let query = if ordered {
+            sqlx::query(ORDER)
+                .bind(topic)
+                .bind(callback)
+                .bind(now.timestamp_micros())
+        } else {
+            sqlx::query(UNORDER).bind(topic).bind(callback)
+        };
+        query.execute(&mut *writer).await?;
+        Ok(())
+    }
+
+    async fn ordered_subscriptions(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<OrderedSubscription>, EventLogError> {
+        sqlx::query(ORDERED_SUBSCRIPTIONS)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(OrderedSubscription {
+                    topic: row.try_get("topic").map_err(super::invalid)?,
+                    callback: row.try_get("callback").map_err(super::invalid)?,
+                    since: from_micros(row.try_get("since").map_err(super::invalid)?)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn due_lanes(&self, limit: usize) -> Result<Vec<(String, DateTime<Utc>)>, EventLogError> {
+        sqlx::query(DUE_LANES)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                let lane: String = row.try_get("lane").map_err(super::invalid)?;
+                let due: i64 = row.try_get("due").map_err(super::invalid)?;
+                Ok((lane, from_micros(due)?))
+            })
+            .collect()
+    }
+
+    async fn release_claims(&self) -> Result<u64, EventLogError> {
+        let mut writer = self.writer().await?;
+        Ok(sqlx::query(RELEASE_CLAIMS)
+            .execute(&mut *writer)
+            .await?
+            .rows_affected())
+    }
+
+    async fn drop_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        reason: &str,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let mut writer = self.writer().await?;
+        Ok(sqlx::query(DROP_SINCE)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(since.timestamp_micros())
+            .bind(reason)
+            .bind(now.timestamp_micros())
+            .execute(&mut *writer)
+            .await?
+            .rows_affected())
+    }
+
+    async fn release_endpoint(
+        &self,
+        subscriber: &str,
+        failing_since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let mut writer = self.writer().await?;
+        Ok(sqlx::query(RELEASE_ENDPOINT)
+            .bind(crate::delivery::websub::lane_of(subscriber))
+            .bind(subscriber)
+            .bind(now.timestamp_micros())
+            .bind(failing_since.timestamp_micros())
+            .execute(&mut *writer)
+            .await?
+            .rows_affected())
+    }
+
+    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
+        sqlx::query(UNEXPANDED)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(event_from_row)
+            .collect()
+    }
+
+    async fn claim(
+        &self,
+        limit: usize,
+        now: DateTime<Utc>,
+        visibility: Duration,
+    ) -> Result<Vec<Claimed>, EventLogError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Under the write lock from the start, so no other claim (from this
+        // process or another) can pick rows between this one's choice and
+        // its mark; see `expand` for why IMMEDIATE.
+        let mut writer = self.writer().await?;
+        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let (now, stale) = delivery_path::claim_times(now, visibility);
+        let rows = sqlx::query(CLAIM)
+            .bind(now)
+            .bind(stale)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        rows.iter().map(claimed_from_row).collect()
+    }
+
+    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError> {
+        sqlx::query(EVENT)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(event_from_row)
+            .transpose()
+    }
+
+    async fn complete(
+        &self,
+        completions: &[Completion],
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError> {
+        delivery_path::complete(self, completions, now).await
+    }
+
+    async fn complete_unwritten(
+        &self,
+        completions: &[Completion],
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError> {
+        delivery_path::complete_unwritten(self, completions, now).await
+    }
+
+    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError> {
+        Ok(sqlx::query_scalar(HAS_RECORDS)
+            .bind(event_id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    /// Yes: the log's file is opened by one process at a time.
+    fn is_single_process(&self) -> bool {
+        true
+    }
+
+    async fn delivery(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Option<DeliveryRecord>, EventLogError> {
+        sqlx::query(DELIVERY)
+            .bind(event_id)
+            .bind(subscriber)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(delivery_from_row)
+            .transpose()
+    }
+
+    async fn attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        attempts_in(&self.pool, ATTEMPTS, event_id, subscriber).await
+    }
+
+    async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {
+        sqlx::query(DELIVERIES)
+            .bind(event_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(delivery_from_row)
+            .collect()
+    }
+
+    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError> {
+        sqlx::query(LATEST)
+            .bind(topic)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(event_from_row)
+            .transpose()
+    }
+
+    async fn undelivered(&self) -> Result<Undelivered, EventLogError> {
+        let row = sqlx::query(UNDELIVERED).fetch_one(&self.pool).await?;
+        Ok(Undelivered {
+            records: super::count(row.try_get("records").map_err(super::invalid)?)?,
+            oldest: row
+                .try_get::<Option<i64>, _>("oldest")
+                .map_err(super::invalid)?
+                .map(from_micros)
+                .transpose()?,
+        })
+    }
+
+    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError> {
+        let applied: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT version FROM {MIGRATIONS_TABLE} WHERE success"
+        )))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(super::unapplied(&migrator(), &applied))
+    }
+
+    async fn health(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        window: usize,
+    ) -> Result<DeliveryHealth, EventLogError> {
+        let row = sqlx::query(HEALTH)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(i64::try_from(window).unwrap_or(i64::MAX))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(DeliveryHealth {
+            last_success: optional_time(&row, "last_success")?,
+            last_error: row.try_get("last_error").map_err(super::invalid)?,
+            pending: super::count(row.try_get("pending").map_err(super::invalid)?)?,
+            failed: super::count(row.try_get("failed").map_err(super::invalid)?)?,
+        })
+    }
+
+    async fn failed(
+        &self,
+        filter: FailedFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<FailedDelivery>, EventLogError> {
+        sqlx::query(FAILED)
+            .bind(filter.topic)
+            .bind(filter.subscriber)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(filter.event_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(FailedDelivery {
+                    event_id: row.try_get("event_id").map_err(super::invalid)?,
+                    topic: row.try_get("topic").map_err(super::invalid)?,
+                    subscriber: row.try_get("subscriber").map_err(super::invalid)?,
+                    created_at: from_micros(row.try_get("created_at").map_err(super::invalid)?)?,
+                    retry_count: retry_count(row)?,
+                    last_error: row.try_get("last_error").map_err(super::invalid)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn retry_failed(
+        &self,
+        filter: FailedFilter<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let mut writer = self.writer().await?;
+        Ok(sqlx::query(RETRY_FAILED)
+            .bind(filter.topic)
+            .bind(filter.subscriber)
+            .bind(now.timestamp_micros())
+            .bind(filter.event_id)
+            .execute(&mut *writer)
+            .await?
+            .rows_affected())
+    }
+
+    async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
+        retention::purge_before(self, cutoff).await
+    }
+
+    async fn deliver_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        // Most new subscriptions have nothing to catch up with: a read,
+        // beside the writer, says so without queueing for it. An event
+        // recorded after this read is expanded after it too, when the
+        // subscription is already saved, so it finds the subscriber itself.
+        let any: bool = sqlx::query_scalar(ANY_SINCE)
+            .bind(topic)
+            .bind(since.timestamp_micros())
+            .fetch_one(&self.pool)
+            .await?;
+        if !any {
+            return Ok(0);
+        }
+        let mut writer = self.writer().await?;
+        Ok(sqlx::query(DELIVER_SINCE)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(since.timestamp_micros())
+            .bind(now.timestamp_micros())
+            .execute(&mut *writer)
+            .await?
+            .rows_affected())
+    }
+
+    async fn list(
+        &self,
+        filter: DeliveryFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, EventLogError> {
+        operate::list(&self.pool, filter, limit).await
+    }
+
+    async fn redeliver(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, EventLogError> {
+        let mut writer = self.writer().await?;
+        operate::redeliver(&mut writer, event_id, subscribers, now).await
+    }
+
+    async fn replay(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Replayed, EventLogError> {
+        let mut writer = self.writer().await?;
+        operate::replay(&mut writer, topic, subscriber, since, limit, now).await
+    }
+
+    async fn endpoints(
+        &self,
+        channel: &str,
+        limit: usize,
+    ) -> Result<Vec<EndpointRecord>, EventLogError> {
+        operate::endpoints(&self.pool, channel, limit).await
+    }
+
+    async fn tally_endpoints(
+        &self,
+        channel: &str,
+        exhausted: &[Exhaustion<'_>],
+        delivered: &[&str],
+        disable_after: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        let mut writer = self.writer().await?;
+        operate::tally_endpoints(
+            &mut writer,
+            channel,
+            exhausted,
+            delivered,
+            disable_after,
+            now,
+        )
+        .await
+    }
+
+    async fn set_endpoint_disabled(
+        &self,
+        channel: &str,
+        endpoint: &str,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EventLogError> {
+        let mut writer = self.writer().await?;
+        operate::set_endpoint_disabled(&mut writer, channel, endpoint, reason, now).await
+    }
+
+    async fn keep_webhook_attempts(
+        &self,
+        attempts: &[WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError> {
+        if attempts.is_empty() {
+            return Ok(());
+        }
+        let mut writer = self.writer().await?;
+        operate::keep_webhook_attempts(&mut writer, attempts).await
+    }
+
+    async fn webhook_attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
+    }
+
+    async fn webhook_events_attempted_since(
+        &self,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, EventLogError> {
+        Ok(sqlx::query_scalar(WEBHOOK_EVENTS_SINCE)
+            .bind(subscriber)
+            .bind(since.timestamp_micros())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
+        let row = sqlx::query(DELIVERED_SINCE)
+            .bind(since.timestamp_micros())
+            .fetch_one(&self.pool)
+            .await?;
+        super::count(row.try_get("delivered").map_err(super::invalid)?)
+    }
+
+    fn changes(&self) -> &dyn super::EndpointChanges {
+        self
+    }
+
+    /// One: the writes of this log queue for its one write connection.
+    fn writes_at_once(&self) -> usize {
+        1
+    }
+}
