@@ -25,9 +25,9 @@ use uuid::Uuid;
 use websub_hub::storage::events::postgres::PostgresEventLog;
 use websub_hub::storage::events::sqlite::SqliteEventLog;
 use websub_hub::storage::events::{
-    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliveryState,
-    EventLog, EventLogError, Exhaustion, FailedFilter, LoggedEvent, NewEvent, Outcome,
-    WebhookAttempt,
+    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryOperations,
+    DeliveryQueue, DeliveryRecord, DeliveryState, EventIntake, EventLog, EventLogError, Exhaustion,
+    FailedFilter, LoggedEvent, NewEvent, Outcome, WebhookAttempt,
 };
 
 /// Long enough that no claim in a check goes stale unless the check says so.

@@ -30,7 +30,7 @@ use websub_hub::intake::feed::{
 use websub_hub::signature::{EVENT_ID_HEADER, HUB_SIGNATURE_HEADER, verify};
 use websub_hub::storage::events::postgres::PostgresEventLog;
 use websub_hub::storage::events::sqlite::SqliteEventLog;
-use websub_hub::storage::events::{EventLog, LoggedEvent};
+use websub_hub::storage::events::{EventIntake, EventLog, LoggedEvent};
 use websub_store::memory::MemoryStore;
 use websub_store::{Subscription, SubscriptionStore};
 use websub_tests::RecordingReceiver;

@@ -17,7 +17,7 @@ use websub_hub::protocol::{Mode, SubscriptionRequest};
 use websub_hub::storage::backlog::Backlog;
 use websub_hub::storage::backlog::postgres::PostgresBacklog;
 use websub_hub::storage::events::postgres::PostgresEventLog;
-use websub_hub::storage::events::{EventLog, NewEvent};
+use websub_hub::storage::events::{DeliveryQueue, EventIntake, NewEvent};
 use websub_hub::storage::replicas::{DEAD_AFTER, Replicas, TakenOver};
 
 /// Long enough that no claim here goes stale by the visibility timeout.

@@ -16,7 +16,7 @@
 //!   twice the interval each time up to [`LONGEST_PROBE`].
 //! - **recovered**: the first successful probe closes it; what waited is
 //!   due at once, with the deliveries that ran out of retries while it was
-//!   failing (see [`EventLog::release_endpoint`]).
+//!   failing (see [`DeliveryQueue::release_endpoint`](crate::storage::events::DeliveryQueue::release_endpoint)).
 //! - **disabled**: open for `disable_after` (days by default), the
 //!   endpoint is disabled as an operator would, until one enables it.
 //!

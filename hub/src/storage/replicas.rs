@@ -21,7 +21,7 @@
 //! to remove, and hands back nothing.
 //!
 //! SQLite has no replicas: one process uses a file, and it hands back all
-//! claims at start (`EventLog::release_claims`).
+//! claims at start (`DeliveryQueue::release_claims`).
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};

@@ -57,7 +57,7 @@ impl Distributor {
 
     /// Expands one event: reads its topic's subscribers page by page, writes
     /// each part of a page as delivery records already claimed by this
-    /// process ([`EventLog::expand_claimed`]), starts the first attempt of
+    /// process ([`DeliveryQueue::expand_claimed`]), starts the first attempt of
     /// every record it created, and marks the event expanded after the last
     /// page.
     ///

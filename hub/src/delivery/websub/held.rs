@@ -1,9 +1,9 @@
 //! Records held in memory instead of written, on a log only one process
-//! uses (SQLite, [`EventLog::is_single_process`]): an expansion hands the
+//! uses (SQLite, [`DeliveryQueue::is_single_process`]): an expansion hands the
 //! records its lanes have room for straight to their attempts and holds
 //! the others here, per lane, for the lanes to take as they free room. A
 //! record is written once, with its first outcome
-//! ([`EventLog::complete_unwritten`]), where a record written to wait,
+//! ([`DeliveryOutcomes::complete_unwritten`]), where a record written to wait,
 //! claimed and completed takes three writes.
 //!
 //! Durable all the same: the event stays unexpanded in the log until every
@@ -20,8 +20,8 @@
 //! held longer than [`LONGEST_HELD`] is written to wait too, so that a slow
 //! or dead host never keeps its event unexpanded for long.
 //!
-//! [`EventLog::is_single_process`]: crate::storage::events::EventLog::is_single_process
-//! [`EventLog::complete_unwritten`]: crate::storage::events::EventLog::complete_unwritten
+//! [`DeliveryQueue::is_single_process`]: crate::storage::events::DeliveryQueue::is_single_process
+//! [`DeliveryOutcomes::complete_unwritten`]: crate::storage::events::DeliveryOutcomes::complete_unwritten
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,7 +1,7 @@
 //! Ordered delivery, as this process knows who asked for it: the
 //! subscriptions whose events go out one at a time, strictly in the order
 //! the hub recorded them. The requests live in the event log
-//! ([`EventLog::set_ordered`]); each process keeps a copy, changed at once
+//! ([`DeliveryQueue::set_ordered`]); each process keeps a copy, changed at once
 //! when it takes a request and read again every [`ORDERED_REFRESH`] for the
 //! ones another replica took.
 //!

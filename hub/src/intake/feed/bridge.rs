@@ -23,7 +23,7 @@ use crate::storage::events::{EventLog, NewEvent};
 /// The outbox hands an event over at least once: a call whose recording
 /// committed but whose outbox row was not marked processed (a timeout, a
 /// database outage, a crash in between) is made again. The recording is
-/// [`EventLog::record_once`], so the retry finds the event there and the
+/// [`EventIntake::record_once`](crate::storage::events::EventIntake::record_once), so the retry finds the event there and the
 /// hub delivers it once.
 #[derive(Clone)]
 pub struct WebSubBridge {

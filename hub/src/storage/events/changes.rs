@@ -4,7 +4,7 @@
 //! queue the optional operator webhook is sent from. The decisions are the
 //! delivery core's ([`crate::delivery::changes`]); this is where they are
 //! kept, behind a trait of its own that both backends of the event log
-//! implement ([`EventLog::changes`](super::EventLog::changes)).
+//! implement ([`EndpointStates::changes`](super::EndpointStates::changes)).
 //!
 //! The table is bounded twice: at most [`MAX_CHANGES`] rows in all (each
 //! append trims the oldest beyond it), and the retention purges rows older

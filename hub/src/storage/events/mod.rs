@@ -43,8 +43,8 @@ pub struct NewEvent {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoggedEvent {
     /// Unique. Time-ordered (UUIDv7) when the log assigns it
-    /// ([`EventLog::record`]); the caller's own id otherwise
-    /// ([`EventLog::record_once`]: an outbox event keeps its envelope's).
+    /// ([`EventIntake::record`]); the caller's own id otherwise
+    /// ([`EventIntake::record_once`]: an outbox event keeps its envelope's).
     /// Deliveries carry it as their event id.
     pub id: Uuid,
     /// The topic URL.
@@ -55,7 +55,7 @@ pub struct LoggedEvent {
     pub body: Bytes,
     /// When it was recorded.
     pub created_at: DateTime<Utc>,
-    /// For a redelivery ([`EventLog::redeliver`], [`EventLog::replay`]): the
+    /// For a redelivery ([`DeliveryOperations::redeliver`], [`DeliveryOperations::replay`]): the
     /// event it sends again, whose id its deliveries carry.
     pub original_id: Option<Uuid>,
 }
@@ -68,7 +68,7 @@ impl LoggedEvent {
     }
 }
 
-/// What [`EventLog::record_once`] found.
+/// What [`EventIntake::record_once`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recorded {
     /// The event as stored.
@@ -251,8 +251,8 @@ pub struct FailedDelivery {
     pub last_error: Option<String>,
 }
 
-/// Which exhausted records [`EventLog::failed`] and
-/// [`EventLog::retry_failed`] look at; `None` matches everything.
+/// Which exhausted records [`DeliveryOperations::failed`] and
+/// [`DeliveryOperations::retry_failed`] look at; `None` matches everything.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FailedFilter<'a> {
     /// Only records of events of this topic.
@@ -263,7 +263,7 @@ pub struct FailedFilter<'a> {
     pub event_id: Option<Uuid>,
 }
 
-/// Events one [`EventLog::replay`] sends again at most.
+/// Events one [`DeliveryOperations::replay`] sends again at most.
 pub const REPLAY_LIMIT: usize = 10_000;
 
 /// Failures of the event log.
@@ -285,25 +285,52 @@ pub enum EventLogError {
     Invalid(String),
 }
 
-/// Where the hub records events and delivery outcomes.
+/// Where the hub records events and delivery outcomes: six parts by
+/// concern, each a trait of its own, so that a component names only the
+/// part it uses and a backend is written and checked part by part:
+/// - [`EventIntake`]: events recorded and read back;
+/// - [`DeliveryQueue`]: records written as events expand, claimed per lane
+///   or per ordered line, released, dropped;
+/// - [`DeliveryOutcomes`]: outcomes and the history of attempts;
+/// - [`EndpointStates`]: failures per endpoint, disabling, changes;
+/// - [`DeliveryOperations`]: listing, lookups, retries, redelivery, replay;
+/// - [`LogUpkeep`]: retention and migrations.
 ///
-/// Every method is safe to call concurrently, from several processes sharing
+/// A type with all six is an `EventLog`. Every method is safe to call concurrently, from several processes sharing
 /// one database where the backend allows it. Times are passed in (never
 /// read from the clock inside) so callers control them in tests.
 ///
 /// Events come in two ways. Content the hub accepted itself (a publish, a
-/// fat ping) is [`record`](EventLog::record)ed under an id the log assigns:
+/// fat ping) is [`record`](EventIntake::record)ed under an id the log assigns:
 /// each call is a new event. Content that already has an identity of its
 /// own (an outbox event, by its envelope's `event_id`) is
-/// [`record_once`](EventLog::record_once)d under that id: a caller that
+/// [`record_once`](EventIntake::record_once)d under that id: a caller that
 /// cannot tell whether its first call committed (a timeout, a database
 /// outage, a process that died before it could mark its work done) calls
 /// again, and the event is recorded, expanded and delivered once however
 /// often it is handed over.
+pub trait EventLog:
+    EventIntake + DeliveryQueue + DeliveryOutcomes + EndpointStates + DeliveryOperations + LogUpkeep
+{
+}
+
+impl<T> EventLog for T where
+    T: EventIntake
+        + DeliveryQueue
+        + DeliveryOutcomes
+        + EndpointStates
+        + DeliveryOperations
+        + LogUpkeep
+        + ?Sized
+{
+}
+
+/// The log's events: each recorded durably (once, under an id of its own,
+/// where it has one) and read back.
 #[async_trait]
-pub trait EventLog: Send + Sync + std::fmt::Debug {
+pub trait EventIntake: Send + Sync + std::fmt::Debug {
     /// Records an event durably under a fresh UUIDv7; it is expanded later by
-    /// [`EventLog::expand`]. Returns the stored event.
+    /// [`DeliveryQueue::expand`]. Returns the stored event.
     async fn record(
         &self,
         event: NewEvent,
@@ -325,6 +352,26 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         now: DateTime<Utc>,
     ) -> Result<Recorded, EventLogError>;
 
+    /// Events recorded but not yet expanded (a crash between the two), oldest
+    /// first, at most `limit`.
+    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError>;
+
+    /// One event by id.
+    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError>;
+
+    /// Whether the event has any delivery record: an expansion that finds
+    /// some is taking up one a process began and did not finish.
+    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError>;
+
+    /// The topic's most recently recorded event, if any.
+    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError>;
+}
+
+/// The delivery queue: an event's records written as it is expanded,
+/// claimed per lane (or one at a time per ordered line), released and
+/// dropped.
+#[async_trait]
+pub trait DeliveryQueue: Send + Sync + std::fmt::Debug {
     /// Writes one delivery record per subscriber (due at `now`) and marks the
     /// event expanded, in one transaction. Idempotent: records that exist are
     /// left as they are. Set-based, in chunks: 100 000 subscribers take a
@@ -332,7 +379,7 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// event not in the log is [`EventLogError::UnknownEvent`].
     ///
     /// With no subscribers it only marks the event: the way to finish an
-    /// expansion written in parts ([`EventLog::expand_claimed`]).
+    /// expansion written in parts ([`DeliveryQueue::expand_claimed`]).
     async fn expand(
         &self,
         event_id: Uuid,
@@ -344,7 +391,7 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// for their first attempt by the caller: due at `now`, with
     /// `processing_since = now`, so that the caller delivers them without a
     /// claim and no other claimer takes them until the visibility timeout.
-    /// The event stays unexpanded until [`EventLog::expand`] marks it (with
+    /// The event stays unexpanded until [`DeliveryQueue::expand`] marks it (with
     /// no further subscribers, once every part is in); after a crash it is
     /// expanded again.
     ///
@@ -353,7 +400,7 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     /// that exists (an earlier expansion's, another replica's expanding the
     /// same event, or one left by a process that crashed mid-expansion) is
     /// left exactly as it is and not returned: it stays with whoever claimed
-    /// it, or goes through [`EventLog::claim`]. So replicas expanding one
+    /// it, or goes through [`DeliveryQueue::claim`]. So replicas expanding one
     /// event at once share its records without delivering any twice, and a
     /// record claimed by a process that died is delivered once its claim is
     /// older than the visibility timeout. An event not in the log is
@@ -367,12 +414,12 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
 
     /// Writes delivery records for some of an event's subscribers, due at
     /// `due` and not claimed: the records a busy lane cannot take now,
-    /// which [`EventLog::claim_lanes`] hands out as it can; or (`ordered`)
+    /// which [`DeliveryQueue::claim_lanes`] hands out as it can; or (`ordered`)
     /// the records of subscriptions that asked for ordered delivery, each
     /// carrying the event's recording time, its place in its callback's
     /// line, and belonging to that line's lane (the callback, whole), which
-    /// [`EventLog::claim_ordered`] hands out one at a time. Like
-    /// [`EventLog::expand_claimed`], it leaves the event unexpanded and an
+    /// [`DeliveryQueue::claim_ordered`] hands out one at a time. Like
+    /// [`DeliveryQueue::expand_claimed`], it leaves the event unexpanded and an
     /// existing record as it is. Returns how many records it created; an
     /// event not in the log is [`EventLogError::UnknownEvent`].
     async fn expand_waiting(
@@ -416,7 +463,7 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
 
     /// Claims, for each `(lane, count)` asked for, up to `count` due records
     /// of that lane (see `crate::delivery::websub::lane_of`), most overdue first,
-    /// as [`EventLog::claim`] does for the whole log: concurrent claimers
+    /// as [`DeliveryQueue::claim`] does for the whole log: concurrent claimers
     /// never receive the same record, and a claim older than `visibility`
     /// is taken over.
     async fn claim_lanes(
@@ -464,10 +511,6 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError>;
 
-    /// Events recorded but not yet expanded (a crash between the two), oldest
-    /// first, at most `limit`.
-    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError>;
-
     /// Claims up to `limit` due records: unprocessed, `next_attempt_at <=
     /// now`, and not claimed since `now - visibility` (a claim older than
     /// that belongs to a dead process). Sets `processing_since = now`.
@@ -480,9 +523,32 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         visibility: std::time::Duration,
     ) -> Result<Vec<Claimed>, EventLogError>;
 
-    /// One event by id.
-    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError>;
+    /// Whether only one process can use this log at a time (SQLite): then
+    /// nothing but this process writes its records, and an expansion may
+    /// hold records in memory ([`DeliveryOutcomes::complete_unwritten`]).
+    fn is_single_process(&self) -> bool {
+        false
+    }
 
+    /// Writes a delivery record, due at `now`, for `subscriber` of every
+    /// event of `topic` recorded at or after `since`: the events a
+    /// subscription verified at `since` but saved later could otherwise miss.
+    /// Records that exist are left as they are. Returns how many were
+    /// created.
+    async fn deliver_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+}
+
+/// Outcomes and the history of attempts: each delivery's outcome written,
+/// every failed or retried attempt kept, for WebSub records and outbox
+/// webhooks alike.
+#[async_trait]
+pub trait DeliveryOutcomes: DeliveryQueue {
     /// Records outcomes in one round trip: `Delivered` and `Dropped` set
     /// `processed_at = now`; `Retry` increments `retry_count` and sets
     /// `next_attempt_at`; `Exhausted` increments `retry_count` and clears
@@ -498,10 +564,10 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
     ) -> Result<(), EventLogError>;
 
     /// Records the first outcomes of records nobody wrote: on a log only
-    /// one process uses ([`EventLog::is_single_process`]) a scheduler may
+    /// one process uses ([`DeliveryQueue::is_single_process`]) a scheduler may
     /// hold an expansion's records in memory and write each only with its
-    /// first outcome. Each record is created as [`EventLog::expand_waiting`]
-    /// and completed as [`EventLog::complete`] would; one that exists (an
+    /// first outcome. Each record is created as [`DeliveryQueue::expand_waiting`]
+    /// and completed as [`DeliveryOutcomes::complete`] would; one that exists (an
     /// operator's resend meanwhile) is completed as `complete` does. An
     /// outcome of an event purged meanwhile is left out.
     async fn complete_unwritten(
@@ -512,27 +578,6 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         write_then_complete(self, completions, now).await
     }
 
-    /// Whether the event has any delivery record: an expansion that finds
-    /// some is taking up one a process began and did not finish.
-    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError>;
-
-    /// Whether only one process can use this log at a time (SQLite): then
-    /// nothing but this process writes its records, and an expansion may
-    /// hold records in memory ([`EventLog::complete_unwritten`]).
-    fn is_single_process(&self) -> bool {
-        false
-    }
-
-    /// Every delivery record of an event.
-    async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError>;
-
-    /// One delivery record, if the event has one for `subscriber`.
-    async fn delivery(
-        &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Option<DeliveryRecord>, EventLogError>;
-
     /// The attempts of one delivery, oldest first.
     async fn attempts(
         &self,
@@ -540,94 +585,30 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         subscriber: &str,
     ) -> Result<Vec<Attempt>, EventLogError>;
 
-    /// The topic's most recently recorded event, if any.
-    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError>;
-
-    /// The records still to be delivered (due, retrying or in flight; not
-    /// exhausted), and when the oldest of their events was recorded.
-    async fn undelivered(&self) -> Result<Undelivered, EventLogError>;
-
-    /// The versions of this build's migrations that the database has not
-    /// applied (none on a ready log); a query, so also a sign of life.
-    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError>;
-
-    /// Delivery health of `subscriber` over the topic's `window` most recent
-    /// events: bounded work however long the log grows.
-    async fn health(
+    /// Keeps the attempts of outbox webhooks, whose delivery rows live in
+    /// the producer's database. [`LogUpkeep::purge_before`] deletes them by
+    /// age.
+    async fn keep_webhook_attempts(
         &self,
-        topic: &str,
-        subscriber: &str,
-        window: usize,
-    ) -> Result<DeliveryHealth, EventLogError>;
+        attempts: &[WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError>;
 
-    /// Exhausted records matching `filter`, newest event first, at most
-    /// `limit`.
-    async fn failed(
-        &self,
-        filter: FailedFilter<'_>,
-        limit: usize,
-    ) -> Result<Vec<FailedDelivery>, EventLogError>;
-
-    /// Makes the exhausted records matching `filter` due again at `now` with
-    /// a fresh retry budget; their last error stays until an attempt
-    /// replaces it. Returns how many were re-opened.
-    async fn retry_failed(
-        &self,
-        filter: FailedFilter<'_>,
-        now: DateTime<Utc>,
-    ) -> Result<u64, EventLogError>;
-
-    /// Deletes events created before `cutoff` with their delivery records.
-    /// Returns how many events were deleted.
-    async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError>;
-
-    /// Writes a delivery record, due at `now`, for `subscriber` of every
-    /// event of `topic` recorded at or after `since`: the events a
-    /// subscription verified at `since` but saved later could otherwise miss.
-    /// Records that exist are left as they are. Returns how many were
-    /// created.
-    async fn deliver_since(
-        &self,
-        topic: &str,
-        subscriber: &str,
-        since: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<u64, EventLogError>;
-
-    /// Delivery records matching `filter`, newest event first, at most
-    /// `limit`.
-    async fn list(
-        &self,
-        filter: DeliveryFilter<'_>,
-        limit: usize,
-    ) -> Result<Vec<DeliverySummary>, EventLogError>;
-
-    /// Sends event `event_id` again to `subscribers`: records a redelivery
-    /// (a copy of the event naming it as its original, recorded at `now`,
-    /// never expanded) with a record due at `now` for each subscriber. The
-    /// original's records stay as they are, so each record is the history of
-    /// one round. A redelivery of a redelivery names the first original.
-    /// Returns the redelivery's id; `None` when the event is not in the log.
-    async fn redeliver(
+    /// The attempts of one outbox webhook delivery, oldest first.
+    async fn webhook_attempts(
         &self,
         event_id: Uuid,
-        subscribers: &[&str],
-        now: DateTime<Utc>,
-    ) -> Result<Option<Uuid>, EventLogError>;
-
-    /// Sends the events of `topic` recorded at or after `since` again to
-    /// `subscriber`, oldest first, at most `limit` of them: a redelivery of
-    /// each (see [`EventLog::redeliver`]). Redeliveries themselves are not
-    /// replayed; their originals are.
-    async fn replay(
-        &self,
-        topic: &str,
         subscriber: &str,
-        since: DateTime<Utc>,
-        limit: usize,
-        now: DateTime<Utc>,
-    ) -> Result<Replayed, EventLogError>;
+    ) -> Result<Vec<Attempt>, EventLogError>;
 
+    /// How many writes the log makes progress on at once: a writer beyond
+    /// them only waits, with a batch that could have grown meanwhile.
+    fn writes_at_once(&self) -> usize;
+}
+
+/// Endpoint state: failures counted per endpoint, endpoints disabled and
+/// enabled, and the history of their changes.
+#[async_trait]
+pub trait EndpointStates: Send + Sync + std::fmt::Debug {
     /// The endpoints of `channel` (a [`Channel`](crate::delivery::Channel)
     /// label) that failed since their last delivery or are disabled,
     /// disabled first, at most `limit`.
@@ -660,21 +641,6 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         now: DateTime<Utc>,
     ) -> Result<bool, EventLogError>;
 
-    /// Keeps the attempts of outbox webhooks, whose delivery rows live in
-    /// the producer's database. [`EventLog::purge_before`] deletes them by
-    /// age.
-    async fn keep_webhook_attempts(
-        &self,
-        attempts: &[WebhookAttempt<'_>],
-    ) -> Result<(), EventLogError>;
-
-    /// The attempts of one outbox webhook delivery, oldest first.
-    async fn webhook_attempts(
-        &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Vec<Attempt>, EventLogError>;
-
     /// The events whose outbox webhook `subscriber` was attempted at or
     /// after `since`, each once, at most `limit`: among a recovered
     /// webhook's rows, those that ran out of retries while it was failing,
@@ -687,23 +653,111 @@ pub trait EventLog: Send + Sync + std::fmt::Debug {
         limit: usize,
     ) -> Result<Vec<Uuid>, EventLogError>;
 
+    /// The history of endpoint changes, in the same database.
+    fn changes(&self) -> &dyn EndpointChanges;
+}
+
+/// What operators and subscribers read and do: deliveries listed and
+/// looked up, failures retried, events redelivered and replayed, health and
+/// rates.
+#[async_trait]
+pub trait DeliveryOperations: Send + Sync + std::fmt::Debug {
+    /// Every delivery record of an event.
+    async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError>;
+
+    /// One delivery record, if the event has one for `subscriber`.
+    async fn delivery(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Option<DeliveryRecord>, EventLogError>;
+
+    /// The records still to be delivered (due, retrying or in flight; not
+    /// exhausted), and when the oldest of their events was recorded.
+    async fn undelivered(&self) -> Result<Undelivered, EventLogError>;
+
+    /// Delivery health of `subscriber` over the topic's `window` most recent
+    /// events: bounded work however long the log grows.
+    async fn health(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        window: usize,
+    ) -> Result<DeliveryHealth, EventLogError>;
+
+    /// Exhausted records matching `filter`, newest event first, at most
+    /// `limit`.
+    async fn failed(
+        &self,
+        filter: FailedFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<FailedDelivery>, EventLogError>;
+
+    /// Makes the exhausted records matching `filter` due again at `now` with
+    /// a fresh retry budget; their last error stays until an attempt
+    /// replaces it. Returns how many were re-opened.
+    async fn retry_failed(
+        &self,
+        filter: FailedFilter<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError>;
+
+    /// Delivery records matching `filter`, newest event first, at most
+    /// `limit`.
+    async fn list(
+        &self,
+        filter: DeliveryFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, EventLogError>;
+
+    /// Sends event `event_id` again to `subscribers`: records a redelivery
+    /// (a copy of the event naming it as its original, recorded at `now`,
+    /// never expanded) with a record due at `now` for each subscriber. The
+    /// original's records stay as they are, so each record is the history of
+    /// one round. A redelivery of a redelivery names the first original.
+    /// Returns the redelivery's id; `None` when the event is not in the log.
+    async fn redeliver(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, EventLogError>;
+
+    /// Sends the events of `topic` recorded at or after `since` again to
+    /// `subscriber`, oldest first, at most `limit` of them: a redelivery of
+    /// each (see [`DeliveryOperations::redeliver`]). Redeliveries themselves are not
+    /// replayed; their originals are.
+    async fn replay(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Replayed, EventLogError>;
+
     /// How many attempts at or after `since` were answered 2xx, counting
     /// only events recorded at or after `since`: the recent delivery rate,
     /// read through the events' time index in work bounded by the window
     /// (an older event's late delivery is not counted).
     async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError>;
-
-    /// The history of endpoint changes, in the same database.
-    fn changes(&self) -> &dyn EndpointChanges;
-
-    /// How many writes the log makes progress on at once: a writer beyond
-    /// them only waits, with a batch that could have grown meanwhile.
-    fn writes_at_once(&self) -> usize;
 }
 
-/// [`EventLog::complete_unwritten`] in two steps: the records created
+/// Upkeep: retention and the schema's migrations.
+#[async_trait]
+pub trait LogUpkeep: Send + Sync + std::fmt::Debug {
+    /// The versions of this build's migrations that the database has not
+    /// applied (none on a ready log); a query, so also a sign of life.
+    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError>;
+
+    /// Deletes events created before `cutoff` with their delivery records.
+    /// Returns how many events were deleted.
+    async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError>;
+}
+
+/// [`DeliveryOutcomes::complete_unwritten`] in two steps: the records created
 /// waiting, then completed.
-pub(crate) async fn write_then_complete<L: EventLog + ?Sized>(
+pub(crate) async fn write_then_complete<L: DeliveryOutcomes + ?Sized>(
     log: &L,
     completions: &[Completion],
     now: DateTime<Utc>,

@@ -82,7 +82,7 @@ pub(super) const STATE_SQL: &str = "CASE \
      WHEN d.processed_at IS NULL THEN 'failed' \
      ELSE COALESCE(d.outcome, 'delivered') END";
 
-/// Which delivery records [`EventLog::list`](super::EventLog::list) returns;
+/// Which delivery records [`DeliveryOperations::list`](super::DeliveryOperations::list) returns;
 /// `None` matches everything.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeliveryFilter<'a> {
@@ -126,7 +126,7 @@ pub struct DeliverySummary {
     pub next_attempt_at: Option<DateTime<Utc>>,
 }
 
-/// What [`EventLog::replay`](super::EventLog::replay) did.
+/// What [`DeliveryOperations::replay`](super::DeliveryOperations::replay) did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Replayed {
     /// The redeliveries recorded, one per event, oldest event first.

@@ -7,7 +7,7 @@
 //! migrator (`websub_store_migrations`) can run on the same database without
 //! either one taking the other's history for missing migrations.
 //!
-//! The behaviour is the [`EventLog`] contract. What this backend adds:
+//! The behaviour is the [`EventLog`](super::EventLog) contract. What this backend adds:
 //!
 //! - **Claims never overlap across replicas.** A claim is one `UPDATE` whose
 //!   due rows come from a `FOR UPDATE SKIP LOCKED` subquery: a row another
@@ -28,7 +28,7 @@
 //!   event with `ON DELETE CASCADE` semantics, enforced by triggers that check
 //!   once per statement rather than once per row; see the migration for why
 //!   and for the one condition (delete events at READ COMMITTED, as
-//!   [`EventLog::purge_before`] does).
+//!   [`LogUpkeep::purge_before`] does).
 
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
@@ -47,9 +47,11 @@ mod statements;
 use statements::*;
 
 use super::{
-    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
-    EndpointRecord, EventLog, EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent,
-    NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered, WebhookAttempt,
+    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryOperations,
+    DeliveryOutcomes, DeliveryQueue, DeliveryRecord, DeliverySummary, EndpointRecord,
+    EndpointStates, EventIntake, EventLogError, Exhaustion, FailedDelivery, FailedFilter,
+    LogUpkeep, LoggedEvent, NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered,
+    WebhookAttempt,
 };
 use async_trait::async_trait;
 use rows::{
@@ -63,14 +65,14 @@ use rows::{
 /// (and plan the log's functions afresh) in the middle of the fan-out.
 pub const WARM_CONNECTIONS: u32 = 6;
 
-/// Subscribers per `INSERT` in [`EventLog::expand`]. The array is one
+/// Subscribers per `INSERT` in [`DeliveryQueue::expand`]. The array is one
 /// parameter, so this bounds statement memory, not parameter count.
 const EXPAND_CHUNK: usize = 10_000;
 
-/// Attempts of [`EventLog::record_once`] at an id a purge keeps deleting.
+/// Attempts of [`EventIntake::record_once`] at an id a purge keeps deleting.
 const RECORD_ONCE_ROUNDS: usize = 3;
 
-/// Events per `DELETE` in [`EventLog::purge_before`]: each one cascades to its
+/// Events per `DELETE` in [`LogUpkeep::purge_before`]: each one cascades to its
 /// delivery rows, so a chunk stays a short transaction even for events that
 /// fanned out widely.
 const PURGE_CHUNK: i64 = 500;
@@ -162,7 +164,7 @@ enum Insert {
     SkipExisting,
 }
 
-/// The body of [`EventLog::expand`], on its transaction.
+/// The body of [`DeliveryQueue::expand`], on its transaction.
 async fn expand_in(
     tx: &mut Transaction<'_, Postgres>,
     event_id: Uuid,
@@ -228,7 +230,7 @@ async fn attempts_in(
 }
 
 #[async_trait]
-impl EventLog for PostgresEventLog {
+impl EventIntake for PostgresEventLog {
     async fn record(
         &self,
         event: NewEvent,
@@ -312,6 +314,46 @@ impl EventLog for PostgresEventLog {
         )))
     }
 
+    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
+        sqlx::query(UNEXPANDED)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(event_from_row)
+            .collect()
+    }
+
+    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError> {
+        sqlx::query(EVENT)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(event_from_row)
+            .transpose()
+    }
+
+    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError> {
+        Ok(sqlx::query_scalar(HAS_RECORDS)
+            .bind(event_id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError> {
+        sqlx::query(LATEST)
+            .bind(topic)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(event_from_row)
+            .transpose()
+    }
+}
+
+#[async_trait]
+impl DeliveryQueue for PostgresEventLog {
     async fn expand(
         &self,
         event_id: Uuid,
@@ -466,16 +508,6 @@ impl EventLog for PostgresEventLog {
             .rows_affected())
     }
 
-    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
-        sqlx::query(UNEXPANDED)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(event_from_row)
-            .collect()
-    }
-
     async fn claim(
         &self,
         limit: usize,
@@ -497,16 +529,26 @@ impl EventLog for PostgresEventLog {
             .collect()
     }
 
-    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError> {
-        sqlx::query(EVENT)
-            .bind(id)
-            .fetch_optional(&self.pool)
+    async fn deliver_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        Ok(sqlx::query(DELIVER_SINCE)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(since)
+            .bind(now)
+            .execute(&self.pool)
             .await?
-            .as_ref()
-            .map(event_from_row)
-            .transpose()
+            .rows_affected())
     }
+}
 
+#[async_trait]
+impl DeliveryOutcomes for PostgresEventLog {
     async fn complete(
         &self,
         completions: &[Completion],
@@ -515,13 +557,96 @@ impl EventLog for PostgresEventLog {
         delivery_path::complete(self, completions, now).await
     }
 
-    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError> {
-        Ok(sqlx::query_scalar(HAS_RECORDS)
-            .bind(event_id)
-            .fetch_one(&self.pool)
+    async fn attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        attempts_in(&self.pool, ATTEMPTS, event_id, subscriber).await
+    }
+
+    async fn keep_webhook_attempts(
+        &self,
+        attempts: &[WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError> {
+        operate::keep_webhook_attempts(&self.pool, attempts).await
+    }
+
+    async fn webhook_attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
+    }
+
+    /// Each write its own connection and transaction: they overlap on the
+    /// server.
+    fn writes_at_once(&self) -> usize {
+        4
+    }
+}
+
+#[async_trait]
+impl EndpointStates for PostgresEventLog {
+    async fn endpoints(
+        &self,
+        channel: &str,
+        limit: usize,
+    ) -> Result<Vec<EndpointRecord>, EventLogError> {
+        operate::endpoints(&self.pool, channel, limit).await
+    }
+
+    async fn tally_endpoints(
+        &self,
+        channel: &str,
+        exhausted: &[Exhaustion<'_>],
+        delivered: &[&str],
+        disable_after: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        operate::tally_endpoints(
+            &self.pool,
+            channel,
+            exhausted,
+            delivered,
+            disable_after,
+            now,
+        )
+        .await
+    }
+
+    async fn set_endpoint_disabled(
+        &self,
+        channel: &str,
+        endpoint: &str,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EventLogError> {
+        operate::set_endpoint_disabled(&self.pool, channel, endpoint, reason, now).await
+    }
+
+    async fn webhook_events_attempted_since(
+        &self,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, EventLogError> {
+        Ok(sqlx::query_scalar(WEBHOOK_EVENTS_SINCE)
+            .bind(subscriber)
+            .bind(since)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
             .await?)
     }
 
+    fn changes(&self) -> &dyn super::EndpointChanges {
+        self
+    }
+}
+
+#[async_trait]
+impl DeliveryOperations for PostgresEventLog {
     async fn delivery(
         &self,
         event_id: Uuid,
@@ -537,14 +662,6 @@ impl EventLog for PostgresEventLog {
             .transpose()
     }
 
-    async fn attempts(
-        &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Vec<Attempt>, EventLogError> {
-        attempts_in(&self.pool, ATTEMPTS, event_id, subscriber).await
-    }
-
     async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {
         sqlx::query(DELIVERIES)
             .bind(event_id)
@@ -555,31 +672,12 @@ impl EventLog for PostgresEventLog {
             .collect()
     }
 
-    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError> {
-        sqlx::query(LATEST)
-            .bind(topic)
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(event_from_row)
-            .transpose()
-    }
-
     async fn undelivered(&self) -> Result<Undelivered, EventLogError> {
         let row = sqlx::query(UNDELIVERED).fetch_one(&self.pool).await?;
         Ok(Undelivered {
             records: super::count(row.try_get("records").map_err(super::invalid)?)?,
             oldest: row.try_get("oldest").map_err(super::invalid)?,
         })
-    }
-
-    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError> {
-        let applied: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT version FROM {MIGRATIONS_TABLE} WHERE success"
-        )))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(super::unapplied(&migrator(), &applied))
     }
 
     async fn health(
@@ -643,48 +741,6 @@ impl EventLog for PostgresEventLog {
             .rows_affected())
     }
 
-    async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
-        let mut deleted = 0;
-        loop {
-            // The cascade to delivery records must see rows whose insert
-            // committed while this delete waited for the event row; see the
-            // migration.
-            let mut tx = self.pool.begin_with(READ_COMMITTED).await?;
-            let chunk = sqlx::query(PURGE)
-                .bind(cutoff)
-                .bind(PURGE_CHUNK)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            tx.commit().await?;
-            deleted += chunk;
-            if chunk == 0 {
-                sqlx::query(PURGE_WEBHOOK_ATTEMPTS)
-                    .bind(cutoff)
-                    .execute(&self.pool)
-                    .await?;
-                return Ok(deleted);
-            }
-        }
-    }
-
-    async fn deliver_since(
-        &self,
-        topic: &str,
-        subscriber: &str,
-        since: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<u64, EventLogError> {
-        Ok(sqlx::query(DELIVER_SINCE)
-            .bind(topic)
-            .bind(subscriber)
-            .bind(since)
-            .bind(now)
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
-    }
-
     async fn list(
         &self,
         filter: DeliveryFilter<'_>,
@@ -713,72 +769,6 @@ impl EventLog for PostgresEventLog {
         operate::replay(&self.pool, topic, subscriber, since, limit, now).await
     }
 
-    async fn endpoints(
-        &self,
-        channel: &str,
-        limit: usize,
-    ) -> Result<Vec<EndpointRecord>, EventLogError> {
-        operate::endpoints(&self.pool, channel, limit).await
-    }
-
-    async fn tally_endpoints(
-        &self,
-        channel: &str,
-        exhausted: &[Exhaustion<'_>],
-        delivered: &[&str],
-        disable_after: u32,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<String>, EventLogError> {
-        operate::tally_endpoints(
-            &self.pool,
-            channel,
-            exhausted,
-            delivered,
-            disable_after,
-            now,
-        )
-        .await
-    }
-
-    async fn set_endpoint_disabled(
-        &self,
-        channel: &str,
-        endpoint: &str,
-        reason: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<bool, EventLogError> {
-        operate::set_endpoint_disabled(&self.pool, channel, endpoint, reason, now).await
-    }
-
-    async fn keep_webhook_attempts(
-        &self,
-        attempts: &[WebhookAttempt<'_>],
-    ) -> Result<(), EventLogError> {
-        operate::keep_webhook_attempts(&self.pool, attempts).await
-    }
-
-    async fn webhook_attempts(
-        &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Vec<Attempt>, EventLogError> {
-        attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
-    }
-
-    async fn webhook_events_attempted_since(
-        &self,
-        subscriber: &str,
-        since: DateTime<Utc>,
-        limit: usize,
-    ) -> Result<Vec<Uuid>, EventLogError> {
-        Ok(sqlx::query_scalar(WEBHOOK_EVENTS_SINCE)
-            .bind(subscriber)
-            .bind(since)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await?)
-    }
-
     async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
         let row = sqlx::query(DELIVERED_SINCE)
             .bind(since)
@@ -786,14 +776,41 @@ impl EventLog for PostgresEventLog {
             .await?;
         super::count(row.try_get("delivered").map_err(super::invalid)?)
     }
+}
 
-    fn changes(&self) -> &dyn super::EndpointChanges {
-        self
+#[async_trait]
+impl LogUpkeep for PostgresEventLog {
+    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError> {
+        let applied: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT version FROM {MIGRATIONS_TABLE} WHERE success"
+        )))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(super::unapplied(&migrator(), &applied))
     }
 
-    /// Each write its own connection and transaction: they overlap on the
-    /// server.
-    fn writes_at_once(&self) -> usize {
-        4
+    async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
+        let mut deleted = 0;
+        loop {
+            // The cascade to delivery records must see rows whose insert
+            // committed while this delete waited for the event row; see the
+            // migration.
+            let mut tx = self.pool.begin_with(READ_COMMITTED).await?;
+            let chunk = sqlx::query(PURGE)
+                .bind(cutoff)
+                .bind(PURGE_CHUNK)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            tx.commit().await?;
+            deleted += chunk;
+            if chunk == 0 {
+                sqlx::query(PURGE_WEBHOOK_ATTEMPTS)
+                    .bind(cutoff)
+                    .execute(&self.pool)
+                    .await?;
+                return Ok(deleted);
+            }
+        }
     }
 }

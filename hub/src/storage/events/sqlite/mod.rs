@@ -8,7 +8,7 @@
 //! dialects allow: ids are 16-byte BLOBs, timestamps INTEGER microseconds
 //! since the Unix epoch.
 //!
-//! The behaviour is the [`EventLog`] contract. What this backend adds:
+//! The behaviour is the [`EventLog`](super::EventLog) contract. What this backend adds:
 //!
 //! - **Durability.** The file is in WAL mode with `synchronous = NORMAL`: a
 //!   committed transaction is written to the WAL file (the operating
@@ -61,9 +61,11 @@ mod writer;
 use statements::*;
 
 use super::{
-    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
-    EndpointRecord, EventLog, EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent,
-    NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered, WebhookAttempt,
+    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryOperations,
+    DeliveryOutcomes, DeliveryQueue, DeliveryRecord, DeliverySummary, EndpointRecord,
+    EndpointStates, EventIntake, EventLogError, Exhaustion, FailedDelivery, FailedFilter,
+    LogUpkeep, LoggedEvent, NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered,
+    WebhookAttempt,
 };
 use rows::{
     attempt_from_row, claimed_from_row, delivery_from_row, event_from_row, from_micros,
@@ -74,7 +76,7 @@ use rows::{
 /// it by default): these are the store's pool size and busy timeout.
 pub use websub_store::sqlite::{BUSY_TIMEOUT, POOL_SIZE};
 
-/// Subscribers per `INSERT` in [`EventLog::expand`]: one JSON parameter each,
+/// Subscribers per `INSERT` in [`DeliveryQueue::expand`]: one JSON parameter each,
 /// so this bounds the size of one statement's argument, not a variable count.
 const EXPAND_CHUNK: usize = 10_000;
 
@@ -138,7 +140,7 @@ fn migrator() -> Migrator {
     migrator
 }
 
-/// The body of [`EventLog::expand`], on a transaction holding the write lock.
+/// The body of [`DeliveryQueue::expand`], on a transaction holding the write lock.
 async fn expand_in(
     tx: &mut SqliteConnection,
     event_id: Uuid,
@@ -214,7 +216,7 @@ async fn attempts_in(
 }
 
 #[async_trait]
-impl EventLog for SqliteEventLog {
+impl EventIntake for SqliteEventLog {
     async fn record(
         &self,
         event: NewEvent,
@@ -284,6 +286,46 @@ impl EventLog for SqliteEventLog {
         Ok(recorded)
     }
 
+    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
+        sqlx::query(UNEXPANDED)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(event_from_row)
+            .collect()
+    }
+
+    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError> {
+        sqlx::query(EVENT)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(event_from_row)
+            .transpose()
+    }
+
+    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError> {
+        Ok(sqlx::query_scalar(HAS_RECORDS)
+            .bind(event_id)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError> {
+        sqlx::query(LATEST)
+            .bind(topic)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(event_from_row)
+            .transpose()
+    }
+}
+
+#[async_trait]
+impl DeliveryQueue for SqliteEventLog {
     async fn expand_claimed(
         &self,
         event_id: Uuid,
@@ -434,16 +476,6 @@ impl EventLog for SqliteEventLog {
             .rows_affected())
     }
 
-    async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
-        sqlx::query(UNEXPANDED)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(event_from_row)
-            .collect()
-    }
-
     async fn claim(
         &self,
         limit: usize,
@@ -469,16 +501,44 @@ impl EventLog for SqliteEventLog {
         rows.iter().map(claimed_from_row).collect()
     }
 
-    async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError> {
-        sqlx::query(EVENT)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(event_from_row)
-            .transpose()
+    /// Yes: the log's file is opened by one process at a time.
+    fn is_single_process(&self) -> bool {
+        true
     }
 
+    async fn deliver_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        // Most new subscriptions have nothing to catch up with: a read,
+        // beside the writer, says so without queueing for it. An event
+        // recorded after this read is expanded after it too, when the
+        // subscription is already saved, so it finds the subscriber itself.
+        let any: bool = sqlx::query_scalar(ANY_SINCE)
+            .bind(topic)
+            .bind(since.timestamp_micros())
+            .fetch_one(&self.pool)
+            .await?;
+        if !any {
+            return Ok(0);
+        }
+        let mut writer = self.writer().await?;
+        Ok(sqlx::query(DELIVER_SINCE)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(since.timestamp_micros())
+            .bind(now.timestamp_micros())
+            .execute(&mut *writer)
+            .await?
+            .rows_affected())
+    }
+}
+
+#[async_trait]
+impl DeliveryOutcomes for SqliteEventLog {
     async fn complete(
         &self,
         completions: &[Completion],
@@ -495,18 +555,101 @@ impl EventLog for SqliteEventLog {
         delivery_path::complete_unwritten(self, completions, now).await
     }
 
-    async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError> {
-        Ok(sqlx::query_scalar(HAS_RECORDS)
-            .bind(event_id)
-            .fetch_one(&self.pool)
+    async fn attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        attempts_in(&self.pool, ATTEMPTS, event_id, subscriber).await
+    }
+
+    async fn keep_webhook_attempts(
+        &self,
+        attempts: &[WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError> {
+        if attempts.is_empty() {
+            return Ok(());
+        }
+        let mut writer = self.writer().await?;
+        operate::keep_webhook_attempts(&mut writer, attempts).await
+    }
+
+    async fn webhook_attempts(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Vec<Attempt>, EventLogError> {
+        attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
+    }
+
+    /// One: the writes of this log queue for its one write connection.
+    fn writes_at_once(&self) -> usize {
+        1
+    }
+}
+
+#[async_trait]
+impl EndpointStates for SqliteEventLog {
+    async fn endpoints(
+        &self,
+        channel: &str,
+        limit: usize,
+    ) -> Result<Vec<EndpointRecord>, EventLogError> {
+        operate::endpoints(&self.pool, channel, limit).await
+    }
+
+    async fn tally_endpoints(
+        &self,
+        channel: &str,
+        exhausted: &[Exhaustion<'_>],
+        delivered: &[&str],
+        disable_after: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        let mut writer = self.writer().await?;
+        operate::tally_endpoints(
+            &mut writer,
+            channel,
+            exhausted,
+            delivered,
+            disable_after,
+            now,
+        )
+        .await
+    }
+
+    async fn set_endpoint_disabled(
+        &self,
+        channel: &str,
+        endpoint: &str,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EventLogError> {
+        let mut writer = self.writer().await?;
+        operate::set_endpoint_disabled(&mut writer, channel, endpoint, reason, now).await
+    }
+
+    async fn webhook_events_attempted_since(
+        &self,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<Uuid>, EventLogError> {
+        Ok(sqlx::query_scalar(WEBHOOK_EVENTS_SINCE)
+            .bind(subscriber)
+            .bind(since.timestamp_micros())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
             .await?)
     }
 
-    /// Yes: the log's file is opened by one process at a time.
-    fn is_single_process(&self) -> bool {
-        true
+    fn changes(&self) -> &dyn super::EndpointChanges {
+        self
     }
+}
 
+#[async_trait]
+impl DeliveryOperations for SqliteEventLog {
     async fn delivery(
         &self,
         event_id: Uuid,
@@ -522,14 +665,6 @@ impl EventLog for SqliteEventLog {
             .transpose()
     }
 
-    async fn attempts(
-        &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Vec<Attempt>, EventLogError> {
-        attempts_in(&self.pool, ATTEMPTS, event_id, subscriber).await
-    }
-
     async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {
         sqlx::query(DELIVERIES)
             .bind(event_id)
@@ -538,16 +673,6 @@ impl EventLog for SqliteEventLog {
             .iter()
             .map(delivery_from_row)
             .collect()
-    }
-
-    async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError> {
-        sqlx::query(LATEST)
-            .bind(topic)
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(event_from_row)
-            .transpose()
     }
 
     async fn undelivered(&self) -> Result<Undelivered, EventLogError> {
@@ -560,15 +685,6 @@ impl EventLog for SqliteEventLog {
                 .map(from_micros)
                 .transpose()?,
         })
-    }
-
-    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError> {
-        let applied: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT version FROM {MIGRATIONS_TABLE} WHERE success"
-        )))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(super::unapplied(&migrator(), &applied))
     }
 
     async fn health(
@@ -633,40 +749,6 @@ impl EventLog for SqliteEventLog {
             .rows_affected())
     }
 
-    async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
-        retention::purge_before(self, cutoff).await
-    }
-
-    async fn deliver_since(
-        &self,
-        topic: &str,
-        subscriber: &str,
-        since: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Result<u64, EventLogError> {
-        // Most new subscriptions have nothing to catch up with: a read,
-        // beside the writer, says so without queueing for it. An event
-        // recorded after this read is expanded after it too, when the
-        // subscription is already saved, so it finds the subscriber itself.
-        let any: bool = sqlx::query_scalar(ANY_SINCE)
-            .bind(topic)
-            .bind(since.timestamp_micros())
-            .fetch_one(&self.pool)
-            .await?;
-        if !any {
-            return Ok(0);
-        }
-        let mut writer = self.writer().await?;
-        Ok(sqlx::query(DELIVER_SINCE)
-            .bind(topic)
-            .bind(subscriber)
-            .bind(since.timestamp_micros())
-            .bind(now.timestamp_micros())
-            .execute(&mut *writer)
-            .await?
-            .rows_affected())
-    }
-
     async fn list(
         &self,
         filter: DeliveryFilter<'_>,
@@ -697,78 +779,6 @@ impl EventLog for SqliteEventLog {
         operate::replay(&mut writer, topic, subscriber, since, limit, now).await
     }
 
-    async fn endpoints(
-        &self,
-        channel: &str,
-        limit: usize,
-    ) -> Result<Vec<EndpointRecord>, EventLogError> {
-        operate::endpoints(&self.pool, channel, limit).await
-    }
-
-    async fn tally_endpoints(
-        &self,
-        channel: &str,
-        exhausted: &[Exhaustion<'_>],
-        delivered: &[&str],
-        disable_after: u32,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<String>, EventLogError> {
-        let mut writer = self.writer().await?;
-        operate::tally_endpoints(
-            &mut writer,
-            channel,
-            exhausted,
-            delivered,
-            disable_after,
-            now,
-        )
-        .await
-    }
-
-    async fn set_endpoint_disabled(
-        &self,
-        channel: &str,
-        endpoint: &str,
-        reason: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<bool, EventLogError> {
-        let mut writer = self.writer().await?;
-        operate::set_endpoint_disabled(&mut writer, channel, endpoint, reason, now).await
-    }
-
-    async fn keep_webhook_attempts(
-        &self,
-        attempts: &[WebhookAttempt<'_>],
-    ) -> Result<(), EventLogError> {
-        if attempts.is_empty() {
-            return Ok(());
-        }
-        let mut writer = self.writer().await?;
-        operate::keep_webhook_attempts(&mut writer, attempts).await
-    }
-
-    async fn webhook_attempts(
-        &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Vec<Attempt>, EventLogError> {
-        attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
-    }
-
-    async fn webhook_events_attempted_since(
-        &self,
-        subscriber: &str,
-        since: DateTime<Utc>,
-        limit: usize,
-    ) -> Result<Vec<Uuid>, EventLogError> {
-        Ok(sqlx::query_scalar(WEBHOOK_EVENTS_SINCE)
-            .bind(subscriber)
-            .bind(since.timestamp_micros())
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await?)
-    }
-
     async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
         let row = sqlx::query(DELIVERED_SINCE)
             .bind(since.timestamp_micros())
@@ -776,13 +786,20 @@ impl EventLog for SqliteEventLog {
             .await?;
         super::count(row.try_get("delivered").map_err(super::invalid)?)
     }
+}
 
-    fn changes(&self) -> &dyn super::EndpointChanges {
-        self
+#[async_trait]
+impl LogUpkeep for SqliteEventLog {
+    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError> {
+        let applied: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT version FROM {MIGRATIONS_TABLE} WHERE success"
+        )))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(super::unapplied(&migrator(), &applied))
     }
 
-    /// One: the writes of this log queue for its one write connection.
-    fn writes_at_once(&self) -> usize {
-        1
+    async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
+        retention::purge_before(self, cutoff).await
     }
 }
