@@ -16,7 +16,7 @@ use crate::delivery::outbox::{
     OUTBOX_BACKLOG, OUTBOX_LISTENER_CONNECTED, OUTBOX_OLDEST_UNDELIVERED_SECONDS,
 };
 use crate::storage::backlog::Backlog;
-use crate::storage::events::EventLog;
+use crate::storage::events::DeliveryOperations;
 
 use crate::delivery::changes::ENDPOINT_CHANGES_DROPPED_TOTAL;
 use crate::delivery::health::{
@@ -277,7 +277,11 @@ pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
 /// Samples the WebSub backlog gauges every [`SAMPLE_INTERVAL`] until `stop`.
 /// A failed read leaves a gauge as it was; the database's trouble shows in
 /// `/readyz` and the log.
-pub async fn sample(events: Arc<dyn EventLog>, backlog: Arc<dyn Backlog>, stop: CancellationToken) {
+pub async fn sample(
+    events: Arc<dyn DeliveryOperations>,
+    backlog: Arc<dyn Backlog>,
+    stop: CancellationToken,
+) {
     let channel = Channel::WebSub.label();
     let records = metrics::gauge!(DELIVERY_BACKLOG, "channel" => channel);
     let oldest = metrics::gauge!(OLDEST_UNDELIVERED_SECONDS, "channel" => channel);

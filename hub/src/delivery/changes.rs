@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::storage::events::{EndpointState, EventLog, NewChange};
+use crate::storage::events::{EndpointState, EndpointStates, NewChange};
 
 /// `websub_endpoint_changes_total{channel, to}`: endpoint state changes,
 /// by channel and the state changed to (`failing`, `open`, `recovered`,
@@ -81,7 +81,7 @@ pub struct ChangeSink {
 
 #[derive(Debug)]
 struct SinkState {
-    events: Arc<dyn EventLog>,
+    events: Arc<dyn EndpointStates>,
     /// The queue to the writer, which starts with the first change queued
     /// (so a sink made outside a runtime, or never used, costs no task).
     queue: OnceLock<mpsc::Sender<NewChange>>,
@@ -89,7 +89,7 @@ struct SinkState {
 
 impl ChangeSink {
     /// A sink writing to `events`' history.
-    pub fn new(events: Arc<dyn EventLog>) -> Self {
+    pub fn new(events: Arc<dyn EndpointStates>) -> Self {
         Self {
             inner: Arc::new(SinkState {
                 events,
@@ -166,7 +166,7 @@ fn dropped(channel: &'static str, count: usize, why: &str) {
 }
 
 /// Writes what the queue brings, in batches, until every sender is gone.
-async fn write(events: Arc<dyn EventLog>, mut queue: mpsc::Receiver<NewChange>) {
+async fn write(events: Arc<dyn EndpointStates>, mut queue: mpsc::Receiver<NewChange>) {
     let mut batch = Vec::with_capacity(WRITE_BATCH);
     while queue.recv_many(&mut batch, WRITE_BATCH).await > 0 {
         let mut attempt = 1;

@@ -42,8 +42,8 @@ use tracing::{info, warn};
 use super::Channel;
 use super::changes::{ChangeSink, change, failing_stage, was_failing};
 use crate::storage::events::{
-    Completion, EndpointRecord, EndpointState, EventLog, EventLogError, Exhaustion, NewChange,
-    Outcome,
+    Completion, EndpointRecord, EndpointState, EndpointStates, EventLogError, Exhaustion,
+    NewChange, Outcome,
 };
 
 /// `websub_endpoints_disabled_total{channel, by}`: endpoints disabled, by
@@ -209,7 +209,7 @@ pub struct Endpoints {
 
 #[derive(Debug)]
 struct EndpointsState {
-    events: Arc<dyn EventLog>,
+    events: Arc<dyn EndpointStates>,
     channel: Channel,
     disable_after: u32,
     troubled: RwLock<Troubled>,
@@ -231,13 +231,13 @@ impl Endpoints {
     /// Health of `channel`'s endpoints, tallied in `events`; an endpoint is
     /// disabled after `disable_after` exhausted deliveries in a row (never,
     /// when 0).
-    pub fn new(events: Arc<dyn EventLog>, channel: Channel, disable_after: u32) -> Self {
+    pub fn new(events: Arc<dyn EndpointStates>, channel: Channel, disable_after: u32) -> Self {
         Self::with_breakers(events, channel, disable_after, BreakerPolicy::NONE)
     }
 
     /// The same, with a breaker per endpoint under `breaker`.
     pub fn with_breakers(
-        events: Arc<dyn EventLog>,
+        events: Arc<dyn EndpointStates>,
         channel: Channel,
         disable_after: u32,
         breaker: BreakerPolicy,

@@ -37,7 +37,7 @@ use super::attempt::{self, Request, STANDARD_WEBHOOKS_SCHEME};
 use super::health::{Breaker, BreakerPolicy, DEFAULT_OPEN_AFTER, Gate, Tried};
 use super::{Channel, Endpoints, Judge, RetryPolicy, Verdict};
 use crate::clock::Clock;
-use crate::storage::events::{EndpointChange, EndpointState, EventLog, Sent};
+use crate::storage::events::{EndpointChange, EndpointState, EndpointStates, Sent};
 
 /// `websub_operator_webhook_deliveries_total{outcome}`: endpoint changes
 /// sent to the operator webhook, by outcome: `delivered`, `retried`,
@@ -130,7 +130,7 @@ struct Sender {
     hub: String,
     client: reqwest::Client,
     timeout: Duration,
-    events: Arc<dyn EventLog>,
+    events: Arc<dyn EndpointStates>,
     endpoints: Endpoints,
     judge: Judge,
     clock: Arc<dyn Clock>,
@@ -148,7 +148,7 @@ impl OperatorWebhook {
         client: reqwest::Client,
         timeout: Duration,
         retry: RetryPolicy,
-        events: Arc<dyn EventLog>,
+        events: Arc<dyn EndpointStates>,
         clock: Arc<dyn Clock>,
     ) -> Self {
         // Never disabled: a webhook back from any outage gets what waited.

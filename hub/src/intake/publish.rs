@@ -28,7 +28,7 @@ use crate::delivery::net::NetPolicy;
 use crate::delivery::websub::Distributor;
 use crate::storage::backlog::worker::{self, Job};
 use crate::storage::backlog::{Backlog, BacklogError, ClaimedFetch, FetchResult, Validators};
-use crate::storage::events::{EventLog, EventLogError, LoggedEvent, NewEvent};
+use crate::storage::events::{EventIntake, EventLogError, LoggedEvent, NewEvent};
 
 /// The Content-Type recorded when a topic answers without one.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
@@ -58,7 +58,7 @@ pub struct Intake {
 
 #[derive(Debug)]
 struct IntakeState {
-    events: Arc<dyn EventLog>,
+    events: Arc<dyn EventIntake>,
     store: Arc<dyn SubscriptionStore>,
     backlog: Arc<dyn Backlog>,
     dispatcher: Distributor,
@@ -120,7 +120,7 @@ impl Intake {
     /// `timeout`).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        events: Arc<dyn EventLog>,
+        events: Arc<dyn EventIntake>,
         store: Arc<dyn SubscriptionStore>,
         backlog: Arc<dyn Backlog>,
         dispatcher: Distributor,

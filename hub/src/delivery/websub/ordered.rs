@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use tracing::warn;
 use websub_store::Subscription;
 
-use crate::storage::events::{EventLog, EventLogError};
+use crate::storage::events::{DeliveryQueue, EventLogError};
 
 /// How often each process reads the requests again.
 pub const ORDERED_REFRESH: Duration = Duration::from_secs(5);
@@ -107,7 +107,7 @@ impl Ordered {
     }
 
     /// Reads every request from `events` again.
-    pub(super) async fn refresh(&self, events: &dyn EventLog) -> Result<(), EventLogError> {
+    pub(super) async fn refresh(&self, events: &dyn DeliveryQueue) -> Result<(), EventLogError> {
         let requests = events.ordered_subscriptions(ORDERED_LIMIT + 1).await?;
         if requests.len() > ORDERED_LIMIT {
             warn!(

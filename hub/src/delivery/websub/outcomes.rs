@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use crate::config::DeliveryPolicy;
 use crate::delivery::health::Tallied;
 use crate::delivery::recorder::{Batching, OutcomeStore};
-use crate::storage::events::{Completion, EventLog, Outcome};
+use crate::storage::events::{Completion, DeliveryOutcomes, Outcome};
 
 use super::{Distributor, lane_of, ordered_lane_of};
 
@@ -111,7 +111,7 @@ impl OutcomeStore for LogOutcomes {
 /// milliseconds, so as many writes run at once as the log takes (the
 /// records of different batches never overlap), and each gathers only
 /// briefly, keeping the log abreast of the network.
-pub(super) fn batching(policy: &DeliveryPolicy, events: &dyn EventLog) -> Batching {
+pub(super) fn batching(policy: &DeliveryPolicy, events: &dyn DeliveryOutcomes) -> Batching {
     Batching {
         limit: policy.batch_size,
         gathering: Duration::from_millis(2),

@@ -12,7 +12,7 @@ use super::TopicTemplate;
 use crate::clock::{Clock, SystemClock};
 use crate::delivery::outbox::{ENVELOPE_CONTENT_TYPE, Envelope};
 use crate::delivery::outbox::{Handler, HandlerError};
-use crate::storage::events::{EventLog, NewEvent};
+use crate::storage::events::{EventIntake, NewEvent};
 
 /// The handler that turns outbox events into hub events: it records the
 /// envelope (`application/json`) on the event's topic in the hub's event
@@ -27,7 +27,7 @@ use crate::storage::events::{EventLog, NewEvent};
 /// hub delivers it once.
 #[derive(Clone)]
 pub struct WebSubBridge {
-    events: Arc<dyn EventLog>,
+    events: Arc<dyn EventIntake>,
     wake: Arc<dyn Fn() + Send + Sync>,
     public_url: Url,
     template: TopicTemplate,
@@ -50,7 +50,7 @@ impl WebSubBridge {
     /// A bridge recording into `events` and calling `wake` after each
     /// record (the WebSub scheduler's [`crate::delivery::websub::Distributor::wake`]).
     pub fn new(
-        events: Arc<dyn EventLog>,
+        events: Arc<dyn EventIntake>,
         wake: Arc<dyn Fn() + Send + Sync>,
         public_url: Url,
         template: TopicTemplate,

@@ -42,7 +42,7 @@ use crate::intake::lease;
 use crate::intake::quota::{QuotaEnforcer, QuotaError};
 use crate::protocol::{Mode, SubscriptionRequest};
 use crate::storage::backlog::{Admission, Backlog, BacklogError, Intent, IntentResult};
-use crate::storage::events::{EventLog, EventLogError};
+use crate::storage::events::{DeliveryQueue, EventLogError};
 
 /// Length of a `hub.challenge`: 43 alphanumeric characters carry about 256
 /// bits from the CSPRNG.
@@ -360,7 +360,7 @@ pub const UNSUBSCRIBED: &str = "unsubscribed before the event was published";
 /// answer.
 #[derive(Clone)]
 pub struct CatchUp {
-    events: Arc<dyn EventLog>,
+    events: Arc<dyn DeliveryQueue>,
     wake: Arc<dyn Fn() + Send + Sync>,
     unsubscribed: Arc<UnsubscribedHook>,
 }
@@ -372,7 +372,7 @@ type UnsubscribedHook = dyn Fn(&str, &str, Option<chrono::DateTime<chrono::Utc>>
 impl CatchUp {
     /// Catch-up from `events`, calling `wake` (the WebSub scheduler's) when
     /// it wrote delivery records.
-    pub fn new(events: Arc<dyn EventLog>, wake: impl Fn() + Send + Sync + 'static) -> Self {
+    pub fn new(events: Arc<dyn DeliveryQueue>, wake: impl Fn() + Send + Sync + 'static) -> Self {
         Self {
             events,
             wake: Arc::new(wake),
