@@ -9,7 +9,6 @@ mod scratch;
 
 mod auth;
 mod backlog;
-mod endpoint_changes;
 mod events;
 mod outbox_bridge;
 mod outbox_dispatch;

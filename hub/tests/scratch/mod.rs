@@ -1,8 +1,8 @@
 //! Scratch event logs for the suites that check both backends: a SQLite
 //! file of its own, or a PostgreSQL schema of its own (on the connections'
 //! `search_path`, so that no other test's rows or replicas show), each
-//! removed when the check passes; the `both!` macro that runs a check
-//! against each; and the times the checks are written with.
+//! removed when the check passes, as the conformance suite's `Fresh`
+//! stores; and the times the checks are written with.
 //!
 //! Every test binary uses a different part of this module.
 #![allow(dead_code)]
@@ -121,28 +121,36 @@ impl PgScratch {
     }
 }
 
-/// Runs a check `async fn(&dyn EventLog)` against both backends.
-#[allow(unused_macros)]
-macro_rules! both {
-    ($check:ident) => {
-        mod $check {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                let scratch = crate::scratch::SqliteScratch::new(stringify!($check)).await;
-                super::$check(&scratch.log).await;
-                scratch.remove().await;
-            }
+impl websub_logtest::Fresh for SqliteScratch {
+    type Log = SqliteEventLog;
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                let Some(scratch) = crate::scratch::PgScratch::new().await else {
-                    return;
-                };
-                super::$check(&scratch.log).await;
-                scratch.drop_schema().await;
-            }
-        }
-    };
+    async fn new(check: &str) -> Option<Self> {
+        Some(SqliteScratch::new(check).await)
+    }
+
+    fn log(&self) -> &SqliteEventLog {
+        &self.log
+    }
+
+    async fn remove(self) {
+        SqliteScratch::remove(self).await;
+    }
+}
+
+impl websub_logtest::Fresh for PgScratch {
+    type Log = PostgresEventLog;
+
+    async fn new(_check: &str) -> Option<Self> {
+        PgScratch::new().await
+    }
+
+    fn log(&self) -> &PostgresEventLog {
+        &self.log
+    }
+
+    async fn remove(self) {
+        self.drop_schema().await;
+    }
 }
 
 /// A time with whole microseconds, the precision both backends store.

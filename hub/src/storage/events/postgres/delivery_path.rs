@@ -9,7 +9,10 @@ use uuid::Uuid;
 
 use super::super::{Claimed, Completion, EventLogError, sorted_unique, stale_bound};
 use super::rows::{CompletionColumns, claimed_from_row, is_unique_violation, missing_event};
-use super::statements::*;
+use super::statements::{
+    CLAIM_LANES, CLAIM_ORDERED, COMPLETE, EVENT_EXISTS, EXPAND_AGAIN, EXPAND_CLAIMED_AGAIN,
+    EXPAND_CLAIMED_FIRST, EXPAND_ORDERED,
+};
 use super::{EXPAND_CHUNK, PostgresEventLog};
 
 pub(super) async fn expand_claimed(

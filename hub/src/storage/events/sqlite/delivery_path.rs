@@ -18,7 +18,11 @@ use super::rows::{
     attempts_json, claimed_from_row, completions_json, delivered_json, is_foreign_key_violation,
     is_unique_violation,
 };
-use super::statements::*;
+use super::statements::{
+    CLAIM_LANES_SCRIPTS, CLAIM_ORDERED_SCRIPTS, COMPLETE_DELIVERED_SCRIPT, COMPLETE_SCRIPT,
+    EXPAND_CLAIMED_AGAIN_SCRIPT, EXPAND_CLAIMED_FIRST_SCRIPT, EXPAND_ORDERED_SCRIPT,
+    EXPAND_WAITING_SCRIPT, INSERT_DELIVERED_SCRIPT, LANES_PER_SCRIPT,
+};
 use super::{EXPAND_CHUNK, SqliteEventLog, event_must_exist, json_chunks};
 
 pub(super) async fn expand_claimed(

@@ -1,18 +1,17 @@
-//! The history of endpoint changes ([`EndpointChanges`]), checked against
-//! both backends as the event log's own suite does (`events.rs`): kept and
-//! listed newest first, claimed once for the operator webhook, settled,
-//! bounded (the backlog for the webhook, and the table as a whole), and
-//! purged by age.
+//! Endpoint state ([`EndpointStates`]): failures in a row and disabling,
+//! and the history of changes: kept, listed, claimed for the operator
+//! webhook, settled, bounded, purged.
+//!
+//! [`EndpointStates`]: websub_hub::storage::events::EndpointStates
 
 use chrono::{DateTime, Utc};
+use uuid::Uuid;
 use websub_hub::storage::events::{
-    ChangeFilter, EndpointChange, EndpointState, EventLog, MAX_CHANGES, NewChange, Sent,
-    WebhookState,
+    ChangeFilter, EndpointChange, EndpointState, EventLog, Exhaustion, MAX_CHANGES, NewChange,
+    Sent, WebhookState,
 };
 
-use crate::scratch;
-
-use scratch::{base_time, secs};
+use super::helpers::{base_time, secs};
 
 fn change(endpoint: &str, to: EndpointState, at: DateTime<Utc>) -> NewChange {
     NewChange {
@@ -28,11 +27,139 @@ fn change(endpoint: &str, to: EndpointState, at: DateTime<Utc>) -> NewChange {
     }
 }
 
-fn states(changes: &[EndpointChange]) -> Vec<EndpointState> {
+fn change_states(changes: &[EndpointChange]) -> Vec<EndpointState> {
     changes.iter().map(|change| change.to).collect()
 }
 
-async fn changes_are_kept_and_listed_newest_first(log: &dyn EventLog) {
+pub async fn endpoints_are_disabled_after_failures_in_a_row(log: &dyn EventLog) {
+    let t0 = base_time();
+    let run = Uuid::new_v4().simple();
+    let dead = format!("https://dead.example/{run}");
+    let flaky = format!("https://flaky.example/{run}");
+    let failing = |endpoint: &str| Exhaustion {
+        endpoint: Box::leak(endpoint.to_owned().into_boxed_str()),
+        error: "HTTP 500",
+    };
+    let disabled = log
+        .tally_endpoints(
+            "websub",
+            &[failing(&dead), failing(&dead), failing(&flaky)],
+            &[],
+            3,
+            t0,
+        )
+        .await
+        .expect("tally");
+    assert!(disabled.is_empty());
+    let ours =
+        |records: Vec<websub_hub::storage::events::EndpointRecord>| -> Vec<(String, u32, bool)> {
+            records
+                .into_iter()
+                .filter(|record| record.endpoint.ends_with(&run.to_string()))
+                .map(|record| {
+                    (
+                        record.endpoint,
+                        record.failures,
+                        record.disabled_at.is_some(),
+                    )
+                })
+                .collect()
+        };
+    assert_eq!(
+        ours(log.endpoints("websub", 1000).await.expect("endpoints")),
+        vec![(dead.clone(), 2, false), (flaky.clone(), 1, false)]
+    );
+    // A delivery clears the failures; the third exhaustion in a row
+    // disables, once.
+    let disabled = log
+        .tally_endpoints("websub", &[failing(&dead)], &[&flaky], 3, t0 + secs(1))
+        .await
+        .expect("tally");
+    assert_eq!(disabled, vec![dead.clone()]);
+    let disabled = log
+        .tally_endpoints("websub", &[failing(&dead)], &[&dead], 3, t0 + secs(2))
+        .await
+        .expect("tally");
+    assert!(disabled.is_empty(), "already disabled");
+    let listed = log.endpoints("websub", 1000).await.expect("endpoints");
+    let record = listed
+        .iter()
+        .find(|record| record.endpoint == dead)
+        .expect("the dead endpoint");
+    assert_eq!(record.disabled_at, Some(t0 + secs(1)));
+    assert!(
+        record
+            .disabled_reason
+            .as_deref()
+            .is_some_and(|reason| reason.contains("3 deliveries")),
+        "{record:?}"
+    );
+    assert_eq!(
+        record.failures, 4,
+        "a delivery does not clear a disabled endpoint"
+    );
+    assert_eq!(ours(listed), vec![(dead.clone(), 4, true)]);
+
+    assert!(
+        log.set_endpoint_disabled("websub", &dead, None, t0)
+            .await
+            .expect("enable")
+    );
+    assert!(
+        !log.set_endpoint_disabled("websub", &dead, None, t0)
+            .await
+            .expect("enable")
+    );
+    assert!(
+        log.set_endpoint_disabled("websub", &flaky, Some("maintenance"), t0)
+            .await
+            .expect("disable")
+    );
+    assert!(
+        !log.set_endpoint_disabled("websub", &flaky, Some("again"), t0)
+            .await
+            .expect("disable"),
+        "already disabled"
+    );
+    assert_eq!(
+        ours(log.endpoints("websub", 1000).await.expect("endpoints")),
+        vec![(flaky.clone(), 0, true)]
+    );
+    // Never disabled with a threshold of 0.
+    let never = format!("https://never.example/{run}");
+    let disabled = log
+        .tally_endpoints("websub", &[failing(&never); 10], &[], 0, t0)
+        .await
+        .expect("tally");
+    assert!(disabled.is_empty());
+    // Channels are apart: a webhook of the same name is another endpoint.
+    assert!(
+        log.set_endpoint_disabled("webhook", &flaky, Some("webhook down"), t0)
+            .await
+            .expect("disable")
+    );
+    let webhooks = log.endpoints("webhook", 1000).await.expect("endpoints");
+    assert!(
+        webhooks
+            .iter()
+            .any(|record| record.endpoint == flaky && record.channel == "webhook")
+    );
+    assert!(
+        log.set_endpoint_disabled("websub", &flaky, None, t0)
+            .await
+            .expect("enable")
+    );
+    assert!(
+        log.endpoints("webhook", 1000)
+            .await
+            .expect("endpoints")
+            .iter()
+            .any(|record| record.endpoint == flaky),
+        "enabling the callback leaves the webhook disabled"
+    );
+}
+
+pub async fn changes_are_kept_and_listed_newest_first(log: &dyn EventLog) {
     let t0 = base_time();
     let changes = log.changes();
     let a = "https://a.example/cb";
@@ -60,7 +187,7 @@ async fn changes_are_kept_and_listed_newest_first(log: &dyn EventLog) {
         .await
         .expect("list");
     assert_eq!(
-        states(&all),
+        change_states(&all),
         [
             EndpointState::Disabled,
             EndpointState::Recovered,
@@ -95,7 +222,7 @@ async fn changes_are_kept_and_listed_newest_first(log: &dyn EventLog) {
         .await
         .expect("list");
     assert_eq!(
-        states(&of_a),
+        change_states(&of_a),
         [
             EndpointState::Recovered,
             EndpointState::Open,
@@ -120,9 +247,8 @@ async fn changes_are_kept_and_listed_newest_first(log: &dyn EventLog) {
     assert_eq!(newest.len(), 2, "the limit holds");
     assert_eq!(newest[0].id, all[0].id);
 }
-both!(changes_are_kept_and_listed_newest_first);
 
-async fn unsent_changes_are_claimed_once_and_settled(log: &dyn EventLog) {
+pub async fn unsent_changes_are_claimed_once_and_settled(log: &dyn EventLog) {
     let t0 = base_time();
     let changes = log.changes();
     let batch: Vec<NewChange> = (0..5)
@@ -240,9 +366,8 @@ async fn unsent_changes_are_claimed_once_and_settled(log: &dyn EventLog) {
         Some("HTTP 400")
     );
 }
-both!(unsent_changes_are_claimed_once_and_settled);
 
-async fn the_backlog_for_the_webhook_is_bounded(log: &dyn EventLog) {
+pub async fn the_backlog_for_the_webhook_is_bounded(log: &dyn EventLog) {
     let t0 = base_time();
     let changes = log.changes();
     let old = change(
@@ -326,9 +451,8 @@ async fn the_backlog_for_the_webhook_is_bounded(log: &dyn EventLog) {
         .expect("claim");
     assert_eq!(pending.len(), 4, "dropped changes are not claimed");
 }
-both!(the_backlog_for_the_webhook_is_bounded);
 
-async fn the_history_is_bounded_and_purged_by_age(log: &dyn EventLog) {
+pub async fn the_history_is_bounded_and_purged_by_age(log: &dyn EventLog) {
     let t0 = base_time();
     let changes = log.changes();
     let old = change(
@@ -376,4 +500,3 @@ async fn the_history_is_bounded_and_purged_by_age(log: &dyn EventLog) {
         "the oldest beyond the bound are gone"
     );
 }
-both!(the_history_is_bounded_and_purged_by_age);
