@@ -405,6 +405,12 @@ impl Hub {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
+        // Before anything is recorded, so that the first events have their
+        // partition; the upkeep task keeps it so from then on.
+        let span = crate::storage::events::partition_span(self.config.retention);
+        if let Err(error) = self.events.partition_ahead(span, chrono::Utc::now()).await {
+            warn!(%error, "making event log partitions ahead failed");
+        }
         let stop = CancellationToken::new();
         let background = CancellationToken::new();
         // Beats until the drain is over: claims being drained are this
@@ -449,13 +455,11 @@ impl Hub {
             self.intake.backlog().clone(),
             background.clone(),
         ));
-        let retention = self.config.retention.map(|ttl| {
-            tokio::spawn(sweep_retention(
-                self.events.clone(),
-                ttl,
-                background.clone(),
-            ))
-        });
+        let retention = tokio::spawn(keep_the_log(
+            self.events.clone(),
+            self.config.retention,
+            background.clone(),
+        ));
         // Feeds record into the event log the dispatcher delivers from, so
         // they stop before it does.
         let feeds_stop = CancellationToken::new();
@@ -537,9 +541,7 @@ impl Hub {
             if let Some(upkeep) = upkeep {
                 let _ = upkeep.await;
             }
-            if let Some(retention) = retention {
-                let _ = retention.await;
-            }
+            let _ = retention.await;
             if let Some(operator_webhook) = operator_webhook {
                 let _ = operator_webhook.await;
             }
@@ -605,10 +607,22 @@ async fn sweep_backlog(backlog: Arc<dyn Backlog>, stop: CancellationToken) {
     }
 }
 
-async fn sweep_retention(events: Arc<dyn EventLog>, ttl: Duration, stop: CancellationToken) {
+/// Keeps the event log bounded: partitions made ahead of the clock
+/// ([`LogUpkeep::partition_ahead`]) and, under a retention, what is older
+/// than it purged, until `stop`.
+///
+/// [`LogUpkeep::partition_ahead`]: crate::storage::events::LogUpkeep::partition_ahead
+async fn keep_the_log(
+    events: Arc<dyn EventLog>,
+    retention: Option<Duration>,
+    stop: CancellationToken,
+) {
+    let span = crate::storage::events::partition_span(retention);
     // Hourly for the default of days; a tenth of a short retention, so that
     // what is kept never exceeds it by much.
-    let every = (ttl / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600));
+    let every = retention.map_or(Duration::from_secs(3600), |ttl| {
+        (ttl / 10).clamp(Duration::from_secs(1), Duration::from_secs(3600))
+    });
     let mut sweeps = tokio::time::interval(every);
     sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -616,8 +630,16 @@ async fn sweep_retention(events: Arc<dyn EventLog>, ttl: Duration, stop: Cancell
             () = stop.cancelled() => return,
             _ = sweeps.tick() => {}
         }
-        let cutoff =
-            chrono::Utc::now() - chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+        let now = chrono::Utc::now();
+        match events.partition_ahead(span, now).await {
+            Ok(0) => {}
+            Ok(added) => info!(added, "event log partitions made ahead"),
+            Err(error) => warn!(%error, "making event log partitions ahead failed"),
+        }
+        let Some(ttl) = retention else {
+            continue;
+        };
+        let cutoff = now - chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
         match events.purge_before(cutoff).await {
             Ok(deleted) => info!(deleted, "retention sweep"),
             Err(error) => warn!(%error, "retention sweep failed"),

@@ -8,6 +8,9 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
 
 use uuid::Uuid;
 use websub_hub::storage::events::postgres::PostgresEventLog;
@@ -15,7 +18,7 @@ use websub_hub::storage::events::sqlite::SqliteEventLog;
 use websub_hub::storage::events::*;
 use websub_logtest::events::helpers::*;
 
-use crate::scratch::{PgScratch, SqliteScratch, sqlite_path};
+use crate::scratch::{self, PgScratch, SqliteScratch, sqlite_path};
 
 mod sqlite {
     websub_logtest::event_log_suite!(crate::scratch::SqliteScratch);
@@ -265,4 +268,181 @@ async fn concurrent_claimers_never_share_a_record(log: Arc<dyn EventLog>) {
         "every record claimed ({per_claimer:?})"
     );
     println!("{}: 8 claimers took {per_claimer:?}", backend(&*log));
+}
+
+/// The partitions of `websub_events` by name, the DEFAULT one included.
+async fn partitions(pool: &sqlx::PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT c.relname::TEXT FROM pg_inherits AS i JOIN pg_class AS c ON c.oid = i.inhrelid \
+         WHERE i.inhparent = 'websub_events'::regclass ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("list the partitions")
+}
+
+/// The partition a row of `table` is kept in.
+async fn partition_of(pool: &sqlx::PgPool, table: &str, column: &str, id: Uuid) -> String {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT tableoid::regclass::TEXT FROM {table} WHERE {column} = $1 LIMIT 1"
+    )))
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .expect("find the row's partition")
+}
+
+/// On PostgreSQL, room made ahead is a partition per span in each of the
+/// three tables; an event, its records and its attempts are kept in the
+/// partitions of its time, and retention drops those partitions whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_retention_drops_partitions() {
+    let Some(scratch) = PgScratch::new().await else {
+        return;
+    };
+    let (log, pool) = (&scratch.log, scratch.log.pool().clone());
+    assert_eq!(
+        partitions(&pool).await,
+        ["websub_events_default", "websub_events_legacy"],
+        "a new log has the partition from before partitioning and the default one"
+    );
+    let made = log
+        .partition_ahead(Duration::from_secs(60), Utc::now())
+        .await
+        .expect("make room ahead");
+    assert!(made >= 5, "made {made}");
+    let ahead = partitions(&pool).await;
+    assert_eq!(ahead.len(), 2 + usize::try_from(made).expect("a count"));
+
+    let t0 = base_time();
+    let event = record(log, &topic(), t0).await;
+    let subscriber = subscribers("partitioned", 1).remove(0);
+    log.expand(event.id, std::slice::from_ref(&subscriber), t0)
+        .await
+        .expect("expand");
+    log.complete(
+        &[Completion {
+            attempt: Some(Attempt {
+                at: t0,
+                duration_micros: 1_000,
+                status: Some(500),
+                error: Some("HTTP 500".to_owned()),
+                response: bytes::Bytes::new(),
+            }),
+            ..completion(
+                event.id,
+                &subscriber,
+                Outcome::Retry {
+                    error: "HTTP 500".to_owned(),
+                    next_attempt_at: t0 + secs(60),
+                },
+            )
+        }],
+        t0,
+    )
+    .await
+    .expect("complete");
+    let home = partition_of(&pool, "websub_events", "id", event.id).await;
+    assert!(home.starts_with("websub_events_p"), "{home}");
+    let suffix = home.trim_start_matches("websub_events");
+    assert_eq!(
+        partition_of(&pool, "websub_deliveries", "event_id", event.id).await,
+        format!("websub_deliveries{suffix}")
+    );
+    assert_eq!(
+        partition_of(&pool, "websub_attempts", "event_id", event.id).await,
+        format!("websub_attempts{suffix}")
+    );
+
+    // A cutoff inside the event's span keeps its partition whole.
+    assert_eq!(log.purge_before(t0).await.expect("purge"), 0);
+    assert!(partitions(&pool).await.contains(&home));
+
+    let purged = log
+        .purge_before(Utc::now() + secs(3_600))
+        .await
+        .expect("purge past it");
+    assert_eq!(purged, 1);
+    let left = partitions(&pool).await;
+    assert!(!left.contains(&home), "{home} dropped: {left:?}");
+    for table in ["websub_events", "websub_deliveries", "websub_attempts"] {
+        let gone: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::TEXT")
+            .bind(format!("{table}{suffix}"))
+            .fetch_one(&pool)
+            .await
+            .expect("look the partition up");
+        assert_eq!(gone, None, "{table}{suffix} dropped");
+    }
+    assert!(left.contains(&"websub_events_default".to_owned()));
+    scratch.drop_schema().await;
+}
+
+/// A log written before partitioning keeps every row through the
+/// migration, in the legacy partition, which retention drops whole once all
+/// of it is older than the cutoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_partitioning_keeps_a_log_written_before_it() {
+    let Some(schema) = scratch::PgSchema::unmigrated("events_legacy", 4).await else {
+        return;
+    };
+    let pool = schema.pool.clone();
+    // The schema as it was before 0016.
+    let mut before = sqlx::migrate!("../migrations/postgres/hub");
+    before.dangerous_set_table_name("websub_hub_migrations");
+    before.migrations = before
+        .migrations
+        .iter()
+        .filter(|migration| migration.version < 16)
+        .cloned()
+        .collect::<Vec<_>>()
+        .into();
+    before.run(&pool).await.expect("migrate to 0015");
+    let old = PostgresEventLog::from_pool(pool.clone());
+    let t0 = base_time();
+    let subs = subscribers("legacy", 3);
+    let event = record(&old, &topic(), t0).await;
+    old.expand(event.id, &subs, t0).await.expect("expand");
+    old.complete(&[completion(event.id, &subs[0], Outcome::Delivered)], t0)
+        .await
+        .expect("complete");
+
+    let log = PostgresEventLog::from_pool(pool.clone());
+    log.migrate().await.expect("partition the log");
+    assert_eq!(
+        log.event(event.id).await.expect("read"),
+        Some(event.clone())
+    );
+    let records = log.deliveries(event.id).await.expect("deliveries");
+    assert_eq!(records.len(), 3);
+    assert_eq!(
+        partition_of(&pool, "websub_events", "id", event.id).await,
+        "websub_events_legacy"
+    );
+    // Claims and new events work on the partitioned tables.
+    let claimed = log
+        .claim(100, t0 + secs(1), Duration::from_secs(30))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 2);
+    log.partition_ahead(Duration::from_secs(60), Utc::now())
+        .await
+        .expect("make room ahead");
+    let new = record(&log, &topic(), Utc::now()).await;
+    assert!(
+        partition_of(&pool, "websub_events", "id", new.id)
+            .await
+            .starts_with("websub_events_p")
+    );
+
+    let purged = log
+        .purge_before(Utc::now() + secs(3_600))
+        .await
+        .expect("purge past both");
+    assert_eq!(purged, 2);
+    assert!(
+        !partitions(&pool)
+            .await
+            .contains(&"websub_events_legacy".to_owned())
+    );
+    schema.drop_schema().await;
 }

@@ -92,6 +92,7 @@ macro_rules! __event_log_checks {
             a_redelivery_is_a_copy_with_records_of_its_own,
             a_replay_sends_a_topics_originals_since_a_time,
             purge_deletes_old_events_with_their_records,
+            events_in_partitions_made_ahead_go_whole,
             expand_racing_purge_leaves_no_orphans,
         }
     };

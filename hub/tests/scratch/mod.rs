@@ -58,6 +58,16 @@ pub(crate) struct PgSchema {
 
 impl PgSchema {
     pub(crate) async fn new(prefix: &str, connections: u32) -> Option<Self> {
+        let schema = Self::unmigrated(prefix, connections).await?;
+        PostgresEventLog::from_pool(schema.pool.clone())
+            .migrate()
+            .await
+            .expect("migrate the test schema");
+        Some(schema)
+    }
+
+    /// An empty schema, for a check that migrates it itself.
+    pub(crate) async fn unmigrated(prefix: &str, connections: u32) -> Option<Self> {
         let url = websub_storetest::servers::postgres_url().await?;
         let admin = PgPoolOptions::new()
             .max_connections(1)
@@ -77,10 +87,6 @@ impl PgSchema {
             .connect_with(options)
             .await
             .expect("connect the test pool");
-        PostgresEventLog::from_pool(pool.clone())
-            .migrate()
-            .await
-            .expect("migrate the test schema");
         Some(Self {
             pool,
             admin,

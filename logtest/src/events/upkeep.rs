@@ -1,11 +1,16 @@
 //! Retention ([`LogUpkeep`]): events purged with their records and
-//! attempts, and a purge racing an expansion.
+//! attempts, a purge racing an expansion, and partitions made ahead and
+//! dropped whole.
 //!
 //! [`LogUpkeep`]: websub_hub::storage::events::LogUpkeep
 
-use websub_hub::storage::events::EventLog;
+use std::time::Duration;
 
-use super::helpers::{backend, base_time, record, secs, subscribers, topic};
+use bytes::Bytes;
+use chrono::Utc;
+use websub_hub::storage::events::{Attempt, Completion, EventLog, Outcome};
+
+use super::helpers::{backend, base_time, completion, record, secs, subscribers, topic};
 
 pub async fn purge_deletes_old_events_with_their_records(log: &dyn EventLog) {
     let t0 = base_time();
@@ -71,4 +76,80 @@ pub async fn expand_racing_purge_leaves_no_orphans(log: &dyn EventLog) {
         "{}: race purged first {purged}, expanded first {kept}",
         backend(log)
     );
+}
+
+/// Room made ahead of the clock ([`LogUpkeep::partition_ahead`]) holds the
+/// events recorded in it, and a purge past them takes every one with its
+/// records and attempts, as the row-by-row purge does; making room twice
+/// adds nothing the first call made.
+pub async fn events_in_partitions_made_ahead_go_whole(log: &dyn EventLog) {
+    let span = Duration::from_secs(1);
+    let t0 = base_time();
+    log.partition_ahead(span, Utc::now())
+        .await
+        .expect("make room ahead");
+    assert_eq!(
+        log.partition_ahead(span, Utc::now() - secs(1))
+            .await
+            .expect("again"),
+        0,
+        "{}: what is made is found",
+        backend(log)
+    );
+    let topic = topic();
+    let subs = subscribers("ahead", 3);
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        let event = record(log, &topic, t0).await;
+        log.expand(event.id, &subs, t0).await.expect("expand");
+        let failed = Completion {
+            attempt: Some(Attempt {
+                at: t0,
+                duration_micros: 3_000,
+                status: Some(503),
+                error: Some("HTTP 503".to_owned()),
+                response: Bytes::new(),
+            }),
+            ..completion(
+                event.id,
+                &subs[0],
+                Outcome::Retry {
+                    error: "HTTP 503".to_owned(),
+                    next_attempt_at: t0 + secs(60),
+                },
+            )
+        };
+        log.complete(&[failed], t0).await.expect("complete");
+        ids.push(event.id);
+    }
+    assert_eq!(
+        log.attempts(ids[0], &subs[0])
+            .await
+            .expect("attempts")
+            .len(),
+        1
+    );
+
+    assert_eq!(
+        log.purge_before(t0).await.expect("purge before them"),
+        0,
+        "{}: nothing older than the cutoff",
+        backend(log)
+    );
+    assert!(log.event(ids[4]).await.expect("read").is_some());
+
+    let cutoff = Utc::now() + secs(3_600);
+    let purged = log.purge_before(cutoff).await.expect("purge past them");
+    assert!(purged >= 5, "{}: purged {purged}", backend(log));
+    for id in &ids {
+        assert_eq!(log.event(*id).await.expect("read"), None);
+        assert_eq!(log.deliveries(*id).await.expect("deliveries"), vec![]);
+        assert_eq!(log.attempts(*id, &subs[0]).await.expect("attempts"), vec![]);
+    }
+    // Room is made again past the purge, and what is recorded there kept.
+    log.partition_ahead(span, Utc::now())
+        .await
+        .expect("make room again");
+    let later = record(log, &topic, Utc::now()).await;
+    assert!(log.event(later.id).await.expect("read").is_some());
 }

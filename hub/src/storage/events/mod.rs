@@ -753,6 +753,33 @@ pub trait LogUpkeep: Send + Sync + std::fmt::Debug {
     /// Deletes events created before `cutoff` with their delivery records.
     /// Returns how many events were deleted.
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError>;
+
+    /// Makes room for the events of the next spans of time, where the
+    /// backend keeps them in partitions by time (PostgreSQL: one partition
+    /// of the log, its records and their attempts per `span`, up to a few
+    /// spans past `now`), so that [`LogUpkeep::purge_before`] drops whole
+    /// partitions instead of deleting rows. Elsewhere it does nothing.
+    /// Returns how many spans it added.
+    async fn partition_ahead(
+        &self,
+        span: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let _ = (span, now);
+        Ok(0)
+    }
+}
+
+/// The time one partition of the log covers (see
+/// [`LogUpkeep::partition_ahead`]): an eighth of the retention, so that
+/// what is kept exceeds it by little, between a second and a day; a day
+/// when everything is kept.
+pub fn partition_span(retention: Option<std::time::Duration>) -> std::time::Duration {
+    const DAY: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+    retention.map_or(DAY, |ttl| {
+        std::time::Duration::from_secs((ttl / 8).as_secs())
+            .clamp(std::time::Duration::from_secs(1), DAY)
+    })
 }
 
 /// [`DeliveryOutcomes::complete_unwritten`] in two steps: the records created

@@ -1,9 +1,10 @@
 //! The PostgreSQL event log: events and delivery records in a database that
 //! several hub replicas share.
 //!
-//! It owns the `websub_events` and `websub_deliveries` tables and their
-//! migrations (`migrations/postgres/hub`, embedded at build time), recorded in
-//! their own table, `websub_hub_migrations`, so that the subscription store's
+//! It owns the `websub_events`, `websub_deliveries` and `websub_attempts`
+//! tables (with their partitions) and their migrations
+//! (`migrations/postgres/hub`, embedded at build time), recorded in their
+//! own table, `websub_hub_migrations`, so that the subscription store's
 //! migrator (`websub_store_migrations`) can run on the same database without
 //! either one taking the other's history for missing migrations.
 //!
@@ -29,6 +30,11 @@
 //!   once per statement rather than once per row; see the migration for why
 //!   and for the one condition (delete events at READ COMMITTED, as
 //!   [`LogUpkeep::purge_before`] does).
+//! - **Retention drops partitions.** Events, their records and their
+//!   attempts are partitioned by event id, which is time (UUIDv7); upkeep
+//!   makes partitions ahead of the clock and retention drops the old ones
+//!   whole (`partitions`, migration `0016_partitions.sql`), deleting rows
+//!   only where a partition holds newer events too.
 
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
@@ -41,6 +47,7 @@ use uuid::Uuid;
 mod changes;
 mod delivery_path;
 mod operate;
+mod partitions;
 mod rows;
 mod statements;
 
@@ -796,7 +803,9 @@ impl LogUpkeep for PostgresEventLog {
     }
 
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
-        let mut deleted = 0;
+        // Whole partitions first; rows by age then, where a partition is
+        // not all old (the DEFAULT one, the one from before partitioning).
+        let mut deleted = partitions::drop_before(self, cutoff).await?;
         loop {
             // The cascade to delivery records must see rows whose insert
             // committed while this delete waited for the event row; see the
@@ -818,5 +827,13 @@ impl LogUpkeep for PostgresEventLog {
                 return Ok(deleted);
             }
         }
+    }
+
+    async fn partition_ahead(
+        &self,
+        span: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        partitions::partition_ahead(self, span, now).await
     }
 }
