@@ -771,13 +771,15 @@ pub trait LogUpkeep: Send + Sync + std::fmt::Debug {
 }
 
 /// The time one partition of the log covers (see
-/// [`LogUpkeep::partition_ahead`]): an eighth of the retention, so that
-/// what is kept exceeds it by little, between a second and a day; a day
-/// when everything is kept.
+/// [`LogUpkeep::partition_ahead`]): a quarter of the retention, between a
+/// second and a day; a day when everything is kept. Each partition made
+/// or dropped locks its table for a moment and makes every connection plan
+/// its statements afresh, so they are few; a quarter bounds what is kept
+/// past the retention to a quarter of it more.
 pub fn partition_span(retention: Option<std::time::Duration>) -> std::time::Duration {
     const DAY: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
     retention.map_or(DAY, |ttl| {
-        std::time::Duration::from_secs((ttl / 8).as_secs())
+        std::time::Duration::from_secs((ttl / 4).as_secs())
             .clamp(std::time::Duration::from_secs(1), DAY)
     })
 }

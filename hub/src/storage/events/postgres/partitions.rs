@@ -5,18 +5,26 @@
 //!
 //! A partition covers a range of event ids, which are UUIDv7: the range
 //! from millisecond `a` to millisecond `b` holds the events recorded in
-//! that time, and the three tables' partitions of one range are created
-//! and dropped together, in one transaction, so that an event never goes
-//! without its records. Replicas sharing the database take turns through
-//! an advisory lock; a partition another replica made is simply found.
+//! that time, and the three tables each have a partition of it, named
+//! alike. Replicas sharing the database take turns through an advisory
+//! lock; one that finds it taken leaves the work to the other.
 //!
-//! Creating or dropping a partition locks its parent table for a moment:
-//! each statement waits at most [`LOCK_TIMEOUT`] for queries in flight, so
-//! that upkeep never holds deliveries up for long; what it could not do is
-//! done at the next sweep, well before it is needed.
+//! Creating or dropping a partition locks its parent table for a moment.
+//! Each one is a statement of its own, holding no other lock while it
+//! waits: the delivery path takes the three tables' locks in more than one
+//! order (an expansion inserts records, whose trigger then locks their
+//! events; a purge deletes events, whose trigger then deletes records), so
+//! a transaction holding one parent while waiting for another would
+//! deadlock with it. Each waits at most [`LOCK_TIMEOUT`], so that upkeep
+//! never holds deliveries up for long; what it could not do is done at the
+//! next sweep, well before it is needed. Ranges are made ahead of any
+//! event in them, the records' and attempts' partitions first; they are
+//! dropped attempts and records first, then the events, so that a sweep
+//! cut short leaves at worst events without records, which the next sweep
+//! finds and drops.
 
 use chrono::{DateTime, Utc};
-use sqlx::{AssertSqlSafe, PgConnection, Row};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, Row};
 use uuid::Uuid;
 
 use super::PostgresEventLog;
@@ -26,14 +34,23 @@ use crate::storage::events::EventLogError;
 /// current one.
 const AHEAD: i64 = 4;
 
-/// How long creating or dropping a partition waits for its table's lock.
-const LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '2s'";
+/// How long creating or dropping a partition waits for its table's lock:
+/// statements that wait for a lock behind it wait no longer than this.
+const LOCK_TIMEOUT: &str = "SET lock_timeout = '200ms'";
 
-/// The advisory lock upkeep is serialised on, across replicas.
-const UPKEEP_LOCK: &str = "SELECT pg_advisory_xact_lock(7316502264170213421)";
+/// The advisory lock upkeep is serialised on, across replicas: held by a
+/// connection of upkeep's own, for as long as it lives. One per schema, as
+/// the tables are.
+const UPKEEP_LOCK: &str = "SELECT pg_try_advisory_lock(1935831154, hashtext(current_schema()))";
 
-/// The partitioned tables, each partition named after its events'.
-const TABLES: [&str; 3] = ["websub_events", "websub_deliveries", "websub_attempts"];
+/// Lets the lock go at once: a closed connection's server process lets it
+/// go only as it exits, a moment after the close.
+const UPKEEP_UNLOCK: &str = "SELECT pg_advisory_unlock(1935831154, hashtext(current_schema()))";
+
+/// The partitioned tables, in the order their partitions of a range are
+/// made (and the reverse of the order they are dropped in); each partition
+/// is named after its events'.
+const TABLES: [&str; 3] = ["websub_attempts", "websub_deliveries", "websub_events"];
 
 /// The partitions of `websub_events` with their bounds.
 const RANGES: &str = "SELECT c.relname::TEXT AS name, \
@@ -100,6 +117,40 @@ async fn ranges(connection: &mut PgConnection) -> Result<Vec<Range>, EventLogErr
     Ok(ranges)
 }
 
+/// A connection of upkeep's own, with the advisory lock and the lock
+/// timeout: closed when dropped, and the lock with it. `None` when another
+/// replica holds the lock.
+async fn upkeep_connection(log: &PostgresEventLog) -> Result<Option<PgConnection>, EventLogError> {
+    let mut connection = log.pool.connect_options().connect().await?;
+    let locked: bool = sqlx::query_scalar(UPKEEP_LOCK)
+        .fetch_one(&mut connection)
+        .await?;
+    if !locked {
+        return Ok(None);
+    }
+    sqlx::query(LOCK_TIMEOUT).execute(&mut connection).await?;
+    Ok(Some(connection))
+}
+
+/// Whether a statement gave way to the queries holding its table (its
+/// lock timed out): the sweep stops there and the next one goes on.
+fn gave_way(
+    result: Result<sqlx::postgres::PgQueryResult, sqlx::Error>,
+) -> Result<bool, EventLogError> {
+    match result {
+        Ok(_) => Ok(false),
+        Err(sqlx::Error::Database(error)) if error.code().as_deref() == Some("55P03") => Ok(true),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Lets the lock go and closes the connection; a failure leaves both to
+/// the server, which ends them with the connection.
+async fn finish(mut connection: PgConnection) {
+    let _ = sqlx::query(UPKEEP_UNLOCK).execute(&mut connection).await;
+    let _ = connection.close().await;
+}
+
 /// See [`LogUpkeep::partition_ahead`](crate::storage::events::LogUpkeep::partition_ahead).
 pub(super) async fn partition_ahead(
     log: &PostgresEventLog,
@@ -110,16 +161,20 @@ pub(super) async fn partition_ahead(
     let now_ms = now.timestamp_millis();
     let current = now_ms - now_ms.rem_euclid(span_ms);
     let until = current.saturating_add(span_ms.saturating_mul(AHEAD + 1));
-    let mut tx = log.pool.begin().await?;
-    sqlx::query(UPKEEP_LOCK).execute(&mut *tx).await?;
-    sqlx::query(LOCK_TIMEOUT).execute(&mut *tx).await?;
-    let covered = ranges(&mut tx).await?.iter().map(|range| range.to_ms).max();
+    let Some(mut connection) = upkeep_connection(log).await? else {
+        return Ok(0);
+    };
+    let covered = ranges(&mut connection)
+        .await?
+        .iter()
+        .map(|range| range.to_ms)
+        .max();
     let mut from = covered.map_or(current, |covered| covered.max(current));
     let mut created = 0;
     while from < until {
         // The first may be short, to meet the grid the others are on.
         let to = from - from.rem_euclid(span_ms) + span_ms;
-        if let Some(newest) = newest_in_default(&mut tx, from, to).await? {
+        if let Some(newest) = newest_in_default(&mut connection, from, to).await? {
             // Ids of the range are in the DEFAULT partition already
             // (recorded before upkeep ran): they stay there, deleted by age,
             // and the partition starts past them.
@@ -138,19 +193,25 @@ pub(super) async fn partition_ahead(
             } else {
                 ""
             };
-            sqlx::query(AssertSqlSafe(format!(
-                "CREATE TABLE {} PARTITION OF {table} FOR VALUES FROM ('{}') TO ('{}'){storage}",
+            // IF NOT EXISTS: the same range of a sweep cut short.
+            let made = sqlx::query(AssertSqlSafe(format!(
+                "CREATE TABLE IF NOT EXISTS {} PARTITION OF {table} \
+                 FOR VALUES FROM ('{}') TO ('{}'){storage}",
                 range.in_table(table),
                 id_floor(from),
                 id_floor(to),
             )))
-            .execute(&mut *tx)
-            .await?;
+            .execute(&mut connection)
+            .await;
+            if gave_way(made)? {
+                finish(connection).await;
+                return Ok(created);
+            }
         }
         created += 1;
         from = to;
     }
-    tx.commit().await?;
+    finish(connection).await;
     Ok(created)
 }
 
@@ -185,11 +246,11 @@ pub(super) async fn drop_before(
     cutoff: DateTime<Utc>,
 ) -> Result<u64, EventLogError> {
     let cutoff_ms = cutoff.timestamp_millis();
-    let mut tx = log.pool.begin().await?;
-    sqlx::query(UPKEEP_LOCK).execute(&mut *tx).await?;
-    sqlx::query(LOCK_TIMEOUT).execute(&mut *tx).await?;
+    let Some(mut connection) = upkeep_connection(log).await? else {
+        return Ok(0);
+    };
     let mut dropped = 0;
-    for range in ranges(&mut tx).await? {
+    for range in ranges(&mut connection).await? {
         if range.to_ms > cutoff_ms {
             continue;
         }
@@ -200,18 +261,26 @@ pub(super) async fn drop_before(
         let (newest, events): (Option<DateTime<Utc>>, i64) = sqlx::query_as(AssertSqlSafe(
             format!("SELECT max(created_at), count(*) FROM {}", range.name),
         ))
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut connection)
         .await?;
         if newest.is_some_and(|newest| newest >= cutoff) {
             continue;
         }
-        let tables: Vec<String> = TABLES.iter().rev().map(|t| range.in_table(t)).collect();
-        sqlx::query(AssertSqlSafe(format!("DROP TABLE {}", tables.join(", "))))
-            .execute(&mut *tx)
-            .await?;
+        for table in TABLES {
+            let gone = sqlx::query(AssertSqlSafe(format!(
+                "DROP TABLE IF EXISTS {}",
+                range.in_table(table)
+            )))
+            .execute(&mut connection)
+            .await;
+            if gave_way(gone)? {
+                finish(connection).await;
+                return Ok(dropped);
+            }
+        }
         dropped += u64::try_from(events).unwrap_or(0);
     }
-    tx.commit().await?;
+    finish(connection).await;
     Ok(dropped)
 }
 
