@@ -14,6 +14,10 @@ use sqlx::Row;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use uuid::Uuid;
 
+use super::sql::{
+    FETCH_DONE, FETCH_FAILED, FORGET_VALIDATORS, INTENT_FAILED, KEEP_VALIDATORS, PURGE_FETCHES,
+    PURGE_INTENTS, RELEASE_FETCH, SUBSCRIBING, WAITING,
+};
 use super::{
     Admission, Backlog, BacklogError, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult,
     IntentState, Listing, Validators, Waiting, admissions, mode, releases, stale_bound, unsigned,
@@ -44,28 +48,6 @@ const CLAIM_FETCHES: &str = "UPDATE websub_fetches AS pending \
      RETURNING pending.topic, pending.requested_at, pending.generation, pending.attempts, \
          known.etag, known.last_modified";
 
-const FETCH_DONE: &str = "DELETE FROM websub_fetches WHERE topic = $1 AND generation = $2";
-
-// A failure counts against the claim's budget; a row overtaken by a newer
-// ping starts again, due at once (`$5`), with a fresh one.
-const FETCH_FAILED: &str = "UPDATE websub_fetches SET \
-         processing_since = NULL, \
-         last_error = $3, \
-         attempts = CASE WHEN generation = $2 THEN attempts + 1 ELSE 0 END, \
-         next_attempt_at = CASE WHEN generation = $2 THEN $4 ELSE $5 END \
-     WHERE topic = $1";
-
-const RELEASE_FETCH: &str = "UPDATE websub_fetches SET processing_since = NULL, attempts = 0, \
-         next_attempt_at = $2 \
-     WHERE topic = $1";
-
-const KEEP_VALIDATORS: &str = "INSERT INTO websub_topic_validators \
-         (topic, etag, last_modified, updated_at) VALUES ($1, $2, $3, $4) \
-     ON CONFLICT (topic) DO UPDATE SET etag = excluded.etag, \
-         last_modified = excluded.last_modified, updated_at = excluded.updated_at";
-
-const FORGET_VALIDATORS: &str = "DELETE FROM websub_topic_validators WHERE topic = $1";
-
 const FETCHES: &str = "SELECT topic, requested_at, attempts, next_attempt_at, last_error \
      FROM websub_fetches \
      WHERE $1::boolean IS NULL OR (next_attempt_at IS NULL) = $1 \
@@ -87,10 +69,6 @@ const REQUEST_INTENTS: &str = "INSERT INTO websub_verifications \
          next_attempt_at = excluded.next_attempt_at, last_error = NULL \
      RETURNING id";
 
-const WAITING: &str = "SELECT \
-     (SELECT count FROM websub_verifications_waiting), \
-     (SELECT count(*) FROM websub_fetches WHERE next_attempt_at IS NOT NULL)";
-
 // The rows are chosen and locked first, then updated by their tuple ids:
 // joined back by key instead, a generic plan (what a prepared statement
 // settles on) reads the whole table to hash it.
@@ -110,29 +88,12 @@ const INTENTS_DONE: &str = "DELETE FROM websub_verifications \
          (SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[])) \
      RETURNING id";
 
-// An outcome of a request that a newer one replaced only releases the claim.
-const INTENT_FAILED: &str = "UPDATE websub_verifications SET \
-         processing_since = NULL, \
-         attempts = CASE WHEN id = $3 THEN attempts + 1 ELSE attempts END, \
-         next_attempt_at = CASE WHEN id = $3 THEN $4 ELSE next_attempt_at END, \
-         last_error = CASE WHEN id = $3 THEN $5 ELSE last_error END \
-     WHERE topic = $1 AND callback = $2";
-
 const INTENTS: &str = "SELECT mode, topic, callback, owner, requested_at, attempts, \
          next_attempt_at, last_error \
      FROM websub_verifications \
      WHERE ($1::text IS NULL OR owner = $1) \
        AND ($2::boolean IS NULL OR (next_attempt_at IS NULL) = $2) \
      ORDER BY requested_at DESC LIMIT $3";
-
-const SUBSCRIBING: &str = "SELECT EXISTS (SELECT 1 FROM websub_verifications \
-     WHERE topic = $1 AND mode = 'subscribe' AND next_attempt_at IS NOT NULL)";
-
-const PURGE_FETCHES: &str =
-    "DELETE FROM websub_fetches WHERE next_attempt_at IS NULL AND requested_at < $1";
-
-const PURGE_INTENTS: &str =
-    "DELETE FROM websub_verifications WHERE next_attempt_at IS NULL AND requested_at < $1";
 
 /// The backlog in a PostgreSQL database.
 #[derive(Debug, Clone)]

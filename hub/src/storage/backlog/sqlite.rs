@@ -14,6 +14,10 @@ use sqlx::{Connection, Row};
 use uuid::Uuid;
 use websub_store::sqlite::Writer;
 
+use super::sql::{
+    FETCH_DONE, FETCH_FAILED, FORGET_VALIDATORS, INTENT_FAILED, KEEP_VALIDATORS, PURGE_FETCHES,
+    PURGE_INTENTS, RELEASE_FETCH, SUBSCRIBING, WAITING,
+};
 use super::{
     Admission, Backlog, BacklogError, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult,
     IntentState, Listing, Validators, Waiting, admissions, mode, releases, stale_bound, unsigned,
@@ -23,7 +27,7 @@ use crate::protocol::SubscriptionRequest;
 // `WHERE true` is SQLite's required disambiguation between an upsert's ON and
 // a join's ON after INSERT … SELECT.
 const REQUEST_FETCHES: &str = "INSERT INTO websub_fetches (topic, requested_at, next_attempt_at) \
-     SELECT DISTINCT value, ?2, ?2 FROM json_each(?1) WHERE true \
+     SELECT DISTINCT value, $2, $2 FROM json_each($1) WHERE true \
      ON CONFLICT (topic) DO UPDATE SET \
          requested_at = excluded.requested_at, \
          generation = websub_fetches.generation + 1, \
@@ -34,55 +38,33 @@ const REQUEST_FETCHES: &str = "INSERT INTO websub_fetches (topic, requested_at, 
 // scalar subqueries (primary-key lookups). The limit is CAST so that a
 // claim of another size does not prepare the statement again (see the event
 // log's CLAIM).
-const CLAIM_FETCHES: &str = "UPDATE websub_fetches SET processing_since = ?1 \
+const CLAIM_FETCHES: &str = "UPDATE websub_fetches SET processing_since = $1 \
      WHERE rowid IN ( \
          SELECT rowid FROM websub_fetches \
-         WHERE next_attempt_at <= ?1 \
-           AND (processing_since IS NULL OR processing_since < ?2) \
-         ORDER BY next_attempt_at LIMIT CAST(?3 AS INTEGER)) \
+         WHERE next_attempt_at <= $1 \
+           AND (processing_since IS NULL OR processing_since < $2) \
+         ORDER BY next_attempt_at LIMIT CAST($3 AS INTEGER)) \
      RETURNING topic, requested_at, generation, attempts, \
          (SELECT etag FROM websub_topic_validators AS known \
           WHERE known.topic = websub_fetches.topic) AS etag, \
          (SELECT last_modified FROM websub_topic_validators AS known \
           WHERE known.topic = websub_fetches.topic) AS last_modified";
 
-const FETCH_DONE: &str = "DELETE FROM websub_fetches WHERE topic = ?1 AND generation = ?2";
-
-// A failure counts against the claim's budget; a row overtaken by a newer
-// ping starts again, due at once (`?5`), with a fresh one.
-const FETCH_FAILED: &str = "UPDATE websub_fetches SET \
-         processing_since = NULL, \
-         last_error = ?3, \
-         attempts = CASE WHEN generation = ?2 THEN attempts + 1 ELSE 0 END, \
-         next_attempt_at = CASE WHEN generation = ?2 THEN ?4 ELSE ?5 END \
-     WHERE topic = ?1";
-
-const RELEASE_FETCH: &str = "UPDATE websub_fetches SET processing_since = NULL, attempts = 0, \
-         next_attempt_at = ?2 \
-     WHERE topic = ?1";
-
-const KEEP_VALIDATORS: &str = "INSERT INTO websub_topic_validators \
-         (topic, etag, last_modified, updated_at) VALUES (?1, ?2, ?3, ?4) \
-     ON CONFLICT (topic) DO UPDATE SET etag = excluded.etag, \
-         last_modified = excluded.last_modified, updated_at = excluded.updated_at";
-
-const FORGET_VALIDATORS: &str = "DELETE FROM websub_topic_validators WHERE topic = ?1";
-
 const FETCHES: &str = "SELECT topic, requested_at, attempts, next_attempt_at, last_error \
      FROM websub_fetches \
-     WHERE ?1 IS NULL OR (next_attempt_at IS NULL) = ?1 \
-     ORDER BY requested_at DESC LIMIT ?2";
+     WHERE $1 IS NULL OR (next_attempt_at IS NULL) = $1 \
+     ORDER BY requested_at DESC LIMIT $2";
 
-// ?1 is a JSON array of [topic, callback, id (hex), mode, secret,
+// $1 is a JSON array of [topic, callback, id (hex), mode, secret,
 // lease_seconds, owner, requested_at] arrays; an element's key is its
-// index, so the first ?2 − waiting are written. The count is an
+// index, so the first $2 − waiting are written. The count is an
 // uncorrelated subquery, read once.
 const REQUEST_INTENTS: &str = "INSERT INTO websub_verifications \
          (topic, callback, id, mode, secret, lease_seconds, owner, requested_at, next_attempt_at) \
      SELECT value ->> 0, value ->> 1, unhex(value ->> 2), value ->> 3, value ->> 4, \
             value ->> 5, value ->> 6, value ->> 7, value ->> 7 \
-     FROM json_each(?1) \
-     WHERE key < ?2 - (SELECT count FROM websub_verifications_waiting) \
+     FROM json_each($1) \
+     WHERE key < $2 - (SELECT count FROM websub_verifications_waiting) \
      ON CONFLICT (topic, callback) DO UPDATE SET \
          id = excluded.id, mode = excluded.mode, secret = excluded.secret, \
          lease_seconds = excluded.lease_seconds, owner = excluded.owner, \
@@ -90,48 +72,27 @@ const REQUEST_INTENTS: &str = "INSERT INTO websub_verifications \
          next_attempt_at = excluded.next_attempt_at, last_error = NULL \
      RETURNING id";
 
-const WAITING: &str = "SELECT \
-     (SELECT count FROM websub_verifications_waiting), \
-     (SELECT count(*) FROM websub_fetches WHERE next_attempt_at IS NOT NULL)";
-
-const CLAIM_INTENTS: &str = "UPDATE websub_verifications SET processing_since = ?1 \
+const CLAIM_INTENTS: &str = "UPDATE websub_verifications SET processing_since = $1 \
      WHERE rowid IN ( \
          SELECT rowid FROM websub_verifications \
-         WHERE next_attempt_at <= ?1 \
-           AND (processing_since IS NULL OR processing_since < ?2) \
-         ORDER BY next_attempt_at, requested_at LIMIT CAST(?3 AS INTEGER)) \
+         WHERE next_attempt_at <= $1 \
+           AND (processing_since IS NULL OR processing_since < $2) \
+         ORDER BY next_attempt_at, requested_at LIMIT CAST($3 AS INTEGER)) \
      RETURNING topic, callback, id, mode, secret, lease_seconds, owner, requested_at, attempts";
 
 // Each given as [topic, callback, id in hex]; an intent a newer request
 // replaced is not deleted.
 const INTENTS_DONE: &str = "DELETE FROM websub_verifications \
      WHERE (topic, callback, id) IN \
-         (SELECT value ->> 0, value ->> 1, unhex(value ->> 2) FROM json_each(?1)) \
+         (SELECT value ->> 0, value ->> 1, unhex(value ->> 2) FROM json_each($1)) \
      RETURNING id";
-
-// An outcome of a request that a newer one replaced only releases the claim.
-const INTENT_FAILED: &str = "UPDATE websub_verifications SET \
-         processing_since = NULL, \
-         attempts = CASE WHEN id = ?3 THEN attempts + 1 ELSE attempts END, \
-         next_attempt_at = CASE WHEN id = ?3 THEN ?4 ELSE next_attempt_at END, \
-         last_error = CASE WHEN id = ?3 THEN ?5 ELSE last_error END \
-     WHERE topic = ?1 AND callback = ?2";
 
 const INTENTS: &str = "SELECT mode, topic, callback, owner, requested_at, attempts, \
          next_attempt_at, last_error \
      FROM websub_verifications \
-     WHERE (?1 IS NULL OR owner = ?1) \
-       AND (?2 IS NULL OR (next_attempt_at IS NULL) = ?2) \
-     ORDER BY requested_at DESC LIMIT ?3";
-
-const SUBSCRIBING: &str = "SELECT EXISTS (SELECT 1 FROM websub_verifications \
-     WHERE topic = ?1 AND mode = 'subscribe' AND next_attempt_at IS NOT NULL)";
-
-const PURGE_FETCHES: &str =
-    "DELETE FROM websub_fetches WHERE next_attempt_at IS NULL AND requested_at < ?1";
-
-const PURGE_INTENTS: &str =
-    "DELETE FROM websub_verifications WHERE next_attempt_at IS NULL AND requested_at < ?1";
+     WHERE ($1 IS NULL OR owner = $1) \
+       AND ($2 IS NULL OR (next_attempt_at IS NULL) = $2) \
+     ORDER BY requested_at DESC LIMIT $3";
 
 /// The backlog in a SQLite file.
 #[derive(Debug, Clone)]

@@ -11,6 +11,7 @@
 pub mod changes;
 mod operate;
 pub mod postgres;
+mod sql;
 pub mod sqlite;
 
 pub use operate::{

@@ -3,6 +3,7 @@
 //! (`FOR UPDATE SKIP LOCKED`), so replicas sharing the database send each
 //! change to the operator webhook from one of them at a time.
 
+use super::super::sql::changes::{COLUMNS, DELIVERED, FAILED, PURGE, RELEASED, RETRY, SHED, TRIM};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
@@ -15,9 +16,6 @@ use super::super::{
 };
 use super::PostgresEventLog;
 
-const COLUMNS: &str = "id, channel, endpoint, state, at, failures, since, reason, source, \
-     webhook_state, retry_count, last_error, delivered_at";
-
 const APPEND: &str = "INSERT INTO websub_endpoint_changes \
      (channel, endpoint, state, at, failures, since, reason, source, next_attempt_at) \
      SELECT c.channel, c.endpoint, c.state, c.at, c.failures, c.since, c.reason, c.source, c.at \
@@ -25,9 +23,6 @@ const APPEND: &str = "INSERT INTO websub_endpoint_changes \
                                  $5::int[], $6::timestamptz[], $7::text[], $8::text[]) \
          WITH ORDINALITY AS c(channel, endpoint, state, at, failures, since, reason, source, n) \
      ORDER BY n";
-
-const TRIM: &str = "DELETE FROM websub_endpoint_changes \
-     WHERE id <= (SELECT max(id) FROM websub_endpoint_changes) - $1";
 
 fn list_sql() -> String {
     format!(
@@ -47,34 +42,6 @@ fn claim_sql() -> String {
          RETURNING {COLUMNS}"
     )
 }
-
-const DELIVERED: &str = "UPDATE websub_endpoint_changes \
-     SET webhook_state = 'delivered', delivered_at = $2, next_attempt_at = NULL, \
-         claimed_until = NULL \
-     WHERE id = $1";
-
-const RETRY: &str = "UPDATE websub_endpoint_changes \
-     SET next_attempt_at = $2, last_error = $3, retry_count = retry_count + $4, \
-         claimed_until = NULL \
-     WHERE id = $1";
-
-const FAILED: &str = "UPDATE websub_endpoint_changes \
-     SET webhook_state = 'failed', last_error = $2, retry_count = retry_count + 1, \
-         next_attempt_at = NULL, claimed_until = NULL \
-     WHERE id = $1";
-
-const RELEASED: &str = "UPDATE websub_endpoint_changes SET claimed_until = NULL WHERE id = $1";
-
-// OFFSET counts from the newest pending change: what lies beyond `keep`
-// of them goes, with whatever is older than the cutoff.
-const SHED: &str = "UPDATE websub_endpoint_changes \
-     SET webhook_state = 'dropped', next_attempt_at = NULL, claimed_until = NULL \
-     WHERE webhook_state = 'pending' \
-       AND (at < $2 OR id <= (SELECT id FROM websub_endpoint_changes \
-                              WHERE webhook_state = 'pending' \
-                              ORDER BY id DESC LIMIT 1 OFFSET $1))";
-
-const PURGE: &str = "DELETE FROM websub_endpoint_changes WHERE at < $1";
 
 fn change_from_row(row: &PgRow) -> Result<EndpointChange, EventLogError> {
     let state: String = row.try_get("state").map_err(invalid)?;

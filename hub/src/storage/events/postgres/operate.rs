@@ -1,6 +1,7 @@
 //! The PostgreSQL statements behind the operators' calls: listing delivery
 //! records, redeliveries and replays, and the endpoints' tally.
 
+use super::super::sql::operate::{DISABLE, DISABLE_TALLIED, ENABLE};
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
@@ -214,10 +215,6 @@ const TALLY_EXHAUSTED: &str = "WITH counted AS ( \
          last_error = excluded.last_error \
      RETURNING endpoint::TEXT, failures, disabled_at IS NOT NULL AS disabled";
 
-const DISABLE_TALLIED: &str = "UPDATE websub_endpoints \
-     SET disabled_at = $2, disabled_reason = $3 \
-     WHERE channel = $4 AND endpoint = $1 AND disabled_at IS NULL";
-
 const CLEAR_DELIVERED: &str = "DELETE FROM websub_endpoints \
      WHERE channel = $2 AND endpoint = ANY ($1::TEXT[]) AND disabled_at IS NULL";
 
@@ -267,14 +264,6 @@ pub(super) async fn tally_endpoints(
     tx.commit().await?;
     Ok(disabled)
 }
-
-const DISABLE: &str = "INSERT INTO websub_endpoints AS w \
-     (channel, endpoint, disabled_at, disabled_reason) \
-     VALUES ($4, $1, $2, $3) ON CONFLICT (channel, endpoint) DO UPDATE \
-     SET disabled_at = excluded.disabled_at, disabled_reason = excluded.disabled_reason \
-     WHERE w.disabled_at IS NULL";
-
-const ENABLE: &str = "DELETE FROM websub_endpoints WHERE channel = $2 AND endpoint = $1";
 
 pub(super) async fn set_endpoint_disabled(
     pool: &PgPool,

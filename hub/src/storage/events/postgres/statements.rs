@@ -1,34 +1,18 @@
 //! The PostgreSQL event log's statements, apart from the code that runs
 //! them; each says why it is written as it is.
 
-/// The table the hub's migrations are recorded in; see the log's module doc.
-pub(super) const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
+pub(super) use super::super::sql::*;
 
 /// Stated rather than inherited from the server's
 /// `default_transaction_isolation`: expansion and purging rely on each
 /// statement seeing what committed before it (see the migration).
 pub(super) const READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
-pub(super) const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at) \
-     VALUES ($1, $2, $3, $4, $5)";
-
-// A concurrent insert of the same id makes this one wait for its commit,
-// then do nothing (or insert, had it rolled back): at READ COMMITTED the
-// next statement sees whichever row is there.
-pub(super) const INSERT_EVENT_ONCE: &str = "INSERT INTO websub_events \
-     (id, topic, content_type, body, created_at) VALUES ($1, $2, $3, $4, $5) \
-     ON CONFLICT (id) DO NOTHING";
-
 // Marks the event expanded only if it was not: one row affected means this
 // transaction expands it first, so it has no delivery records yet (only
 // expand writes them, and it marks the event in the same transaction).
 pub(super) const MARK_EXPANDED: &str =
     "UPDATE websub_events SET expanded_at = $2 WHERE id = $1 AND expanded_at IS NULL";
-
-pub(super) const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = $1)";
-
-pub(super) const HAS_RECORDS: &str =
-    "SELECT EXISTS (SELECT 1 FROM websub_deliveries WHERE event_id = $1)";
 
 // The first expansion of an event: nothing can conflict unless parts were
 // written before a crash (then it fails and is retried as EXPAND_AGAIN), and leaving out
@@ -57,12 +41,6 @@ pub(super) const EXPAND_CLAIMED_AGAIN: &str = "INSERT INTO websub_deliveries \
      SELECT $1, subscriber, $2, $2, $4 FROM unnest($3::text[]) AS s(subscriber) \
      ON CONFLICT DO NOTHING RETURNING subscriber::TEXT";
 
-pub(super) const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
-     WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT $1";
-
-pub(super) const EVENT: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
-     WHERE id = $1";
-
 // Both are functions in the migration, so that their plans cannot depend on
 // stale statistics (see `0001_events.sql`). `$2` is NULL when the visibility
 // timeout reaches before the Unix epoch: then no claim is ever stale. The
@@ -72,40 +50,6 @@ pub(super) const CLAIM: &str =
 
 pub(super) const COMPLETE: &str =
     "SELECT websub_complete_attempts($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
-
-// The attempts' rows and the successful attempt its record keeps.
-pub(super) const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
-     FROM websub_attempts WHERE event_id = $1 AND subscriber = $2 \
-     UNION ALL \
-     SELECT delivered_attempt_at, delivered_duration_us, delivered_status, NULL, \
-            delivered_response \
-     FROM websub_deliveries WHERE event_id = $1 AND subscriber = $2 \
-       AND delivered_attempt_at IS NOT NULL \
-     ORDER BY attempted_at";
-
-pub(super) const WEBHOOK_ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
-     FROM websub_webhook_attempts WHERE event_id = $1 AND subscriber = $2 \
-     ORDER BY attempted_at";
-
-// The age index bounds the work to the window since the webhook began
-// failing.
-pub(super) const WEBHOOK_EVENTS_SINCE: &str = "SELECT DISTINCT event_id \
-     FROM websub_webhook_attempts WHERE attempted_at >= $2 AND subscriber = $1 LIMIT $3";
-
-// Webhook attempts have no event here to go with: they go by age.
-pub(super) const PURGE_WEBHOOK_ATTEMPTS: &str =
-    "DELETE FROM websub_webhook_attempts WHERE attempted_at < $1";
-
-pub(super) const DELIVERY: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
-     processing_since, next_attempt_at, outcome FROM websub_deliveries \
-     WHERE event_id = $1 AND subscriber = $2";
-
-pub(super) const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
-     processing_since, next_attempt_at, outcome FROM websub_deliveries \
-     WHERE event_id = $1 ORDER BY subscriber";
-
-pub(super) const LATEST: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
-     WHERE topic = $1 AND original_id IS NULL ORDER BY created_at DESC, id DESC LIMIT 1";
 
 // The window walks the (topic, created_at) index backwards; each of its
 // events is one primary-key probe for the subscriber's record.
@@ -121,12 +65,6 @@ pub(super) const HEALTH: &str = "WITH recent AS ( \
                 AS failed \
      FROM recent AS r \
      JOIN websub_deliveries AS d ON d.event_id = r.id AND d.subscriber = $2";
-
-// The pending index's entries with a `next_attempt_at`: everything not
-// processed and not exhausted.
-pub(super) const UNDELIVERED: &str = "SELECT count(*) AS records, min(e.created_at) AS oldest \
-     FROM websub_deliveries AS d JOIN websub_events AS e ON e.id = d.event_id \
-     WHERE d.processed_at IS NULL AND d.next_attempt_at IS NOT NULL";
 
 // Exhausted records are the pending index's NULL `next_attempt_at` entries.
 pub(super) const FAILED: &str = "SELECT d.event_id, e.topic, d.subscriber::TEXT AS subscriber, e.created_at, \
@@ -151,18 +89,6 @@ pub(super) const RETRY_FAILED: &str = "UPDATE websub_deliveries AS d \
 pub(super) const PURGE: &str = "DELETE FROM websub_events WHERE id IN ( \
      SELECT id FROM websub_events WHERE created_at < $1 \
      ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
-
-// Successful attempts: those their records keep, and (from before the
-// records kept them, or closed before the answer came) attempts' rows
-// without an error. The events' time index bounds the work to the window.
-pub(super) const DELIVERED_SINCE: &str = "SELECT \
-     (SELECT count(*) FROM websub_events AS e \
-      JOIN websub_deliveries AS d ON d.event_id = e.id \
-      WHERE e.created_at >= $1 AND d.delivered_attempt_at >= $1) \
-     + (SELECT count(*) FROM websub_events AS e \
-        JOIN websub_attempts AS a ON a.event_id = e.id \
-        WHERE e.created_at >= $1 AND a.attempted_at >= $1 AND a.error IS NULL) \
-     AS delivered";
 
 pub(super) const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
      SELECT id, $2, $4 FROM websub_events \
@@ -197,15 +123,6 @@ pub(super) const CLAIM_ORDERED: &str = "WITH head AS ( \
        AND e.id = d.event_id \
      RETURNING d.event_id, e.topic, d.subscriber::TEXT AS subscriber, d.retry_count";
 
-pub(super) const ORDER: &str = "INSERT INTO websub_ordered_subscriptions (topic, callback, since) \
-     VALUES ($1, $2, $3) ON CONFLICT (topic, callback) DO NOTHING";
-
-pub(super) const UNORDER: &str =
-    "DELETE FROM websub_ordered_subscriptions WHERE topic = $1 AND callback = $2";
-
-pub(super) const ORDERED_SUBSCRIPTIONS: &str = "SELECT topic, callback, since \
-     FROM websub_ordered_subscriptions ORDER BY topic, callback LIMIT $1";
-
 pub(super) const CLAIM_LANES: &str =
     "SELECT event_id, topic, subscriber, retry_count FROM websub_claim_lanes($1, $2, $3, $4, $5)";
 
@@ -237,10 +154,3 @@ pub(super) const RELEASE_ENDPOINT: &str = "UPDATE websub_deliveries AS d SET \
                 SELECT 1 FROM websub_attempts AS a \
                 WHERE a.event_id = d.event_id AND a.subscriber = d.subscriber \
                   AND a.attempted_at >= $4)))";
-
-// As the SQLite log's.
-pub(super) const DROP_SINCE: &str = "UPDATE websub_deliveries SET \
-         processed_at = $5, next_attempt_at = NULL, processing_since = NULL, \
-         outcome = 'dropped', last_error = $4 \
-     WHERE subscriber = $2 AND processed_at IS NULL \
-       AND event_id IN (SELECT id FROM websub_events WHERE topic = $1 AND created_at >= $3)";

@@ -2,6 +2,7 @@
 //! ([`EndpointChanges`]): writes go through the log's write connection, one
 //! transaction each, so a claim cannot overlap another.
 
+use super::super::sql::changes::{COLUMNS, DELIVERED, FAILED, PURGE, RELEASED, RETRY, SHED, TRIM};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteRow;
@@ -15,62 +16,28 @@ use super::super::{
 use super::SqliteEventLog;
 use super::rows::{from_micros, optional_time};
 
-const COLUMNS: &str = "id, channel, endpoint, state, at, failures, since, reason, source, \
-     webhook_state, retry_count, last_error, delivered_at";
-
 const APPEND: &str = "INSERT INTO websub_endpoint_changes \
      (channel, endpoint, state, at, failures, since, reason, source, next_attempt_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4)";
-
-const TRIM: &str = "DELETE FROM websub_endpoint_changes \
-     WHERE id <= (SELECT max(id) FROM websub_endpoint_changes) - ?1";
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $4)";
 
 fn list_sql() -> String {
     format!(
         "SELECT {COLUMNS} FROM websub_endpoint_changes \
-         WHERE (?1 IS NULL OR channel = ?1) AND (?2 IS NULL OR endpoint = ?2) \
-         ORDER BY id DESC LIMIT ?3"
+         WHERE ($1 IS NULL OR channel = $1) AND ($2 IS NULL OR endpoint = $2) \
+         ORDER BY id DESC LIMIT $3"
     )
 }
 
 fn claim_sql() -> String {
     format!(
-        "UPDATE websub_endpoint_changes SET claimed_until = ?2 \
+        "UPDATE websub_endpoint_changes SET claimed_until = $2 \
          WHERE id IN (SELECT id FROM websub_endpoint_changes \
-                      WHERE webhook_state = 'pending' AND next_attempt_at <= ?1 \
-                        AND (claimed_until IS NULL OR claimed_until <= ?1) \
-                      ORDER BY id LIMIT ?3) \
+                      WHERE webhook_state = 'pending' AND next_attempt_at <= $1 \
+                        AND (claimed_until IS NULL OR claimed_until <= $1) \
+                      ORDER BY id LIMIT $3) \
          RETURNING {COLUMNS}"
     )
 }
-
-const DELIVERED: &str = "UPDATE websub_endpoint_changes \
-     SET webhook_state = 'delivered', delivered_at = ?2, next_attempt_at = NULL, \
-         claimed_until = NULL \
-     WHERE id = ?1";
-
-const RETRY: &str = "UPDATE websub_endpoint_changes \
-     SET next_attempt_at = ?2, last_error = ?3, retry_count = retry_count + ?4, \
-         claimed_until = NULL \
-     WHERE id = ?1";
-
-const FAILED: &str = "UPDATE websub_endpoint_changes \
-     SET webhook_state = 'failed', last_error = ?2, retry_count = retry_count + 1, \
-         next_attempt_at = NULL, claimed_until = NULL \
-     WHERE id = ?1";
-
-const RELEASED: &str = "UPDATE websub_endpoint_changes SET claimed_until = NULL WHERE id = ?1";
-
-// OFFSET counts from the newest pending change: what lies beyond `keep`
-// of them goes, with whatever is older than the cutoff.
-const SHED: &str = "UPDATE websub_endpoint_changes \
-     SET webhook_state = 'dropped', next_attempt_at = NULL, claimed_until = NULL \
-     WHERE webhook_state = 'pending' \
-       AND (at < ?2 OR id <= (SELECT id FROM websub_endpoint_changes \
-                              WHERE webhook_state = 'pending' \
-                              ORDER BY id DESC LIMIT 1 OFFSET ?1))";
-
-const PURGE: &str = "DELETE FROM websub_endpoint_changes WHERE at < ?1";
 
 fn change_from_row(row: &SqliteRow) -> Result<EndpointChange, EventLogError> {
     let state: String = row.try_get("state").map_err(invalid)?;

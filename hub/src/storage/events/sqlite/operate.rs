@@ -2,6 +2,7 @@
 //! records, redeliveries and replays, and the endpoints' tally. Writes run
 //! on the log's write connection, in one transaction each.
 
+use super::super::sql::operate::{DISABLE, DISABLE_TALLIED, ENABLE};
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
@@ -24,13 +25,13 @@ fn list_sql() -> String {
                     {STATE_SQL} AS state, d.retry_count, d.last_error, d.processed_at, \
                     d.next_attempt_at \
              FROM websub_events AS e JOIN websub_deliveries AS d ON d.event_id = e.id \
-             WHERE (?1 IS NULL OR e.id = ?1 OR e.original_id = ?1) \
-               AND (?2 IS NULL OR e.topic = ?2) \
-               AND (?3 IS NULL OR d.subscriber = ?3) \
-               AND (?5 IS NULL OR e.created_at >= ?5) \
-               AND (?6 IS NULL OR e.created_at < ?6)) AS listed \
-         WHERE (?4 IS NULL OR state = ?4) \
-         ORDER BY created_at DESC, event_id DESC, subscriber LIMIT ?7"
+             WHERE ($1 IS NULL OR e.id = $1 OR e.original_id = $1) \
+               AND ($2 IS NULL OR e.topic = $2) \
+               AND ($3 IS NULL OR d.subscriber = $3) \
+               AND ($5 IS NULL OR e.created_at >= $5) \
+               AND ($6 IS NULL OR e.created_at < $6)) AS listed \
+         WHERE ($4 IS NULL OR state = $4) \
+         ORDER BY created_at DESC, event_id DESC, subscriber LIMIT $7"
     )
 }
 
@@ -73,14 +74,14 @@ fn summary_from_row(row: &SqliteRow) -> Result<DeliverySummary, EventLogError> {
 
 const COPY_EVENT: &str = "INSERT INTO websub_events \
      (id, topic, content_type, body, created_at, expanded_at, original_id) \
-     SELECT ?2, topic, content_type, body, ?3, ?3, COALESCE(original_id, id) \
-     FROM websub_events WHERE id = ?1";
+     SELECT $2, topic, content_type, body, $3, $3, COALESCE(original_id, id) \
+     FROM websub_events WHERE id = $1";
 
 const COPY_RECORDS: &str = concat!(
     "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
-     SELECT ?1, value, ?3, ",
+     SELECT $1, value, $3, ",
     super::statements::lane_of!("value"),
-    " FROM json_each(?2)"
+    " FROM json_each($2)"
 );
 
 /// Records a copy of each of `originals` with a record due at `now` for
@@ -137,8 +138,8 @@ pub(super) async fn redeliver(
 }
 
 const REPLAYED: &str = "SELECT id, created_at FROM websub_events \
-     WHERE topic = ?1 AND created_at >= ?2 AND original_id IS NULL \
-     ORDER BY created_at, id LIMIT ?3";
+     WHERE topic = $1 AND created_at >= $2 AND original_id IS NULL \
+     ORDER BY created_at, id LIMIT $3";
 
 pub(super) async fn replay(
     writer: &mut SqliteConnection,
@@ -171,8 +172,8 @@ pub(super) async fn replay(
 }
 
 const ENDPOINTS: &str = "SELECT channel, endpoint, failures, last_failure_at, last_error, \
-     disabled_at, disabled_reason FROM websub_endpoints WHERE channel = ?1 \
-     ORDER BY disabled_at IS NULL, failures DESC, endpoint LIMIT ?2";
+     disabled_at, disabled_reason FROM websub_endpoints WHERE channel = $1 \
+     ORDER BY disabled_at IS NULL, failures DESC, endpoint LIMIT $2";
 
 pub(super) async fn endpoints(
     pool: &SqlitePool,
@@ -202,18 +203,14 @@ pub(super) async fn endpoints(
 }
 
 const TALLY_EXHAUSTED: &str = "INSERT INTO websub_endpoints AS w \
-     (channel, endpoint, failures, last_failure_at, last_error) VALUES (?5, ?1, ?2, ?3, ?4) \
+     (channel, endpoint, failures, last_failure_at, last_error) VALUES ($5, $1, $2, $3, $4) \
      ON CONFLICT (channel, endpoint) DO UPDATE \
      SET failures = w.failures + excluded.failures, last_failure_at = excluded.last_failure_at, \
          last_error = excluded.last_error \
      RETURNING failures, disabled_at IS NOT NULL AS disabled";
 
-const DISABLE_TALLIED: &str = "UPDATE websub_endpoints \
-     SET disabled_at = ?2, disabled_reason = ?3 \
-     WHERE channel = ?4 AND endpoint = ?1 AND disabled_at IS NULL";
-
 const CLEAR_DELIVERED: &str = "DELETE FROM websub_endpoints \
-     WHERE channel = ?2 AND endpoint IN (SELECT value FROM json_each(?1)) \
+     WHERE channel = $2 AND endpoint IN (SELECT value FROM json_each($1)) \
        AND disabled_at IS NULL";
 
 pub(super) async fn tally_endpoints(
@@ -268,14 +265,6 @@ pub(super) async fn tally_endpoints(
     Ok(disabled)
 }
 
-const DISABLE: &str = "INSERT INTO websub_endpoints AS w \
-     (channel, endpoint, disabled_at, disabled_reason) \
-     VALUES (?4, ?1, ?2, ?3) ON CONFLICT (channel, endpoint) DO UPDATE \
-     SET disabled_at = excluded.disabled_at, disabled_reason = excluded.disabled_reason \
-     WHERE w.disabled_at IS NULL";
-
-const ENABLE: &str = "DELETE FROM websub_endpoints WHERE channel = ?2 AND endpoint = ?1";
-
 pub(super) async fn set_endpoint_disabled(
     writer: &mut SqliteConnection,
     channel: &str,
@@ -304,13 +293,13 @@ pub(super) async fn set_endpoint_disabled(
     Ok(changed.rows_affected() > 0)
 }
 
-// One row of `?1` per attempt: [event id as hex, webhook, attempted at in
+// One row of `$1` per attempt: [event id as hex, webhook, attempted at in
 // µs, duration in µs, status, error, response as hex].
 const KEEP_WEBHOOK_ATTEMPTS: &str = "INSERT INTO websub_webhook_attempts \
      (event_id, subscriber, attempted_at, duration_us, status, error, response) \
      SELECT unhex(value ->> 0), value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
             value ->> 5, unhex(value ->> 6) \
-     FROM json_each(?1)";
+     FROM json_each($1)";
 
 pub(super) async fn keep_webhook_attempts(
     writer: &mut SqliteConnection,

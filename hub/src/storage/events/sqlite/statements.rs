@@ -1,10 +1,9 @@
 //! The SQLite event log's statements, apart from the code that runs
 //! them; each says why it is written as it is.
 
-use std::sync::LazyLock;
+pub(super) use super::super::sql::*;
 
-/// The table the hub's migrations are recorded in; see the log's module doc.
-pub(super) const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
+use std::sync::LazyLock;
 
 /// The SQL spelling of `websub_hub::delivery::websub::lane_of` for the subscriber
 /// `$subscriber` (a column or a value): the authority after `://` without
@@ -63,7 +62,7 @@ pub(super) use after_scheme;
 ///
 /// Statements that share a script take their parameters by position (`?`),
 /// each the next of the script's values in the order written: sqlx binds a
-/// numbered parameter (`?3`) to the script's value of that number, and
+/// numbered parameter (`$3`) to the script's value of that number, and
 /// numbers missing from a statement shift the values it gives by position
 /// to the statements after. The one statement of a script with values may
 /// number them.
@@ -129,28 +128,21 @@ pub(super) static INSERT_DELIVERED_SCRIPT: LazyLock<String> =
 pub(super) static COMPLETE_SCRIPT: LazyLock<String> =
     LazyLock::new(|| script(&[COMPLETE_DELIVERED, COMPLETE, RECORD_ATTEMPTS]));
 
-pub(super) const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5)";
-
-pub(super) const INSERT_EVENT_ONCE: &str = "INSERT INTO websub_events \
-     (id, topic, content_type, body, created_at) VALUES (?1, ?2, ?3, ?4, ?5) \
-     ON CONFLICT (id) DO NOTHING";
-
 pub(super) const MARK_EXPANDED: &str =
-    "UPDATE websub_events SET expanded_at = COALESCE(expanded_at, ?2) WHERE id = ?1";
+    "UPDATE websub_events SET expanded_at = COALESCE(expanded_at, $2) WHERE id = $1";
 
 // `WHERE true` is SQLite's required disambiguation between an upsert's ON and
-// a join's ON after INSERT … SELECT. `?1` is the event, `?2` when the
-// records are due, `?3` the subscribers as JSON.
+// a join's ON after INSERT … SELECT. `$1` is the event, `$2` when the
+// records are due, `$3` the subscribers as JSON.
 pub(super) const EXPAND: &str = concat!(
     "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
-     SELECT ?1, value, ?2, ",
+     SELECT $1, value, $2, ",
     lane_of!("value"),
-    " FROM json_each(?3) WHERE true ON CONFLICT DO NOTHING"
+    " FROM json_each($3) WHERE true ON CONFLICT DO NOTHING"
 );
 
-// Records claimed for their first attempt as they are written: `?1` the
-// event, `?2` now (due and claimed), `?3` the subscribers as JSON. The first try has no ON CONFLICT: nothing conflicts unless the
+// Records claimed for their first attempt as they are written: `$1` the
+// event, `$2` now (due and claimed), `$3` the subscribers as JSON. The first try has no ON CONFLICT: nothing conflicts unless the
 // event is being (or was) expanded elsewhere, and then every row went in
 // and none need be read back. On a conflict the script is rolled back and
 // EXPAND_CLAIMED_AGAIN runs; its RETURNING reports only the rows it
@@ -158,23 +150,18 @@ pub(super) const EXPAND: &str = concat!(
 pub(super) const EXPAND_CLAIMED_FIRST: &str = concat!(
     "INSERT INTO websub_deliveries \
      (event_id, subscriber, next_attempt_at, processing_since, lane) \
-     SELECT ?1, value, ?2, ?2, ",
+     SELECT $1, value, $2, $2, ",
     lane_of!("value"),
-    " FROM json_each(?3)"
+    " FROM json_each($3)"
 );
 
 pub(super) const EXPAND_CLAIMED_AGAIN: &str = concat!(
     "INSERT INTO websub_deliveries \
      (event_id, subscriber, next_attempt_at, processing_since, lane) \
-     SELECT ?1, value, ?2, ?2, ",
+     SELECT $1, value, $2, $2, ",
     lane_of!("value"),
-    " FROM json_each(?3) WHERE true ON CONFLICT DO NOTHING RETURNING subscriber"
+    " FROM json_each($3) WHERE true ON CONFLICT DO NOTHING RETURNING subscriber"
 );
-
-pub(super) const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = ?1)";
-
-pub(super) const HAS_RECORDS: &str =
-    "SELECT EXISTS (SELECT 1 FROM websub_deliveries WHERE event_id = ?1)";
 
 // A record written only now, delivered at its first attempt: one insert
 // with the outcome and the attempt its record keeps, as COMPLETE_DELIVERED
@@ -185,9 +172,9 @@ pub(super) const HAS_RECORDS: &str =
 pub(super) const INSERT_DELIVERED: &str = "INSERT INTO websub_deliveries AS d \
      (event_id, subscriber, processed_at, outcome, delivered_attempt_at, \
       delivered_duration_us, delivered_status, delivered_response) \
-     SELECT unhex(value ->> 0), value ->> 1, ?1, 'delivered', value ->> 2, value ->> 3, \
+     SELECT unhex(value ->> 0), value ->> 1, $1, 'delivered', value ->> 2, value ->> 3, \
             value ->> 4, unhex(value ->> 5) \
-     FROM jsonb_each(?2) \
+     FROM jsonb_each($2) \
      WHERE EXISTS (SELECT 1 FROM websub_events WHERE id = unhex(value ->> 0)) \
      ON CONFLICT (event_id, subscriber) DO UPDATE SET \
          processed_at = excluded.processed_at, processing_since = NULL, \
@@ -198,27 +185,21 @@ pub(super) const INSERT_DELIVERED: &str = "INSERT INTO websub_deliveries AS d \
          delivered_response = excluded.delivered_response \
      WHERE d.processed_at IS NULL";
 
-pub(super) const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
-     WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT ?1";
-
-pub(super) const EVENT: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
-     WHERE id = ?1";
-
 // RETURNING may read only the updated table, so the topic comes from a scalar
-// subquery (a primary-key lookup) rather than a join. `?2` is NULL when the
+// subquery (a primary-key lookup) rather than a join. `$2` is NULL when the
 // visibility timeout reaches before the epoch: then no claim is stale.
 //
 // A bare `LIMIT ?n` is planned with the value bound at the time, and SQLite
 // prepares the statement again whenever another value is bound: once per
 // claim, since each asks for as many as there is room for. The CAST keeps
 // the limit a run-time value, so the statement is prepared once.
-pub(super) const CLAIM: &str = "UPDATE websub_deliveries SET processing_since = ?1 \
+pub(super) const CLAIM: &str = "UPDATE websub_deliveries SET processing_since = $1 \
      WHERE rowid IN ( \
          SELECT rowid FROM websub_deliveries \
-         WHERE processed_at IS NULL AND next_attempt_at <= ?1 \
-           AND (processing_since IS NULL OR processing_since < ?2) \
+         WHERE processed_at IS NULL AND next_attempt_at <= $1 \
+           AND (processing_since IS NULL OR processing_since < $2) \
          ORDER BY next_attempt_at \
-         LIMIT CAST(?3 AS INTEGER)) \
+         LIMIT CAST($3 AS INTEGER)) \
      RETURNING event_id, \
          (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
          subscriber, retry_count";
@@ -276,48 +257,15 @@ pub(super) const RECORD_ATTEMPTS: &str = "INSERT INTO websub_attempts \
             value ->> 5, unhex(value ->> 6) \
      FROM jsonb_each(?)";
 
-// The attempts' rows and the successful attempt its record keeps.
-pub(super) const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
-     FROM websub_attempts WHERE event_id = ?1 AND subscriber = ?2 \
-     UNION ALL \
-     SELECT delivered_attempt_at, delivered_duration_us, delivered_status, NULL, \
-            delivered_response \
-     FROM websub_deliveries WHERE event_id = ?1 AND subscriber = ?2 \
-       AND delivered_attempt_at IS NOT NULL \
-     ORDER BY attempted_at";
-
-pub(super) const WEBHOOK_ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
-     FROM websub_webhook_attempts WHERE event_id = ?1 AND subscriber = ?2 \
-     ORDER BY attempted_at";
-
-// As the PostgreSQL log's.
-pub(super) const WEBHOOK_EVENTS_SINCE: &str = "SELECT DISTINCT event_id \
-     FROM websub_webhook_attempts WHERE attempted_at >= ?2 AND subscriber = ?1 LIMIT ?3";
-
-// Webhook attempts have no event here to go with: they go by age.
-pub(super) const PURGE_WEBHOOK_ATTEMPTS: &str =
-    "DELETE FROM websub_webhook_attempts WHERE attempted_at < ?1";
-
-pub(super) const DELIVERY: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
-     processing_since, next_attempt_at, outcome FROM websub_deliveries \
-     WHERE event_id = ?1 AND subscriber = ?2";
-
-pub(super) const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
-     processing_since, next_attempt_at, outcome FROM websub_deliveries \
-     WHERE event_id = ?1 ORDER BY subscriber";
-
-pub(super) const LATEST: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
-     WHERE topic = ?1 AND original_id IS NULL ORDER BY created_at DESC, id DESC LIMIT 1";
-
 // The window walks the (topic, created_at) index backwards; each of its
 // events is one primary-key probe for the subscriber's record.
 pub(super) const HEALTH: &str = "WITH recent AS ( \
-         SELECT id, created_at FROM websub_events WHERE topic = ?1 \
-         ORDER BY created_at DESC LIMIT ?3), \
+         SELECT id, created_at FROM websub_events WHERE topic = $1 \
+         ORDER BY created_at DESC LIMIT $3), \
      records AS ( \
          SELECT r.created_at, d.processed_at, d.last_error, d.next_attempt_at \
          FROM recent AS r \
-         JOIN websub_deliveries AS d ON d.event_id = r.id AND d.subscriber = ?2) \
+         JOIN websub_deliveries AS d ON d.event_id = r.id AND d.subscriber = $2) \
      SELECT (SELECT max(processed_at) FROM records) AS last_success, \
             (SELECT last_error FROM records WHERE last_error IS NOT NULL \
              ORDER BY created_at DESC LIMIT 1) AS last_error, \
@@ -326,55 +274,37 @@ pub(super) const HEALTH: &str = "WITH recent AS ( \
             (SELECT count(*) FROM records \
              WHERE processed_at IS NULL AND next_attempt_at IS NULL) AS failed";
 
-// The pending index's entries with a `next_attempt_at`: everything not
-// processed and not exhausted.
-pub(super) const UNDELIVERED: &str = "SELECT count(*) AS records, min(e.created_at) AS oldest \
-     FROM websub_deliveries AS d JOIN websub_events AS e ON e.id = d.event_id \
-     WHERE d.processed_at IS NULL AND d.next_attempt_at IS NOT NULL";
-
 // Exhausted records are the pending index's NULL `next_attempt_at` entries.
 pub(super) const FAILED: &str = "SELECT d.event_id, e.topic, d.subscriber, e.created_at, \
             d.retry_count, d.last_error \
      FROM websub_deliveries AS d JOIN websub_events AS e ON e.id = d.event_id \
      WHERE d.processed_at IS NULL AND d.next_attempt_at IS NULL \
-       AND (?1 IS NULL OR e.topic = ?1) \
-       AND (?2 IS NULL OR d.subscriber = ?2) \
-       AND (?4 IS NULL OR d.event_id = ?4) \
-     ORDER BY e.created_at DESC LIMIT ?3";
+       AND ($1 IS NULL OR e.topic = $1) \
+       AND ($2 IS NULL OR d.subscriber = $2) \
+       AND ($4 IS NULL OR d.event_id = $4) \
+     ORDER BY e.created_at DESC LIMIT $3";
 
 pub(super) const RETRY_FAILED: &str = "UPDATE websub_deliveries \
-     SET next_attempt_at = ?3, retry_count = 0, processing_since = NULL \
+     SET next_attempt_at = $3, retry_count = 0, processing_since = NULL \
      WHERE processed_at IS NULL AND next_attempt_at IS NULL \
-       AND (?2 IS NULL OR subscriber = ?2) \
-       AND (?1 IS NULL OR event_id IN (SELECT id FROM websub_events WHERE topic = ?1)) \
-       AND (?4 IS NULL OR event_id = ?4)";
+       AND ($2 IS NULL OR subscriber = $2) \
+       AND ($1 IS NULL OR event_id IN (SELECT id FROM websub_events WHERE topic = $1)) \
+       AND ($4 IS NULL OR event_id = $4)";
 
 pub(super) const PURGE: &str = "DELETE FROM websub_events WHERE rowid IN ( \
-     SELECT rowid FROM websub_events WHERE created_at < ?1 \
-     ORDER BY created_at LIMIT ?2)";
+     SELECT rowid FROM websub_events WHERE created_at < $1 \
+     ORDER BY created_at LIMIT $2)";
 
-// Successful attempts: those their records keep, and (from before the
-// records kept them) attempts' rows without an error. The events' time
-// index bounds the work to the window.
-pub(super) const DELIVERED_SINCE: &str = "SELECT \
-     (SELECT count(*) FROM websub_events AS e \
-      JOIN websub_deliveries AS d ON d.event_id = e.id \
-      WHERE e.created_at >= ?1 AND d.delivered_attempt_at >= ?1) \
-     + (SELECT count(*) FROM websub_events AS e \
-        JOIN websub_attempts AS a ON a.event_id = e.id \
-        WHERE e.created_at >= ?1 AND a.attempted_at >= ?1 AND a.error IS NULL) \
-     AS delivered";
-
-// Whether DELIVER_SINCE would find an event (its ?1 and ?3 as ?1, ?2).
+// Whether DELIVER_SINCE would find an event (its $1 and $3 as $1, $2).
 pub(super) const ANY_SINCE: &str = "SELECT EXISTS (SELECT 1 FROM websub_events \
-     WHERE topic = ?1 AND created_at >= ?2 AND original_id IS NULL)";
+     WHERE topic = $1 AND created_at >= $2 AND original_id IS NULL)";
 
 pub(super) const DELIVER_SINCE: &str = concat!(
     "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
-     SELECT id, ?2, ?4, ",
-    lane_of!("?2"),
+     SELECT id, $2, $4, ",
+    lane_of!("$2"),
     " FROM websub_events \
-     WHERE topic = ?1 AND created_at >= ?3 AND original_id IS NULL \
+     WHERE topic = $1 AND created_at >= $3 AND original_id IS NULL \
      ON CONFLICT DO NOTHING"
 );
 
@@ -384,8 +314,8 @@ pub(super) const DELIVER_SINCE: &str = concat!(
 // Its values as EXPAND's.
 pub(super) const EXPAND_ORDERED: &str = "INSERT INTO websub_deliveries \
      (event_id, subscriber, next_attempt_at, order_key, lane) \
-     SELECT ?1, value, ?2, (SELECT created_at FROM websub_events WHERE id = ?1), value \
-     FROM json_each(?3) WHERE true \
+     SELECT $1, value, $2, (SELECT created_at FROM websub_events WHERE id = $1), value \
+     FROM json_each($3) WHERE true \
      ON CONFLICT DO NOTHING";
 
 // The head of an ordered lane, through its index in recording order; taken
@@ -403,15 +333,6 @@ pub(super) const CLAIM_ORDERED: &str = "UPDATE websub_deliveries SET processing_
      RETURNING event_id, \
          (SELECT topic FROM websub_events WHERE id = websub_deliveries.event_id) AS topic, \
          subscriber, retry_count";
-
-pub(super) const ORDER: &str = "INSERT INTO websub_ordered_subscriptions (topic, callback, since) \
-     VALUES (?1, ?2, ?3) ON CONFLICT (topic, callback) DO NOTHING";
-
-pub(super) const UNORDER: &str =
-    "DELETE FROM websub_ordered_subscriptions WHERE topic = ?1 AND callback = ?2";
-
-pub(super) const ORDERED_SUBSCRIPTIONS: &str = "SELECT topic, callback, since \
-     FROM websub_ordered_subscriptions ORDER BY topic, callback LIMIT ?1";
 
 // CLAIM, for one lane, in a script: the lane index gives its due records
 // in due order. Its values: now, the lane, now, the stale bound, how many.
@@ -441,7 +362,7 @@ pub(super) const DUE_LANES: &str = "WITH RECURSIVE lanes (lane) AS ( \
                        WHERE d.processed_at IS NULL AND d.lane = lanes.lane \
                          AND d.next_attempt_at IS NOT NULL) AS due \
          FROM lanes WHERE lane IS NOT NULL) \
-     WHERE due IS NOT NULL LIMIT ?1";
+     WHERE due IS NOT NULL LIMIT $1";
 
 pub(super) const RELEASE_CLAIMS: &str = "UPDATE websub_deliveries SET processing_since = NULL \
      WHERE processing_since IS NOT NULL AND processed_at IS NULL";
@@ -452,19 +373,11 @@ pub(super) const RELEASE_CLAIMS: &str = "UPDATE websub_deliveries SET processing
 pub(super) const RELEASE_ENDPOINT: &str = "UPDATE websub_deliveries SET \
          retry_count = CASE WHEN next_attempt_at IS NULL THEN 0 ELSE retry_count END, \
          outcome = CASE WHEN next_attempt_at IS NULL THEN 'retry' ELSE outcome END, \
-         next_attempt_at = ?3 \
-     WHERE lane IN (?1, ?2) AND subscriber = ?2 AND processed_at IS NULL \
+         next_attempt_at = $3 \
+     WHERE lane IN ($1, $2) AND subscriber = $2 AND processed_at IS NULL \
        AND processing_since IS NULL \
-       AND (next_attempt_at > ?3 \
+       AND (next_attempt_at > $3 \
             OR (next_attempt_at IS NULL AND EXISTS ( \
                 SELECT 1 FROM websub_attempts AS a \
                 WHERE a.event_id = websub_deliveries.event_id \
-                  AND a.subscriber = websub_deliveries.subscriber AND a.attempted_at >= ?4)))";
-
-// The (topic, created_at) index finds the events; each is one primary-key
-// probe for the subscriber's record.
-pub(super) const DROP_SINCE: &str = "UPDATE websub_deliveries SET \
-         processed_at = ?5, next_attempt_at = NULL, processing_since = NULL, \
-         outcome = 'dropped', last_error = ?4 \
-     WHERE subscriber = ?2 AND processed_at IS NULL \
-       AND event_id IN (SELECT id FROM websub_events WHERE topic = ?1 AND created_at >= ?3)";
+                  AND a.subscriber = websub_deliveries.subscriber AND a.attempted_at >= $4)))";

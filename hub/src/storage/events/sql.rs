@@ -1,0 +1,153 @@
+//! The statements of the event log that SQLite and PostgreSQL spell the
+//! same, written once; each backend's `statements` module re-exports them
+//! beside the ones its dialect spells its own way (times as microseconds
+//! or `TIMESTAMPTZ`, JSON or arrays for batches, the claims).
+
+/// The table the hub's migrations are recorded in; see the log's module doc.
+pub(super) const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
+
+pub(super) const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at) \
+     VALUES ($1, $2, $3, $4, $5)";
+
+// On PostgreSQL a concurrent insert of the same id makes this one wait for
+// its commit, then do nothing (or insert, had it rolled back): at READ
+// COMMITTED the next statement sees whichever row is there. SQLite has one
+// writer at a time.
+pub(super) const INSERT_EVENT_ONCE: &str = "INSERT INTO websub_events \
+     (id, topic, content_type, body, created_at) VALUES ($1, $2, $3, $4, $5) \
+     ON CONFLICT (id) DO NOTHING";
+
+pub(super) const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = $1)";
+
+pub(super) const HAS_RECORDS: &str =
+    "SELECT EXISTS (SELECT 1 FROM websub_deliveries WHERE event_id = $1)";
+
+pub(super) const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
+     WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT $1";
+
+pub(super) const EVENT: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
+     WHERE id = $1";
+
+// The attempts' rows and the successful attempt its record keeps.
+pub(super) const ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
+     FROM websub_attempts WHERE event_id = $1 AND subscriber = $2 \
+     UNION ALL \
+     SELECT delivered_attempt_at, delivered_duration_us, delivered_status, NULL, \
+            delivered_response \
+     FROM websub_deliveries WHERE event_id = $1 AND subscriber = $2 \
+       AND delivered_attempt_at IS NOT NULL \
+     ORDER BY attempted_at";
+
+pub(super) const WEBHOOK_ATTEMPTS: &str = "SELECT attempted_at, duration_us, status, error, response \
+     FROM websub_webhook_attempts WHERE event_id = $1 AND subscriber = $2 \
+     ORDER BY attempted_at";
+
+// The age index bounds the work to the window since the webhook began
+// failing.
+pub(super) const WEBHOOK_EVENTS_SINCE: &str = "SELECT DISTINCT event_id \
+     FROM websub_webhook_attempts WHERE attempted_at >= $2 AND subscriber = $1 LIMIT $3";
+
+// Webhook attempts have no event here to go with: they go by age.
+pub(super) const PURGE_WEBHOOK_ATTEMPTS: &str =
+    "DELETE FROM websub_webhook_attempts WHERE attempted_at < $1";
+
+pub(super) const DELIVERY: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
+     processing_since, next_attempt_at, outcome FROM websub_deliveries \
+     WHERE event_id = $1 AND subscriber = $2";
+
+pub(super) const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, retry_count, last_error, \
+     processing_since, next_attempt_at, outcome FROM websub_deliveries \
+     WHERE event_id = $1 ORDER BY subscriber";
+
+pub(super) const LATEST: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
+     WHERE topic = $1 AND original_id IS NULL ORDER BY created_at DESC, id DESC LIMIT 1";
+
+// The pending index's entries with a `next_attempt_at`: everything not
+// processed and not exhausted.
+pub(super) const UNDELIVERED: &str = "SELECT count(*) AS records, min(e.created_at) AS oldest \
+     FROM websub_deliveries AS d JOIN websub_events AS e ON e.id = d.event_id \
+     WHERE d.processed_at IS NULL AND d.next_attempt_at IS NOT NULL";
+
+// Successful attempts: those their records keep, and (from before the
+// records kept them, or closed before the answer came) attempts' rows
+// without an error. The events' time index bounds the work to the window.
+pub(super) const DELIVERED_SINCE: &str = "SELECT \
+     (SELECT count(*) FROM websub_events AS e \
+      JOIN websub_deliveries AS d ON d.event_id = e.id \
+      WHERE e.created_at >= $1 AND d.delivered_attempt_at >= $1) \
+     + (SELECT count(*) FROM websub_events AS e \
+        JOIN websub_attempts AS a ON a.event_id = e.id \
+        WHERE e.created_at >= $1 AND a.attempted_at >= $1 AND a.error IS NULL) \
+     AS delivered";
+
+pub(super) const ORDER: &str = "INSERT INTO websub_ordered_subscriptions (topic, callback, since) \
+     VALUES ($1, $2, $3) ON CONFLICT (topic, callback) DO NOTHING";
+
+pub(super) const UNORDER: &str =
+    "DELETE FROM websub_ordered_subscriptions WHERE topic = $1 AND callback = $2";
+
+pub(super) const ORDERED_SUBSCRIPTIONS: &str = "SELECT topic, callback, since \
+     FROM websub_ordered_subscriptions ORDER BY topic, callback LIMIT $1";
+
+// The (topic, created_at) index finds the events; each is one primary-key
+// probe for the subscriber's record.
+pub(super) const DROP_SINCE: &str = "UPDATE websub_deliveries SET \
+         processed_at = $5, next_attempt_at = NULL, processing_since = NULL, \
+         outcome = 'dropped', last_error = $4 \
+     WHERE subscriber = $2 AND processed_at IS NULL \
+       AND event_id IN (SELECT id FROM websub_events WHERE topic = $1 AND created_at >= $3)";
+
+/// The history of endpoint changes.
+pub(super) mod changes {
+    pub(in crate::storage::events) const COLUMNS: &str = "id, channel, endpoint, state, at, failures, since, reason, source, \
+         webhook_state, retry_count, last_error, delivered_at";
+
+    pub(in crate::storage::events) const TRIM: &str = "DELETE FROM websub_endpoint_changes \
+         WHERE id <= (SELECT max(id) FROM websub_endpoint_changes) - $1";
+
+    pub(in crate::storage::events) const DELIVERED: &str = "UPDATE websub_endpoint_changes \
+         SET webhook_state = 'delivered', delivered_at = $2, next_attempt_at = NULL, \
+             claimed_until = NULL \
+         WHERE id = $1";
+
+    pub(in crate::storage::events) const RETRY: &str = "UPDATE websub_endpoint_changes \
+         SET next_attempt_at = $2, last_error = $3, retry_count = retry_count + $4, \
+             claimed_until = NULL \
+         WHERE id = $1";
+
+    pub(in crate::storage::events) const FAILED: &str = "UPDATE websub_endpoint_changes \
+         SET webhook_state = 'failed', last_error = $2, retry_count = retry_count + 1, \
+             next_attempt_at = NULL, claimed_until = NULL \
+         WHERE id = $1";
+
+    pub(in crate::storage::events) const RELEASED: &str =
+        "UPDATE websub_endpoint_changes SET claimed_until = NULL WHERE id = $1";
+
+    // OFFSET counts from the newest pending change: what lies beyond `keep`
+    // of them goes, with whatever is older than the cutoff.
+    pub(in crate::storage::events) const SHED: &str = "UPDATE websub_endpoint_changes \
+         SET webhook_state = 'dropped', next_attempt_at = NULL, claimed_until = NULL \
+         WHERE webhook_state = 'pending' \
+           AND (at < $2 OR id <= (SELECT id FROM websub_endpoint_changes \
+                                  WHERE webhook_state = 'pending' \
+                                  ORDER BY id DESC LIMIT 1 OFFSET $1))";
+
+    pub(in crate::storage::events) const PURGE: &str =
+        "DELETE FROM websub_endpoint_changes WHERE at < $1";
+}
+
+/// What operators do: endpoints disabled and enabled.
+pub(super) mod operate {
+    pub(in crate::storage::events) const DISABLE_TALLIED: &str = "UPDATE websub_endpoints \
+         SET disabled_at = $2, disabled_reason = $3 \
+         WHERE channel = $4 AND endpoint = $1 AND disabled_at IS NULL";
+
+    pub(in crate::storage::events) const DISABLE: &str = "INSERT INTO websub_endpoints AS w \
+         (channel, endpoint, disabled_at, disabled_reason) \
+         VALUES ($4, $1, $2, $3) ON CONFLICT (channel, endpoint) DO UPDATE \
+         SET disabled_at = excluded.disabled_at, disabled_reason = excluded.disabled_reason \
+         WHERE w.disabled_at IS NULL";
+
+    pub(in crate::storage::events) const ENABLE: &str =
+        "DELETE FROM websub_endpoints WHERE channel = $2 AND endpoint = $1";
+}
