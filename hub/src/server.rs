@@ -407,10 +407,7 @@ impl Hub {
     ) -> Result<(), ServeError> {
         // Before anything is recorded, so that the first events have their
         // partition; the upkeep task keeps it so from then on.
-        let span = crate::storage::events::partition_span(self.config.retention);
-        if let Err(error) = self.events.partition_ahead(span, chrono::Utc::now()).await {
-            warn!(%error, "making event log partitions ahead failed");
-        }
+        make_room(self.events.as_ref(), self.config.retention).await;
         let stop = CancellationToken::new();
         let background = CancellationToken::new();
         // Beats until the drain is over: claims being drained are this
@@ -607,17 +604,27 @@ async fn sweep_backlog(backlog: Arc<dyn Backlog>, stop: CancellationToken) {
     }
 }
 
-/// Keeps the event log bounded: partitions made ahead of the clock
-/// ([`LogUpkeep::partition_ahead`]) and, under a retention, what is older
-/// than it purged, until `stop`.
+/// Makes the event log's partitions for the spans ahead
+/// ([`LogUpkeep::partition_ahead`]).
 ///
 /// [`LogUpkeep::partition_ahead`]: crate::storage::events::LogUpkeep::partition_ahead
+async fn make_room(events: &dyn EventLog, retention: Option<Duration>) {
+    let span = crate::storage::events::partition_span(retention);
+    match events.partition_ahead(span, chrono::Utc::now()).await {
+        Ok(0) => {}
+        Ok(added) => info!(added, "event log partitions made ahead"),
+        Err(error) => warn!(%error, "making event log partitions ahead failed"),
+    }
+}
+
+/// Keeps the event log bounded until `stop`: under a retention, what is
+/// older than it purged at once and at every sweep; after each sweep's
+/// wait, partitions made ahead (the first were made before serving).
 async fn keep_the_log(
     events: Arc<dyn EventLog>,
     retention: Option<Duration>,
     stop: CancellationToken,
 ) {
-    let span = crate::storage::events::partition_span(retention);
     // Hourly for the default of days; a tenth of a short retention, so that
     // what is kept never exceeds it by much.
     let every = retention.map_or(Duration::from_secs(3600), |ttl| {
@@ -625,28 +632,25 @@ async fn keep_the_log(
     });
     let mut sweeps = tokio::time::interval(every);
     sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is at once.
+    sweeps.tick().await;
     loop {
+        if let Some(ttl) = retention {
+            let cutoff = chrono::Utc::now()
+                - chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+            match events.purge_before(cutoff).await {
+                Ok(deleted) => info!(deleted, "retention sweep"),
+                Err(error) => warn!(%error, "retention sweep failed"),
+            }
+            match events.changes().purge_changes_before(cutoff).await {
+                Ok(deleted) => info!(deleted, "retention sweep of endpoint changes"),
+                Err(error) => warn!(%error, "retention sweep of endpoint changes failed"),
+            }
+        }
         tokio::select! {
             () = stop.cancelled() => return,
             _ = sweeps.tick() => {}
         }
-        let now = chrono::Utc::now();
-        match events.partition_ahead(span, now).await {
-            Ok(0) => {}
-            Ok(added) => info!(added, "event log partitions made ahead"),
-            Err(error) => warn!(%error, "making event log partitions ahead failed"),
-        }
-        let Some(ttl) = retention else {
-            continue;
-        };
-        let cutoff = now - chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
-        match events.purge_before(cutoff).await {
-            Ok(deleted) => info!(deleted, "retention sweep"),
-            Err(error) => warn!(%error, "retention sweep failed"),
-        }
-        match events.changes().purge_changes_before(cutoff).await {
-            Ok(deleted) => info!(deleted, "retention sweep of endpoint changes"),
-            Err(error) => warn!(%error, "retention sweep of endpoint changes failed"),
-        }
+        make_room(events.as_ref(), retention).await;
     }
 }
