@@ -320,28 +320,9 @@ async fn postgres_retention_drops_partitions() {
     log.expand(event.id, std::slice::from_ref(&subscriber), t0)
         .await
         .expect("expand");
-    log.complete(
-        &[Completion {
-            attempt: Some(Attempt {
-                at: t0,
-                duration_micros: 1_000,
-                status: Some(500),
-                error: Some("HTTP 500".to_owned()),
-                response: bytes::Bytes::new(),
-            }),
-            ..completion(
-                event.id,
-                &subscriber,
-                Outcome::Retry {
-                    error: "HTTP 500".to_owned(),
-                    next_attempt_at: t0 + secs(60),
-                },
-            )
-        }],
-        t0,
-    )
-    .await
-    .expect("complete");
+    log.complete(&[retried(event.id, &subscriber, t0, 500)], t0)
+        .await
+        .expect("complete");
     let home = partition_of(&pool, "websub_events", "id", event.id).await;
     assert!(home.starts_with("websub_events_p"), "{home}");
     let suffix = home.trim_start_matches("websub_events");

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use chrono::{DateTime, TimeDelta, Utc};
 use uuid::Uuid;
 use websub_hub::storage::events::{
-    Claimed, Completion, DeliveryRecord, DeliveryState, EventLog, LoggedEvent, NewEvent, Outcome,
+    Attempt, Claimed, Completion, DeliveryRecord, DeliveryState, EventLog, LoggedEvent, NewEvent,
+    Outcome,
 };
 
 /// A time with whole microseconds, the precision both backends store.
@@ -81,6 +82,29 @@ pub fn completion(event_id: Uuid, subscriber: &str, outcome: Outcome) -> Complet
         subscriber: subscriber.to_owned(),
         outcome,
         attempt: None,
+    }
+}
+
+/// An attempt at `at` answered `status`, to be retried a minute later,
+/// with the attempt kept.
+pub fn retried(event_id: Uuid, subscriber: &str, at: DateTime<Utc>, status: u16) -> Completion {
+    let error = format!("HTTP {status}");
+    Completion {
+        attempt: Some(Attempt {
+            at,
+            duration_micros: 1_000,
+            status: Some(status),
+            error: Some(error.clone()),
+            response: Bytes::new(),
+        }),
+        ..completion(
+            event_id,
+            subscriber,
+            Outcome::Retry {
+                error,
+                next_attempt_at: at + secs(60),
+            },
+        )
     }
 }
 

@@ -6,11 +6,10 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use chrono::Utc;
-use websub_hub::storage::events::{Attempt, Completion, EventLog, Outcome};
+use websub_hub::storage::events::EventLog;
 
-use super::helpers::{backend, base_time, completion, record, secs, subscribers, topic};
+use super::helpers::{backend, base_time, record, retried, secs, subscribers, topic};
 
 pub async fn purge_deletes_old_events_with_their_records(log: &dyn EventLog) {
     let t0 = base_time();
@@ -102,24 +101,9 @@ pub async fn events_in_partitions_made_ahead_go_whole(log: &dyn EventLog) {
     for _ in 0..5 {
         let event = record(log, &topic, t0).await;
         log.expand(event.id, &subs, t0).await.expect("expand");
-        let failed = Completion {
-            attempt: Some(Attempt {
-                at: t0,
-                duration_micros: 3_000,
-                status: Some(503),
-                error: Some("HTTP 503".to_owned()),
-                response: Bytes::new(),
-            }),
-            ..completion(
-                event.id,
-                &subs[0],
-                Outcome::Retry {
-                    error: "HTTP 503".to_owned(),
-                    next_attempt_at: t0 + secs(60),
-                },
-            )
-        };
-        log.complete(&[failed], t0).await.expect("complete");
+        log.complete(&[retried(event.id, &subs[0], t0, 503)], t0)
+            .await
+            .expect("complete");
         ids.push(event.id);
     }
     assert_eq!(
