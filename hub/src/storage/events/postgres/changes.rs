@@ -3,13 +3,13 @@
 //! (`FOR UPDATE SKIP LOCKED`), so replicas sharing the database send each
 //! change to the operator webhook from one of them at a time.
 
-use super::super::sql::changes::{COLUMNS, DELIVERED, FAILED, PURGE, RELEASED, RETRY, SHED, TRIM};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use super::super::changes::{small_count, state_of, webhook_state_of};
+use super::super::sql::changes::{COLUMNS, DELIVERED, FAILED, PURGE, RELEASED, RETRY, SHED, TRIM};
 use super::super::{
     ChangeFilter, EndpointChange, EndpointChanges, EventLogError, MAX_CHANGES, NewChange, Sent,
     invalid,

@@ -52,25 +52,19 @@ mod rows;
 mod statements;
 
 use statements::{
-    ATTEMPTS, CLAIM, DELIVER_SINCE, DELIVERED_SINCE, DELIVERIES, DELIVERY, DROP_SINCE, DUE_LANES,
-    EVENT, EVENT_EXISTS, EXPAND_AGAIN, EXPAND_FIRST, FAILED, HAS_RECORDS, HEALTH, INSERT_EVENT,
-    INSERT_EVENT_ONCE, LATEST, MARK_EXPANDED, MIGRATIONS_TABLE, ORDER, ORDERED_SUBSCRIPTIONS,
-    PURGE, PURGE_WEBHOOK_ATTEMPTS, READ_COMMITTED, RELEASE_ENDPOINT, RETRY_FAILED, UNDELIVERED,
-    UNEXPANDED, UNORDER, WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS_SINCE,
+    ATTEMPTS, CLAIM, DELIVER_SINCE, DROP_SINCE, DUE_LANES, EVENT, EVENT_EXISTS, EXPAND_AGAIN,
+    EXPAND_FIRST, HAS_RECORDS, INSERT_EVENT, INSERT_EVENT_ONCE, LATEST, MARK_EXPANDED,
+    MIGRATIONS_TABLE, ORDER, ORDERED_SUBSCRIPTIONS, PURGE, PURGE_WEBHOOK_ATTEMPTS, READ_COMMITTED,
+    RELEASE_ENDPOINT, UNEXPANDED, UNORDER, WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS_SINCE,
 };
 
 use super::{
-    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryOperations,
-    DeliveryOutcomes, DeliveryQueue, DeliveryRecord, DeliverySummary, EndpointRecord,
-    EndpointStates, EventIntake, EventLogError, Exhaustion, FailedDelivery, FailedFilter,
-    LogUpkeep, LoggedEvent, NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered,
-    WebhookAttempt,
+    Attempt, Claimed, Completion, DeliveryOutcomes, DeliveryQueue, EndpointRecord, EndpointStates,
+    EventIntake, EventLogError, Exhaustion, LogUpkeep, LoggedEvent, NewEvent, OrderedSubscription,
+    Recorded, WebhookAttempt,
 };
 use async_trait::async_trait;
-use rows::{
-    attempt_from_row, claimed_from_row, delivery_from_row, event_from_row, is_unique_violation,
-    retry_count,
-};
+use rows::{attempt_from_row, claimed_from_row, event_from_row, is_unique_violation};
 
 /// Connections [`PostgresEventLog::connect`] keeps open while idle: what a
 /// dispatcher uses at once in a fan-out (the expander, the claim loop and its
@@ -655,139 +649,6 @@ impl EndpointStates for PostgresEventLog {
 
     fn changes(&self) -> &dyn super::EndpointChanges {
         self
-    }
-}
-
-#[async_trait]
-impl DeliveryOperations for PostgresEventLog {
-    async fn delivery(
-        &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Option<DeliveryRecord>, EventLogError> {
-        sqlx::query(DELIVERY)
-            .bind(event_id)
-            .bind(subscriber)
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(delivery_from_row)
-            .transpose()
-    }
-
-    async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {
-        sqlx::query(DELIVERIES)
-            .bind(event_id)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(delivery_from_row)
-            .collect()
-    }
-
-    async fn undelivered(&self) -> Result<Undelivered, EventLogError> {
-        let row = sqlx::query(UNDELIVERED).fetch_one(&self.pool).await?;
-        Ok(Undelivered {
-            records: super::count(row.try_get("records").map_err(super::invalid)?)?,
-            oldest: row.try_get("oldest").map_err(super::invalid)?,
-        })
-    }
-
-    async fn health(
-        &self,
-        topic: &str,
-        subscriber: &str,
-        window: usize,
-    ) -> Result<DeliveryHealth, EventLogError> {
-        let row = sqlx::query(HEALTH)
-            .bind(topic)
-            .bind(subscriber)
-            .bind(i64::try_from(window).unwrap_or(i64::MAX))
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(DeliveryHealth {
-            last_success: row.try_get("last_success").map_err(super::invalid)?,
-            last_error: row.try_get("last_error").map_err(super::invalid)?,
-            pending: super::count(row.try_get("pending").map_err(super::invalid)?)?,
-            failed: super::count(row.try_get("failed").map_err(super::invalid)?)?,
-        })
-    }
-
-    async fn failed(
-        &self,
-        filter: FailedFilter<'_>,
-        limit: usize,
-    ) -> Result<Vec<FailedDelivery>, EventLogError> {
-        sqlx::query(FAILED)
-            .bind(filter.topic)
-            .bind(filter.subscriber)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .bind(filter.event_id)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|row| {
-                Ok(FailedDelivery {
-                    event_id: row.try_get("event_id").map_err(super::invalid)?,
-                    topic: row.try_get("topic").map_err(super::invalid)?,
-                    subscriber: row.try_get("subscriber").map_err(super::invalid)?,
-                    created_at: row.try_get("created_at").map_err(super::invalid)?,
-                    retry_count: retry_count(row.try_get("retry_count").map_err(super::invalid)?)?,
-                    last_error: row.try_get("last_error").map_err(super::invalid)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn retry_failed(
-        &self,
-        filter: FailedFilter<'_>,
-        now: DateTime<Utc>,
-    ) -> Result<u64, EventLogError> {
-        Ok(sqlx::query(RETRY_FAILED)
-            .bind(filter.topic)
-            .bind(filter.subscriber)
-            .bind(now)
-            .bind(filter.event_id)
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
-    }
-
-    async fn list(
-        &self,
-        filter: DeliveryFilter<'_>,
-        limit: usize,
-    ) -> Result<Vec<DeliverySummary>, EventLogError> {
-        operate::list(&self.pool, filter, limit).await
-    }
-
-    async fn redeliver(
-        &self,
-        event_id: Uuid,
-        subscribers: &[&str],
-        now: DateTime<Utc>,
-    ) -> Result<Option<Uuid>, EventLogError> {
-        operate::redeliver(&self.pool, event_id, subscribers, now).await
-    }
-
-    async fn replay(
-        &self,
-        topic: &str,
-        subscriber: &str,
-        since: DateTime<Utc>,
-        limit: usize,
-        now: DateTime<Utc>,
-    ) -> Result<Replayed, EventLogError> {
-        operate::replay(&self.pool, topic, subscriber, since, limit, now).await
-    }
-
-    async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
-        let row = sqlx::query(DELIVERED_SINCE)
-            .bind(since)
-            .fetch_one(&self.pool)
-            .await?;
-        super::count(row.try_get("delivered").map_err(super::invalid)?)
     }
 }
 

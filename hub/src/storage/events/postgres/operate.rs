@@ -1,19 +1,25 @@
 //! The PostgreSQL statements behind the operators' calls: listing delivery
-//! records, redeliveries and replays, and the endpoints' tally.
+//! records, redeliveries and replays, and the endpoints' tally; and the
+//! log's [`DeliveryOperations`], which call them.
 
-use super::super::sql::operate::{DISABLE, DISABLE_TALLIED, ENABLE};
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::super::operate::STATE_SQL;
+use super::super::sql::operate::{DISABLE, DISABLE_TALLIED, ENABLE};
 use super::super::{
-    DeliveryFilter, DeliveryState, DeliverySummary, EndpointRecord, EventLogError, Exhaustion,
-    Replayed, WebhookAttempt, invalid,
+    DeliveryFilter, DeliveryHealth, DeliveryOperations, DeliveryRecord, DeliveryState,
+    DeliverySummary, EndpointRecord, EventLogError, Exhaustion, FailedDelivery, FailedFilter,
+    Replayed, Undelivered, WebhookAttempt, invalid,
 };
-use super::READ_COMMITTED;
-use super::rows::retry_count;
+use super::rows::{delivery_from_row, retry_count};
+use super::statements::{
+    DELIVERED_SINCE, DELIVERIES, DELIVERY, FAILED, HEALTH, RETRY_FAILED, UNDELIVERED,
+};
+use super::{PostgresEventLog, READ_COMMITTED};
 
 /// Newest first; each filter is a parameter that is NULL when unset, so one
 /// statement serves them all. A topic walks the (topic, created_at) index;
@@ -339,4 +345,139 @@ pub(super) async fn keep_webhook_attempts(
         .execute(pool)
         .await?;
     Ok(())
+}
+
+#[async_trait]
+impl DeliveryOperations for PostgresEventLog {
+    async fn delivery(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Option<DeliveryRecord>, EventLogError> {
+        sqlx::query(DELIVERY)
+            .bind(event_id)
+            .bind(subscriber)
+            .fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(delivery_from_row)
+            .transpose()
+    }
+
+    async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {
+        sqlx::query(DELIVERIES)
+            .bind(event_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(delivery_from_row)
+            .collect()
+    }
+
+    async fn undelivered(&self) -> Result<Undelivered, EventLogError> {
+        let row = sqlx::query(UNDELIVERED).fetch_one(&self.pool).await?;
+        Ok(Undelivered {
+            records: super::super::count(row.try_get("records").map_err(super::super::invalid)?)?,
+            oldest: row.try_get("oldest").map_err(super::super::invalid)?,
+        })
+    }
+
+    async fn health(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        window: usize,
+    ) -> Result<DeliveryHealth, EventLogError> {
+        let row = sqlx::query(HEALTH)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(i64::try_from(window).unwrap_or(i64::MAX))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(DeliveryHealth {
+            last_success: row.try_get("last_success").map_err(super::super::invalid)?,
+            last_error: row.try_get("last_error").map_err(super::super::invalid)?,
+            pending: super::super::count(row.try_get("pending").map_err(super::super::invalid)?)?,
+            failed: super::super::count(row.try_get("failed").map_err(super::super::invalid)?)?,
+        })
+    }
+
+    async fn failed(
+        &self,
+        filter: FailedFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<FailedDelivery>, EventLogError> {
+        sqlx::query(FAILED)
+            .bind(filter.topic)
+            .bind(filter.subscriber)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(filter.event_id)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(FailedDelivery {
+                    event_id: row.try_get("event_id").map_err(super::super::invalid)?,
+                    topic: row.try_get("topic").map_err(super::super::invalid)?,
+                    subscriber: row.try_get("subscriber").map_err(super::super::invalid)?,
+                    created_at: row.try_get("created_at").map_err(super::super::invalid)?,
+                    retry_count: retry_count(
+                        row.try_get("retry_count").map_err(super::super::invalid)?,
+                    )?,
+                    last_error: row.try_get("last_error").map_err(super::super::invalid)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn retry_failed(
+        &self,
+        filter: FailedFilter<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        Ok(sqlx::query(RETRY_FAILED)
+            .bind(filter.topic)
+            .bind(filter.subscriber)
+            .bind(now)
+            .bind(filter.event_id)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn list(
+        &self,
+        filter: DeliveryFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, EventLogError> {
+        list(&self.pool, filter, limit).await
+    }
+
+    async fn redeliver(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, EventLogError> {
+        redeliver(&self.pool, event_id, subscribers, now).await
+    }
+
+    async fn replay(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Replayed, EventLogError> {
+        replay(&self.pool, topic, subscriber, since, limit, now).await
+    }
+
+    async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
+        let row = sqlx::query(DELIVERED_SINCE)
+            .bind(since)
+            .fetch_one(&self.pool)
+            .await?;
+        super::super::count(row.try_get("delivered").map_err(super::super::invalid)?)
+    }
 }

@@ -2,13 +2,13 @@
 //! ([`EndpointChanges`]): writes go through the log's write connection, one
 //! transaction each, so a claim cannot overlap another.
 
-use super::super::sql::changes::{COLUMNS, DELIVERED, FAILED, PURGE, RELEASED, RETRY, SHED, TRIM};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Connection, Row};
 
 use super::super::changes::{small_count, state_of, webhook_state_of};
+use super::super::sql::changes::{COLUMNS, DELIVERED, FAILED, PURGE, RELEASED, RETRY, SHED, TRIM};
 use super::super::{
     ChangeFilter, EndpointChange, EndpointChanges, EventLogError, MAX_CHANGES, NewChange, Sent,
     invalid,
