@@ -4,7 +4,6 @@
 //! verification.
 
 mod common;
-#[macro_use]
 mod scratch;
 
 mod auth;

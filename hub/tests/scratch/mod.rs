@@ -2,14 +2,13 @@
 //! file of its own, or a PostgreSQL schema of its own (on the connections'
 //! `search_path`, so that no other test's rows or replicas show), each
 //! removed when the check passes, as the conformance suite's `Fresh`
-//! stores; and the times the checks are written with.
+//! stores (the times they are written with are the suite's helpers).
 //!
 //! Every test binary uses a different part of this module.
 #![allow(dead_code)]
 
 use std::str::FromStr;
 
-use chrono::{DateTime, TimeDelta, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use uuid::Uuid;
 use websub_hub::storage::events::postgres::PostgresEventLog;
@@ -157,13 +156,4 @@ impl websub_logtest::Fresh for PgScratch {
     async fn remove(self) {
         self.drop_schema().await;
     }
-}
-
-/// A time with whole microseconds, the precision both backends store.
-pub(crate) fn base_time() -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).expect("now is in range")
-}
-
-pub(crate) fn secs(n: i64) -> TimeDelta {
-    TimeDelta::seconds(n)
 }
