@@ -91,6 +91,7 @@ macro_rules! __event_log_checks {
             deliveries_are_listed_by_state_topic_subscriber_and_time,
             a_redelivery_is_a_copy_with_records_of_its_own,
             a_replay_sends_a_topics_originals_since_a_time,
+            a_catch_up_owes_each_subscription_its_topics_events_since_its_request,
             purge_deletes_old_events_with_their_records,
             events_in_partitions_made_ahead_go_whole,
             expand_racing_purge_leaves_no_orphans,

@@ -5,7 +5,7 @@
 
 use uuid::Uuid;
 use websub_hub::storage::events::{
-    DeliveryFilter, DeliveryHealth, DeliveryState, EventLog, FailedFilter, Outcome,
+    DeliveryFilter, DeliveryHealth, DeliveryState, EventLog, FailedFilter, Outcome, Owed,
 };
 
 use super::helpers::{
@@ -398,9 +398,16 @@ pub async fn a_redelivery_is_a_copy_with_records_of_its_own(log: &dyn EventLog) 
     );
     let newcomer = "https://subscriber.example/newcomer";
     assert_eq!(
-        log.deliver_since(&watched, newcomer, t0, later)
-            .await
-            .expect("deliver_since"),
+        log.deliver_since(
+            &[Owed {
+                topic: &watched,
+                subscriber: newcomer,
+                since: t0,
+            }],
+            later
+        )
+        .await
+        .expect("deliver_since"),
         1,
         "a new subscription gets the originals only"
     );
@@ -444,4 +451,69 @@ pub async fn a_replay_sends_a_topics_originals_since_a_time(log: &dyn EventLog) 
         .await
         .expect("replay");
     assert!(none.redeliveries.is_empty());
+}
+
+pub async fn a_catch_up_owes_each_subscription_its_topics_events_since_its_request(
+    log: &dyn EventLog,
+) {
+    let t0 = base_time();
+    let (watched, other) = (topic(), topic());
+    let subs = subscribers("owed", 4);
+    let (x, y, z, w) = (
+        subs[0].as_str(),
+        subs[1].as_str(),
+        subs[2].as_str(),
+        subs[3].as_str(),
+    );
+    let first = record(log, &watched, t0).await;
+    let second = record(log, &watched, t0 + secs(2)).await;
+    let third = record(log, &watched, t0 + secs(4)).await;
+    let elsewhere = record(log, &other, t0 + secs(1)).await;
+    // w already has the third event's record: it is left as it is.
+    log.expand(third.id, &subs[3..], t0 + secs(4))
+        .await
+        .expect("expand");
+    let owed = |topic, subscriber, at| Owed {
+        topic,
+        subscriber,
+        since: t0 + secs(at),
+    };
+    let later = t0 + secs(10);
+    let written = log
+        .deliver_since(
+            &[
+                owed(&watched, x, 2),
+                owed(&other, y, 0),
+                owed(&watched, z, 20),
+                owed(&watched, w, 3),
+            ],
+            later,
+        )
+        .await
+        .expect("deliver_since");
+    assert_eq!(written, 3, "x owed two events, y one, z and w none");
+    let claimed = log.claim(100_000, later, VISIBILITY).await.expect("claim");
+    let to = |subscriber: &str| {
+        let mut events: Vec<Uuid> = claimed
+            .iter()
+            .filter(|claim| claim.subscriber == subscriber)
+            .map(|claim| claim.event_id)
+            .collect();
+        events.sort();
+        events
+    };
+    assert_eq!(to(x), vec![second.id, third.id]);
+    assert_eq!(to(y), vec![elsewhere.id]);
+    assert!(to(z).is_empty(), "nothing recorded since z's request");
+    assert_eq!(to(w), vec![third.id], "w's record is the one expanded");
+    assert!(
+        !claimed
+            .iter()
+            .any(|claim| claim.event_id == first.id && subs.contains(&claim.subscriber)),
+        "an event before every request is owed to none"
+    );
+    assert_eq!(
+        log.deliver_since(&[], later).await.expect("nothing owed"),
+        0
+    );
 }

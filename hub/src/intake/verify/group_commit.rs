@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use websub_store::{StoreError, Subscription, SubscriptionStore};
 
 use crate::storage::backlog::{BacklogError, Intent, IntentResult};
+use crate::storage::events::{DeliveryQueue, EventLogError, Owed};
 
 /// The most written in one transaction.
 const MOST_AT_ONCE: usize = 256;
@@ -43,6 +44,31 @@ impl Part for (Intent, IntentResult) {
 }
 
 impl Part for Subscription {
+    fn pair(&self) -> (&str, &str) {
+        (&self.topic, &self.callback)
+    }
+}
+
+/// A subscription just saved, owed the events of its topic recorded since
+/// its verification request was sent.
+#[derive(Debug)]
+pub(super) struct Owing {
+    pub(super) topic: String,
+    pub(super) callback: String,
+    pub(super) since: chrono::DateTime<chrono::Utc>,
+}
+
+impl Owing {
+    fn owed(&self) -> Owed<'_> {
+        Owed {
+            topic: &self.topic,
+            subscriber: &self.callback,
+            since: self.since,
+        }
+    }
+}
+
+impl Part for Owing {
     fn pair(&self) -> (&str, &str) {
         (&self.topic, &self.callback)
     }
@@ -103,6 +129,37 @@ pub(super) async fn save_all(
         saved.push(store.save(subscription).await);
     }
     saved
+}
+
+/// Writes the records `owing` is owed, due at `now`, in one write, and
+/// answers each; when that fails, each is caught up on its own, so that
+/// each hears its own answer. `wake` (the scheduler's) is called when
+/// records were written.
+pub(super) async fn deliver_since_all(
+    events: &dyn DeliveryQueue,
+    owing: &[Owing],
+    now: chrono::DateTime<chrono::Utc>,
+    wake: &(dyn Fn() + Send + Sync),
+) -> Vec<Result<(), EventLogError>> {
+    let handed_over = |written: u64| {
+        if written > 0 {
+            tracing::info!(
+                events = written,
+                "events published during verification handed over"
+            );
+            wake();
+        }
+    };
+    let all: Vec<Owed<'_>> = owing.iter().map(Owing::owed).collect();
+    if let Ok(written) = events.deliver_since(&all, now).await {
+        handed_over(written);
+        return owing.iter().map(|_| Ok(())).collect();
+    }
+    let mut answers = Vec::with_capacity(all.len());
+    for owed in all {
+        answers.push(events.deliver_since(&[owed], now).await.map(handed_over));
+    }
+    answers
 }
 
 /// What a caller hears when the writer of groups is gone.

@@ -14,7 +14,7 @@
 mod group_commit;
 mod queue;
 
-use group_commit::GroupCommit;
+use group_commit::{GroupCommit, Owing};
 
 pub use queue::VERIFICATIONS_TOTAL;
 
@@ -347,6 +347,9 @@ struct WorkflowState {
     /// Saves verified subscriptions in groups (without a quota, whose
     /// saves are counted one by one); started by the first.
     saves: std::sync::OnceLock<GroupCommit<Subscription, Result<(), StoreError>>>,
+    /// Hands the subscriptions saved together the events they are owed,
+    /// in one write; started by the first.
+    catch_ups: std::sync::OnceLock<GroupCommit<Owing, Result<(), EventLogError>>>,
     /// Writes how verifications ended in groups; started by the first.
     outcomes: std::sync::OnceLock<GroupCommit<(Intent, IntentResult), Result<(), BacklogError>>>,
 }
@@ -461,6 +464,7 @@ impl Subscriptions {
                 catch_up: std::sync::OnceLock::new(),
                 admissions: std::sync::OnceLock::new(),
                 saves: std::sync::OnceLock::new(),
+                catch_ups: std::sync::OnceLock::new(),
                 outcomes: std::sync::OnceLock::new(),
             }),
         }
@@ -644,24 +648,31 @@ impl Subscriptions {
         let Some(catch_up) = self.inner.catch_up.get() else {
             return Ok(());
         };
-        let written = catch_up
-            .events
-            .deliver_since(
-                &subscription.topic,
-                &subscription.callback,
-                since,
-                self.inner.clock.now(),
-            )
+        let catch_ups = self.inner.catch_ups.get_or_init(|| {
+            let events = catch_up.events.clone();
+            let wake = catch_up.wake.clone();
+            let clock = self.inner.clock.clone();
+            GroupCommit::start(move |owing: Vec<Owing>| {
+                let (events, wake, clock) = (events.clone(), wake.clone(), clock.clone());
+                async move {
+                    group_commit::deliver_since_all(&*events, &owing, clock.now(), &*wake).await
+                }
+            })
+        });
+        let owing = Owing {
+            topic: subscription.topic.clone(),
+            callback: subscription.callback.clone(),
+            since,
+        };
+        catch_ups
+            .join(owing)
             .await
-            .map_err(ProcessError::CatchUp)?;
-        if written > 0 {
-            tracing::info!(
-                events = written,
-                "events published during verification handed over"
-            );
-            (catch_up.wake)();
-        }
-        Ok(())
+            .unwrap_or_else(|| {
+                Err(EventLogError::Invalid(
+                    "the writer of catch-ups stopped".to_owned(),
+                ))
+            })
+            .map_err(ProcessError::CatchUp)
     }
 
     async fn unsubscribe(&self, request: SubscriptionRequest) -> Result<Processed, ProcessError> {

@@ -258,18 +258,28 @@ pub trait DeliveryQueue: Send + Sync + std::fmt::Debug {
         false
     }
 
-    /// Writes a delivery record, due at `now`, for `subscriber` of every
-    /// event of `topic` recorded at or after `since`: the events a
-    /// subscription verified at `since` but saved later could otherwise miss.
-    /// Records that exist are left as they are. Returns how many were
-    /// created.
+    /// Writes a delivery record, due at `now`, for each subscription of
+    /// `owed` and every event of its topic recorded at or after its
+    /// `since`: the events a subscription verified at `since` but saved
+    /// later could otherwise miss. One round trip for them all; records
+    /// that exist are left as they are. Returns how many were created.
     async fn deliver_since(
         &self,
-        topic: &str,
-        subscriber: &str,
-        since: DateTime<Utc>,
+        owed: &[Owed<'_>],
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError>;
+}
+
+/// A subscription saved after its verification request, owed the events
+/// of its topic recorded since that request ([`DeliveryQueue::deliver_since`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owed<'a> {
+    /// The subscription's topic.
+    pub topic: &'a str,
+    /// Its callback.
+    pub subscriber: &'a str,
+    /// When its verification request was sent.
+    pub since: DateTime<Utc>,
 }
 
 /// Outcomes and the history of attempts: each delivery's outcome written,

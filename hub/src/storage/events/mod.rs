@@ -20,7 +20,7 @@ pub mod sqlite;
 pub(crate) use contract::write_then_complete;
 pub use contract::{
     DeliveryOperations, DeliveryOutcomes, DeliveryQueue, EndpointStates, EventIntake, EventLog,
-    LogUpkeep, partition_span,
+    LogUpkeep, Owed, partition_span,
 };
 pub use operate::{
     DeliveryFilter, DeliveryState, DeliverySummary, EndpointRecord, Exhaustion, Replayed,

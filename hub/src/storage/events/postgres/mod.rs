@@ -61,7 +61,7 @@ use statements::{
 use super::{
     Attempt, Claimed, Completion, DeliveryOutcomes, DeliveryQueue, EndpointRecord, EndpointStates,
     EventIntake, EventLogError, Exhaustion, LogUpkeep, LoggedEvent, NewEvent, OrderedSubscription,
-    Recorded, WebhookAttempt,
+    Owed, Recorded, WebhookAttempt,
 };
 use async_trait::async_trait;
 use rows::{attempt_from_row, claimed_from_row, event_from_row, is_unique_violation};
@@ -538,14 +538,18 @@ impl DeliveryQueue for PostgresEventLog {
 
     async fn deliver_since(
         &self,
-        topic: &str,
-        subscriber: &str,
-        since: DateTime<Utc>,
+        owed: &[Owed<'_>],
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
+        if owed.is_empty() {
+            return Ok(0);
+        }
+        let topics: Vec<&str> = owed.iter().map(|owed| owed.topic).collect();
+        let subscribers: Vec<&str> = owed.iter().map(|owed| owed.subscriber).collect();
+        let since: Vec<DateTime<Utc>> = owed.iter().map(|owed| owed.since).collect();
         Ok(sqlx::query(DELIVER_SINCE)
-            .bind(topic)
-            .bind(subscriber)
+            .bind(topics)
+            .bind(subscribers)
             .bind(since)
             .bind(now)
             .execute(&self.pool)

@@ -90,9 +90,15 @@ pub(super) const PURGE: &str = "DELETE FROM websub_events WHERE id IN ( \
      SELECT id FROM websub_events WHERE created_at < $1 \
      ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
+// Each subscription's events are read through its own index range (the
+// LATERAL subquery, kept apart by OFFSET 0 so the planner cannot flatten
+// it into a join that a generic plan would hash over the whole log).
 pub(super) const DELIVER_SINCE: &str = "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at) \
-     SELECT id, $2, $4 FROM websub_events \
-     WHERE topic = $1 AND created_at >= $3 AND original_id IS NULL \
+     SELECT owed.id, s.subscriber, $4 \
+     FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS s (topic, subscriber, since), \
+     LATERAL (SELECT id FROM websub_events \
+              WHERE topic = s.topic AND created_at >= s.since AND original_id IS NULL \
+              OFFSET 0) AS owed \
      ON CONFLICT DO NOTHING";
 
 // EXPAND_AGAIN for ordered subscriptions: each record takes its place in

@@ -68,7 +68,7 @@ use statements::{
 use super::{
     Attempt, Claimed, Completion, DeliveryOutcomes, DeliveryQueue, EndpointRecord, EndpointStates,
     EventIntake, EventLogError, Exhaustion, LogUpkeep, LoggedEvent, NewEvent, OrderedSubscription,
-    Recorded, WebhookAttempt,
+    Owed, Recorded, WebhookAttempt,
 };
 use rows::{attempt_from_row, claimed_from_row, event_from_row, from_micros};
 
@@ -508,32 +508,43 @@ impl DeliveryQueue for SqliteEventLog {
 
     async fn deliver_since(
         &self,
-        topic: &str,
-        subscriber: &str,
-        since: DateTime<Utc>,
+        owed: &[Owed<'_>],
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
-        // Most new subscriptions have nothing to catch up with: a read,
-        // beside the writer, says so without queueing for it. An event
+        // Most new subscriptions have nothing to catch up with: one read,
+        // beside the writer, says which, without queueing for it. An event
         // recorded after this read is expanded after it too, when the
         // subscription is already saved, so it finds the subscriber itself.
-        let any: bool = sqlx::query_scalar(ANY_SINCE)
-            .bind(topic)
-            .bind(since.timestamp_micros())
-            .fetch_one(&self.pool)
+        let pairs: Vec<(&str, i64)> = owed
+            .iter()
+            .map(|owed| (owed.topic, owed.since.timestamp_micros()))
+            .collect();
+        let pairs = serde_json::to_string(&pairs)
+            .map_err(|error| EventLogError::Invalid(error.to_string()))?;
+        let positions: Vec<i64> = sqlx::query_scalar(ANY_SINCE)
+            .bind(pairs)
+            .fetch_all(&self.pool)
             .await?;
-        if !any {
+        let behind: Vec<&Owed<'_>> = positions
+            .iter()
+            .filter_map(|position| owed.get(usize::try_from(*position).ok()?))
+            .collect();
+        if behind.is_empty() {
             return Ok(0);
         }
         let mut writer = self.writer().await?;
-        Ok(sqlx::query(DELIVER_SINCE)
-            .bind(topic)
-            .bind(subscriber)
-            .bind(since.timestamp_micros())
-            .bind(now.timestamp_micros())
-            .execute(&mut *writer)
-            .await?
-            .rows_affected())
+        let mut written = 0;
+        for owed in behind {
+            written += sqlx::query(DELIVER_SINCE)
+                .bind(owed.topic)
+                .bind(owed.subscriber)
+                .bind(owed.since.timestamp_micros())
+                .bind(now.timestamp_micros())
+                .execute(&mut *writer)
+                .await?
+                .rows_affected();
+        }
+        Ok(written)
     }
 }
 

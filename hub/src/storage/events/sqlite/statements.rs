@@ -295,9 +295,12 @@ pub(super) const PURGE: &str = "DELETE FROM websub_events WHERE rowid IN ( \
      SELECT rowid FROM websub_events WHERE created_at < $1 \
      ORDER BY created_at LIMIT $2)";
 
-// Whether DELIVER_SINCE would find an event (its $1 and $3 as $1, $2).
-pub(super) const ANY_SINCE: &str = "SELECT EXISTS (SELECT 1 FROM websub_events \
-     WHERE topic = $1 AND created_at >= $2 AND original_id IS NULL)";
+// Which of a group of owed subscriptions ($1: a JSON array of [topic,
+// since] pairs) DELIVER_SINCE would find an event for: their positions.
+pub(super) const ANY_SINCE: &str = "SELECT CAST(owed.key AS INTEGER) FROM json_each($1) AS owed \
+     WHERE EXISTS (SELECT 1 FROM websub_events \
+         WHERE topic = owed.value ->> 0 AND created_at >= owed.value ->> 1 \
+           AND original_id IS NULL)";
 
 pub(super) const DELIVER_SINCE: &str = concat!(
     "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
