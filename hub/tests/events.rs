@@ -206,6 +206,16 @@ async fn postgres_connect_migrates_the_default_schema() {
     store.expect("migrate the subscription store beside the event log");
     let event = record(&a, &topic(), base_time()).await;
     assert_eq!(b.event(event.id).await.expect("read"), Some(event.clone()));
+    // The log's sessions compile no statement: JIT is off, and commits
+    // of claims and outcomes do not wait for a WAL flush.
+    for (setting, expected) in [("jit", "off"), ("synchronous_commit", "off")] {
+        let value: String = sqlx::query_scalar("SELECT current_setting($1)")
+            .bind(setting)
+            .fetch_one(a.pool())
+            .await
+            .expect("read a session setting");
+        assert_eq!(value, expected, "{setting}");
+    }
     for table in ["websub_hub_migrations", "websub_store_migrations"] {
         let found: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
             .bind(table)

@@ -23,10 +23,9 @@
 //! SQLite has no replicas: one process uses a file, and it hands back all
 //! claims at start (`DeliveryQueue::release_claims`).
 
-use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row, Transaction};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -149,7 +148,7 @@ impl Replicas {
     /// must not wait behind a fan-out's statements for a connection.
     pub async fn connect(url: &str) -> Result<Self, ReplicaError> {
         // A beat lost in a database crash is made again a second later.
-        let options = PgConnectOptions::from_str(url)?.options([("synchronous_commit", "off")]);
+        let options = super::postgres_session(url)?.options([("synchronous_commit", "off")]);
         let pool = PgPoolOptions::new()
             .max_connections(2)
             .connect_with(options)

@@ -6,12 +6,11 @@
 //! acknowledged only once its row would survive the database's own crash.
 
 use std::collections::HashSet;
-use std::str::FromStr;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use uuid::Uuid;
 
 use super::sql::{
@@ -109,7 +108,7 @@ impl PostgresBacklog {
     pub async fn connect(url: &str) -> Result<Self, BacklogError> {
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
-            .connect_with(PgConnectOptions::from_str(url)?)
+            .connect_with(crate::storage::postgres_session(url)?)
             .await?;
         Ok(Self::from_pool(pool))
     }

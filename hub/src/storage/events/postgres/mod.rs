@@ -38,9 +38,8 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
-use std::str::FromStr;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use uuid::Uuid;
 
@@ -109,7 +108,8 @@ impl PostgresEventLog {
     /// The pool keeps [`WARM_CONNECTIONS`] open even when idle, so that a
     /// fan-out after a quiet spell does not wait for new server processes.
     pub async fn connect(url: &str) -> Result<Self, EventLogError> {
-        let options = PgConnectOptions::from_str(url)?.options([("synchronous_commit", "off")]);
+        let options =
+            crate::storage::postgres_session(url)?.options([("synchronous_commit", "off")]);
         let pool = PgPoolOptions::new()
             .min_connections(WARM_CONNECTIONS)
             .connect_with(options)
