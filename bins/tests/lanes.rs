@@ -370,16 +370,19 @@ async fn an_outage_heals_without_an_operator_on_postgres() {
     an_outage_heals_without_an_operator(url).await;
 }
 
-/// `kill -9` during a fan-out, and a restart on the same SQLite file: the
-/// records the dead process had claimed go out within seconds, not after
-/// the visibility timeout (60 s).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_restart_takes_over_its_predecessors_claims_at_once() {
+/// `kill -9` during a fan-out, and a restart on the same database and
+/// address: the records the dead process had claimed go out within
+/// seconds, not after the visibility timeout (60 s). On PostgreSQL the
+/// restarted process takes its predecessor's seat and hands its claims
+/// back before serving, rather than after its heartbeat is five seconds
+/// old.
+async fn a_restart_takes_over_its_predecessors_claims_at_once(
+    dir: &std::path::PathBuf,
+    database_url: String,
+) {
     let load = Arc::new(Load::default());
     load.delay_ms.store(20, Ordering::SeqCst);
     let server = counting_receiver(load.clone()).await;
-    let dir = scratch_dir("lanes-restart");
-    let database_url = sqlite_url(&dir);
     let topic = "http://127.0.0.1:9/lanes/restart";
     let callbacks: Vec<String> = (0..2_000)
         .map(|i| format!("http://{}/cb/{i}", server.address))
@@ -393,7 +396,7 @@ async fn a_restart_takes_over_its_predecessors_claims_at_once() {
         "--internal-api-key",
         websub_tests::INTERNAL_KEY,
     ];
-    let hub = Websubd::spawn(&dir, port, &arguments).ready().await;
+    let hub = Websubd::spawn(dir, port, &arguments).ready().await;
     assert_eq!(hub.fat_ping(topic, "{\"n\":1}").await, 202);
     assert!(
         wait_for(Duration::from_secs(20), || load
@@ -406,7 +409,20 @@ async fn a_restart_takes_over_its_predecessors_claims_at_once() {
     let before = load.received.load(Ordering::SeqCst);
     assert!(before < 2_000, "the kill came mid fan-out ({before})");
     let restarted = Instant::now();
-    let hub = Websubd::spawn(&dir, port, &arguments).ready().await;
+    let hub = Websubd::spawn(dir, port, &arguments).ready().await;
+    let metrics = reqwest::get(format!("{}metrics", hub.url))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let taken_over = "websub_claims_taken_over_total{kind=\"delivery\"}";
+    if database_url.starts_with("postgres") {
+        assert!(
+            metrics.contains(taken_over),
+            "the predecessor's claims were handed back before serving: {metrics}"
+        );
+    }
     let everything = wait_for(Duration::from_secs(20), || {
         load.received.load(Ordering::SeqCst) >= 2_000
     })
@@ -423,4 +439,19 @@ async fn a_restart_takes_over_its_predecessors_claims_at_once() {
         "took over at once: {took:?}"
     );
     drop(hub);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_takes_over_its_predecessors_claims_at_once_on_sqlite() {
+    let dir = scratch_dir("lanes-restart");
+    a_restart_takes_over_its_predecessors_claims_at_once(&dir, sqlite_url(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_takes_over_its_predecessors_claims_at_once_on_postgres() {
+    let Some(url) = websub_storetest::servers::fresh_postgres_url().await else {
+        return;
+    };
+    let dir = scratch_dir("lanes-restart-postgres");
+    a_restart_takes_over_its_predecessors_claims_at_once(&dir, url).await;
 }

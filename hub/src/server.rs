@@ -408,6 +408,20 @@ impl Hub {
         // Before anything is recorded, so that the first events have their
         // partition; the upkeep task keeps it so from then on.
         make_room(self.events.as_ref(), self.config.retention).await;
+        // Before any worker claims: the claims of this process's
+        // predecessor at the same address go out at once.
+        if let Some(replicas) = &self.replicas
+            && let Some(seat) = crate::storage::replicas::seat_of(listener.local_addr()?)
+        {
+            match replicas.take_seat(&seat).await {
+                Ok(taken_over) => {
+                    crate::storage::replicas::report(&taken_over);
+                }
+                Err(error) => {
+                    warn!(%error, seat, "taking over the claims of the process before at this address failed; they follow once its heartbeat is old")
+                }
+            }
+        }
         let stop = CancellationToken::new();
         let background = CancellationToken::new();
         // Beats until the drain is over: claims being drained are this

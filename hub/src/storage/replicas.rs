@@ -20,6 +20,14 @@
 //! it, so the second waits for the first to commit and then finds nothing
 //! to remove, and hands back nothing.
 //!
+//! A replica also records its seat: its host's name and the address it
+//! listens on ([`Replicas::take_seat`]). No two live processes listen on
+//! one address of one host, so a process that finds its seat held by
+//! another replica is that one's successor, restarted after a crash, and
+//! hands back its predecessor's claims at once instead of waiting for
+//! [`DEAD_AFTER`]. A process restarted elsewhere (another host, another
+//! address) is a stranger to its predecessor and waits.
+//!
 //! SQLite has no replicas: one process uses a file, and it hands back all
 //! claims at start (`DeliveryQueue::release_claims`).
 
@@ -51,8 +59,8 @@ pub const CLAIMS_TAKEN_OVER_TOTAL: &str = "websub_claims_taken_over_total";
 // it stalled) registers again.
 const BEAT: &str = "UPDATE websub_replicas SET beat_at = now() WHERE id = $1";
 
-const REGISTER: &str = "INSERT INTO websub_replicas (id, started_at, beat_at) \
-     VALUES ($1, now(), now()) \
+const REGISTER: &str = "INSERT INTO websub_replicas (id, started_at, beat_at, seat) \
+     VALUES ($1, now(), now(), $2) \
      ON CONFLICT (id) DO UPDATE SET beat_at = excluded.beat_at";
 
 // The dead, removed: the row lock makes a concurrent takeover of the same
@@ -62,6 +70,13 @@ const REMOVE_DEAD: &str = "DELETE FROM websub_replicas \
      RETURNING id";
 
 const DEREGISTER: &str = "DELETE FROM websub_replicas WHERE id = $1";
+
+const SIT: &str = "UPDATE websub_replicas SET seat = $2 WHERE id = $1";
+
+// The predecessors at the seat, removed: their claims go back with them.
+const REMOVE_PREDECESSORS: &str = "DELETE FROM websub_replicas \
+     WHERE seat = $1 AND id <> $2 \
+     RETURNING id";
 
 // One statement per table. `claimed_by` means something only while
 // `processing_since` is set (a completion leaves it), so both are checked.
@@ -140,6 +155,9 @@ pub struct Beat {
 pub struct Replicas {
     pool: PgPool,
     id: Uuid,
+    /// Its seat, once taken: a replica that registers again (taken for
+    /// dead while it stalled) keeps it.
+    seat: std::sync::Arc<std::sync::OnceLock<String>>,
 }
 
 impl Replicas {
@@ -158,7 +176,11 @@ impl Replicas {
 
     /// A registry on an existing pool, for the replica `id`.
     pub fn from_pool(pool: PgPool, id: Uuid) -> Self {
-        Self { pool, id }
+        Self {
+            pool,
+            id,
+            seat: std::sync::Arc::default(),
+        }
     }
 
     /// This replica's id: what its event log and backlog record with their
@@ -171,6 +193,7 @@ impl Replicas {
     pub async fn register(&self) -> Result<(), ReplicaError> {
         sqlx::query(REGISTER)
             .bind(self.id)
+            .bind(self.seat.get())
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -206,6 +229,31 @@ impl Replicas {
         Ok(released)
     }
 
+    /// Records `seat` ([`seat_of`]) as this replica's, and hands back the
+    /// claims of the replicas that held it before: this process's
+    /// predecessors at that address, killed before they could leave.
+    pub async fn take_seat(&self, seat: &str) -> Result<Vec<TakenOver>, ReplicaError> {
+        let _ = self.seat.set(seat.to_owned());
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(SIT)
+            .bind(self.id)
+            .bind(seat)
+            .execute(&mut *tx)
+            .await?;
+        let predecessors: Vec<Uuid> = sqlx::query_scalar(REMOVE_PREDECESSORS)
+            .bind(seat)
+            .bind(self.id)
+            .fetch_all(&mut *tx)
+            .await?;
+        let released = if predecessors.is_empty() {
+            Vec::new()
+        } else {
+            release(&mut tx, &predecessors).await?
+        };
+        tx.commit().await?;
+        Ok(released)
+    }
+
     /// Leaves the registry on a clean shutdown, handing back whatever this
     /// replica still has claimed (what the drain cut short): with its row
     /// gone no beat could ever go stale for them. Returns how many claims
@@ -235,6 +283,17 @@ impl Replicas {
             taken_over,
         })
     }
+}
+
+/// The seat of a process listening on `address` on this host: the host's
+/// name and the address. `None` for an address the system chose (port 0),
+/// which no successor could listen on again.
+pub fn seat_of(address: std::net::SocketAddr) -> Option<String> {
+    if address.port() == 0 {
+        return None;
+    }
+    let host = rustix::system::uname();
+    Some(format!("{} {address}", host.nodename().to_string_lossy()))
 }
 
 /// Hands back, on `tx`, every claim held by one of `holders`, per holder.
