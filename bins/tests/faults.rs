@@ -81,24 +81,13 @@ async fn subscribe_each(
     }
 }
 
-async fn metrics_of(hub: &Websubd) -> String {
-    http_client()
-        .get(format!("{}metrics", hub.url))
-        .send()
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics text")
-}
-
 /// The metrics once they contain `sample`, or after 10 s: an outcome is
 /// counted after the work it counts is written, so after what the test
 /// waited for.
 async fn metrics_with(hub: &Websubd, sample: &str) -> String {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let metrics = metrics_of(hub).await;
+        let metrics = hub.metrics_text().await;
         if metrics.contains(sample) || tokio::time::Instant::now() >= deadline {
             return metrics;
         }

@@ -342,12 +342,7 @@ async fn an_outage_heals_without_an_operator(database_url: String) {
         back.elapsed()
     );
     assert_eq!(all("steady", &subscriber), published);
-    let metrics = reqwest::get(format!("{}metrics", hub.url))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = hub.metrics_text().await;
     assert!(
         metrics.contains("websub_endpoint_changes_total{channel=\"websub\",to=\"open\"}"),
         "the breaker opened: {metrics}"
@@ -410,12 +405,7 @@ async fn a_restart_takes_over_its_predecessors_claims_at_once(
     assert!(before < 2_000, "the kill came mid fan-out ({before})");
     let restarted = Instant::now();
     let hub = Websubd::spawn(dir, port, &arguments).ready().await;
-    let metrics = reqwest::get(format!("{}metrics", hub.url))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = hub.metrics_text().await;
     let taken_over = "websub_claims_taken_over_total{kind=\"delivery\"}";
     if database_url.starts_with("postgres") {
         assert!(

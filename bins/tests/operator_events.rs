@@ -314,12 +314,7 @@ async fn an_outage_is_kept_shown_and_sent(database_url: String) {
     }
     assert!(page.contains("maintenance"));
 
-    let metrics = reqwest::get(format!("{}metrics", hub.url))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = hub.metrics_text().await;
     for to in ["failing", "open", "recovered", "disabled", "enabled"] {
         assert!(
             metrics.contains(&format!(

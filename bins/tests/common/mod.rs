@@ -146,6 +146,18 @@ impl Drop for Websubd {
 }
 
 impl Websubd {
+    /// What `GET /metrics` answers now.
+    pub(crate) async fn metrics_text(&self) -> String {
+        http_client()
+            .get(format!("{}metrics", self.url))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     /// A fat ping of `body` (JSON) for `topic`, with the tests' internal key;
     /// returns the status.
     pub(crate) async fn fat_ping(&self, topic: &str, body: &str) -> u16 {
