@@ -1,7 +1,8 @@
 //! Writes in groups: the subscription requests that arrive while a write is
-//! under way, the subscriptions verified meanwhile, or the verifications
-//! that end meanwhile, are written together, in one transaction, and each
-//! caller is answered once its part is durable. Under load one costs a share of a write
+//! under way, the subscriptions verified meanwhile, the catch-ups of those
+//! saved meanwhile, or the verifications that end meanwhile, are written
+//! together, in one statement or transaction, and each caller is answered
+//! once its part is durable. Under load one costs a share of a write
 //! instead of a write of its own; alone, it is written at once.
 //!
 //! Bounded: at most [`QUEUED`] wait for a group, past which callers wait
