@@ -188,7 +188,7 @@ async fn kill_9_with_verifications_pending_loses_none(database_url: String) {
     // in flight, when the hub dies.
     subscriber.receiver().answer(
         Route::method(Method::GET),
-        Answer::echo().after(Duration::from_millis(1500)),
+        Answer::echo().after(Duration::from_millis(500)),
     );
     let topic = "http://127.0.0.1:9/topics/verified";
     let args = arguments(&database_url, &["--verification-concurrency", "4"]);
