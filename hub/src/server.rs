@@ -166,21 +166,10 @@ impl Hub {
             ),
         };
         // Registered (the event log's migrations made the table) before any
-        // worker claims, taking over the claims of replicas that died
-        // before: a predecessor killed more than a few seconds ago.
+        // worker claims; the dead replicas' claims are taken over in `run`,
+        // once this one has its seat.
         if let Some(replicas) = &replicas {
             replicas.register().await?;
-            match replicas
-                .take_over(crate::storage::replicas::DEAD_AFTER)
-                .await
-            {
-                Ok(taken_over) => {
-                    crate::storage::replicas::report(&taken_over);
-                }
-                Err(error) => {
-                    warn!(%error, "taking over the claims of dead replicas failed");
-                }
-            }
         }
         // Before any worker claims: what a killed predecessor held is due
         // at once (on SQLite; a dead replica's are taken over above).
@@ -408,17 +397,24 @@ impl Hub {
         // Before anything is recorded, so that the first events have their
         // partition; the upkeep task keeps it so from then on.
         make_room(self.events.as_ref(), self.config.retention).await;
-        // Before any worker claims: the claims of this process's
-        // predecessor at the same address go out at once.
-        if let Some(replicas) = &self.replicas
-            && let Some(seat) = crate::storage::replicas::seat_of(listener.local_addr()?)
-        {
-            match replicas.take_seat(&seat).await {
+        // Before any worker claims: the claims of replicas that died
+        // before go out at once, those of this process's predecessor at the
+        // same address (a seat) included, however recent its last beat.
+        if let Some(replicas) = &self.replicas {
+            if let Some(seat) = crate::storage::replicas::seat_of(listener.local_addr()?)
+                && let Err(error) = replicas.sit(&seat).await
+            {
+                warn!(%error, seat, "recording this replica's seat failed; a predecessor's claims follow once its heartbeat is old");
+            }
+            match replicas
+                .take_over(crate::storage::replicas::DEAD_AFTER)
+                .await
+            {
                 Ok(taken_over) => {
                     crate::storage::replicas::report(&taken_over);
                 }
                 Err(error) => {
-                    warn!(%error, seat, "taking over the claims of the process before at this address failed; they follow once its heartbeat is old")
+                    warn!(%error, "taking over the claims of dead replicas failed");
                 }
             }
         }

@@ -21,11 +21,11 @@
 //! to remove, and hands back nothing.
 //!
 //! A replica also records its seat: its host's name and the address it
-//! listens on ([`Replicas::take_seat`]). No two live processes listen on
-//! one address of one host, so a process that finds its seat held by
-//! another replica is that one's successor, restarted after a crash, and
-//! hands back its predecessor's claims at once instead of waiting for
-//! [`DEAD_AFTER`]. A process restarted elsewhere (another host, another
+//! listens on ([`Replicas::sit`]). No two live processes listen on one
+//! address of one host, so another replica registered at a replica's seat
+//! is its predecessor, killed before it could leave: a takeover counts it
+//! dead whatever its last beat, and a process restarted in place hands
+//! back its predecessor's claims at once instead of after [`DEAD_AFTER`]. A process restarted elsewhere (another host, another
 //! address) is a stranger to its predecessor and waits.
 //!
 //! SQLite has no replicas: one process uses a file, and it hands back all
@@ -63,20 +63,16 @@ const REGISTER: &str = "INSERT INTO websub_replicas (id, started_at, beat_at, se
      VALUES ($1, now(), now(), $2) \
      ON CONFLICT (id) DO UPDATE SET beat_at = excluded.beat_at";
 
-// The dead, removed: the row lock makes a concurrent takeover of the same
-// replica wait, then find the row gone.
+// The dead, removed: those silent for $1 seconds, and any other at this
+// replica's seat ($3; NULL matches none). The row lock makes a concurrent
+// takeover of the same replica wait, then find the row gone.
 const REMOVE_DEAD: &str = "DELETE FROM websub_replicas \
-     WHERE beat_at < now() - make_interval(secs => $1) AND id <> $2 \
+     WHERE id <> $2 AND (beat_at < now() - make_interval(secs => $1) OR seat = $3) \
      RETURNING id";
 
 const DEREGISTER: &str = "DELETE FROM websub_replicas WHERE id = $1";
 
 const SIT: &str = "UPDATE websub_replicas SET seat = $2 WHERE id = $1";
-
-// The predecessors at the seat, removed: their claims go back with them.
-const REMOVE_PREDECESSORS: &str = "DELETE FROM websub_replicas \
-     WHERE seat = $1 AND id <> $2 \
-     RETURNING id";
 
 // One statement per table. `claimed_by` means something only while
 // `processing_since` is set (a completion leaves it), so both are checked.
@@ -210,14 +206,16 @@ impl Replicas {
         Ok(true)
     }
 
-    /// Removes the replicas whose last beat is older than `dead_after`
-    /// (never this one) and hands back their claims, in one transaction.
+    /// Removes the replicas whose last beat is older than `dead_after`, and
+    /// any other at this replica's seat (never this one), and hands back
+    /// their claims, in one transaction.
     /// Replicas calling it at once hand each dead one's claims back once.
     pub async fn take_over(&self, dead_after: Duration) -> Result<Vec<TakenOver>, ReplicaError> {
         let mut tx = self.pool.begin().await?;
         let dead: Vec<Uuid> = sqlx::query_scalar(REMOVE_DEAD)
             .bind(dead_after.as_secs_f64())
             .bind(self.id)
+            .bind(self.seat.get())
             .fetch_all(&mut *tx)
             .await?;
         if dead.is_empty() {
@@ -229,29 +227,16 @@ impl Replicas {
         Ok(released)
     }
 
-    /// Records `seat` ([`seat_of`]) as this replica's, and hands back the
-    /// claims of the replicas that held it before: this process's
-    /// predecessors at that address, killed before they could leave.
-    pub async fn take_seat(&self, seat: &str) -> Result<Vec<TakenOver>, ReplicaError> {
+    /// Records `seat` ([`seat_of`]) as this replica's: from then on its
+    /// takeovers count another replica at that seat dead.
+    pub async fn sit(&self, seat: &str) -> Result<(), ReplicaError> {
         let _ = self.seat.set(seat.to_owned());
-        let mut tx = self.pool.begin().await?;
         sqlx::query(SIT)
             .bind(self.id)
             .bind(seat)
-            .execute(&mut *tx)
+            .execute(&self.pool)
             .await?;
-        let predecessors: Vec<Uuid> = sqlx::query_scalar(REMOVE_PREDECESSORS)
-            .bind(seat)
-            .bind(self.id)
-            .fetch_all(&mut *tx)
-            .await?;
-        let released = if predecessors.is_empty() {
-            Vec::new()
-        } else {
-            release(&mut tx, &predecessors).await?
-        };
-        tx.commit().await?;
-        Ok(released)
+        Ok(())
     }
 
     /// Leaves the registry on a clean shutdown, handing back whatever this
