@@ -11,8 +11,11 @@
 //! The outcomes of verifications that end together are written together
 //! too.
 
+mod catch_up;
 mod group_commit;
 mod queue;
+
+pub use catch_up::CatchUp;
 
 use group_commit::{GroupCommit, Owing};
 
@@ -42,7 +45,7 @@ use crate::intake::lease;
 use crate::intake::quota::{QuotaEnforcer, QuotaError};
 use crate::protocol::{Mode, SubscriptionRequest};
 use crate::storage::backlog::{Admission, Backlog, BacklogError, Intent, IntentResult};
-use crate::storage::events::{DeliveryQueue, EventLogError};
+use crate::storage::events::EventLogError;
 
 /// Length of a `hub.challenge`: 43 alphanumeric characters carry about 256
 /// bits from the CSPRNG.
@@ -357,51 +360,6 @@ struct WorkflowState {
 /// Why a delivery of an event published after its subscription's
 /// unsubscribe answer is closed undelivered.
 pub const UNSUBSCRIBED: &str = "unsubscribed before the event was published";
-
-/// Where a new subscription finds the events published while it was being
-/// verified, and where an unsubscription drops those published after its
-/// answer.
-#[derive(Clone)]
-pub struct CatchUp {
-    events: Arc<dyn DeliveryQueue>,
-    wake: Arc<dyn Fn() + Send + Sync>,
-    unsubscribed: Arc<UnsubscribedHook>,
-}
-
-/// Told `(topic, callback, Some(answered_at))` when an unsubscribe
-/// verification was answered, `None` when the pair is subscribed again.
-type UnsubscribedHook = dyn Fn(&str, &str, Option<chrono::DateTime<chrono::Utc>>) + Send + Sync;
-
-impl CatchUp {
-    /// Catch-up from `events`, calling `wake` (the WebSub scheduler's) when
-    /// it wrote delivery records.
-    pub fn new(events: Arc<dyn DeliveryQueue>, wake: impl Fn() + Send + Sync + 'static) -> Self {
-        Self {
-            events,
-            wake: Arc::new(wake),
-            unsubscribed: Arc::new(|_: &str, _: &str, _| {}),
-        }
-    }
-
-    /// The same, telling `hook` (the WebSub scheduler's) of every
-    /// unsubscribe answered, so that nothing it holds for the pair goes
-    /// out, and of every subscription saved again.
-    pub fn on_unsubscribe(
-        self,
-        hook: impl Fn(&str, &str, Option<chrono::DateTime<chrono::Utc>>) + Send + Sync + 'static,
-    ) -> Self {
-        Self {
-            unsubscribed: Arc::new(hook),
-            ..self
-        }
-    }
-}
-
-impl std::fmt::Debug for CatchUp {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str("CatchUp")
-    }
-}
 
 /// Told the topic of every subscription the workflow saves or deletes, once
 /// the store has it, so whoever keeps something of a topic's subscribers
