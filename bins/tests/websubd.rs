@@ -29,8 +29,16 @@ fn bad_values_are_named_and_refused() {
         (vec!["--quota-url", "not a url"], "quota-url"),
         (
             vec!["--quota-url", "http://127.0.0.1:9100/"],
-            "needs internal-api-key",
+            "needs quota-api-key (or internal-api-key)",
         ),
+        (
+            vec![
+                "--operator-keys",
+                "an-operator-key-of-at-least-32-characters,short",
+            ],
+            "operator-keys",
+        ),
+        (vec!["--metrics-keys", "short"], "metrics-keys"),
         (
             vec![
                 "--quota-url",

@@ -9,6 +9,7 @@ mod admin;
 mod faults;
 mod feeds;
 mod hosts;
+mod keys;
 mod lanes;
 mod observability;
 mod operator_cli;

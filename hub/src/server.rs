@@ -31,7 +31,7 @@ use crate::intake::verify::{CatchUp, Subscriptions, Verifier};
 use crate::storage::backlog::Backlog;
 use crate::storage::events::{self, EventLog, EventLogError};
 use crate::web::api::{self, ApiState};
-use crate::web::auth::{InternalKey, UserTokens};
+use crate::web::auth::{KeyRings, UserTokens};
 
 /// How long shutdown waits for work in flight before giving up on it. What
 /// is cut short is not lost: unrecorded deliveries are claimed again after
@@ -49,7 +49,7 @@ pub struct Hub {
     dispatcher: Distributor,
     reaper: Reaper,
     clock: Arc<dyn Clock>,
-    internal_key: Option<InternalKey>,
+    keys: KeyRings,
     user_tokens: Option<UserTokens>,
     feed_reload: Arc<Notify>,
     /// What the outbox feeds follow of the subscriptions.
@@ -267,11 +267,7 @@ impl Hub {
             config.max_content_bytes,
         );
         let reaper = Reaper::new(store.clone(), clock.clone(), config.reaper_interval);
-        let internal_key = config
-            .internal_api_key
-            .as_deref()
-            .map(|key| InternalKey::new(key, &config.internal_api_key_header))
-            .transpose()?;
+        let keys = KeyRings::of(&config)?;
         let user_tokens = config
             .user_token_key
             .as_deref()
@@ -294,7 +290,7 @@ impl Hub {
             subscriptions.enforce_quota(QuotaEnforcer::new(QuotaConfig {
                 base_url: Some(base_url.clone()),
                 timeout: config.quota_timeout,
-                internal_api_key: config.internal_api_key.clone(),
+                internal_api_key: config.quota_key().map(str::to_owned),
                 internal_api_key_header: config.internal_api_key_header.clone(),
                 quota_type: config.quota_type.clone(),
                 trust: trust.clone(),
@@ -309,7 +305,7 @@ impl Hub {
             dispatcher,
             reaper,
             clock,
-            internal_key,
+            keys,
             user_tokens,
             feed_reload: Arc::new(Notify::new()),
             subscribed_topics,
@@ -377,7 +373,7 @@ impl Hub {
             dispatcher: self.dispatcher.clone(),
             clock: self.clock.clone(),
             public_url: Arc::from(self.config.public_url.as_str()),
-            internal_key: self.internal_key.clone(),
+            keys: self.keys.clone(),
             user_tokens: self.user_tokens.clone(),
             max_form_bytes: self.config.max_form_bytes,
             max_content_bytes: self.config.max_content_bytes,

@@ -16,8 +16,8 @@ use tower::ServiceExt;
 use websub_hub::HubConfig;
 use websub_hub::web::api::ApiError;
 use websub_hub::web::auth::{
-    AuthConfig, AuthError, DEFAULT_INTERNAL_API_KEY_HEADER, DEFAULT_USER_TOKEN_HEADER, InternalKey,
-    MAX_TOKEN_BYTES, MIN_INTERNAL_KEY_CHARS, UserTokens, issue_token,
+    AuthError, DEFAULT_INTERNAL_API_KEY_HEADER, DEFAULT_USER_TOKEN_HEADER, KeyRing, KeyRings,
+    MAX_TOKEN_BYTES, MIN_INTERNAL_KEY_CHARS, Role, UserTokens, issue_token,
 };
 
 const SECRET: &str = "the key user tokens are signed with";
@@ -308,30 +308,67 @@ fn user_tokens_need_a_key_and_a_valid_header() {
 // The internal key
 // ---------------------------------------------------------------------------
 
+fn ring(keys: &[&str]) -> KeyRing {
+    KeyRing::new(
+        keys.iter().copied(),
+        DEFAULT_INTERNAL_API_KEY_HEADER,
+        Role::Operate,
+    )
+    .expect("long enough")
+    .expect("some keys")
+}
+
 #[test]
-fn a_short_internal_key_is_refused_at_construction() {
+fn a_short_key_is_refused_at_construction() {
     let short = "x".repeat(MIN_INTERNAL_KEY_CHARS - 1);
-    match InternalKey::new(&short, DEFAULT_INTERNAL_API_KEY_HEADER) {
+    match KeyRing::new(
+        [INTERNAL, short.as_str()],
+        DEFAULT_INTERNAL_API_KEY_HEADER,
+        Role::Publish,
+    ) {
         Err(AuthError::InvalidConfig(reason)) => {
             assert!(
                 reason.contains(&MIN_INTERNAL_KEY_CHARS.to_string()),
                 "{reason}"
             );
+            assert!(reason.contains("publish-keys"), "{reason}");
         }
         other => panic!("expected a configuration error, got {other:?}"),
     }
     // Characters, not bytes: 32 two-byte characters are enough, 31 are not.
-    assert!(InternalKey::new(&"é".repeat(32), DEFAULT_INTERNAL_API_KEY_HEADER).is_ok());
-    assert!(InternalKey::new(&"é".repeat(31), DEFAULT_INTERNAL_API_KEY_HEADER).is_err());
+    let long = "é".repeat(32);
+    let short = "é".repeat(31);
+    assert!(
+        KeyRing::new(
+            [long.as_str()],
+            DEFAULT_INTERNAL_API_KEY_HEADER,
+            Role::Operate
+        )
+        .is_ok()
+    );
+    assert!(
+        KeyRing::new(
+            [short.as_str()],
+            DEFAULT_INTERNAL_API_KEY_HEADER,
+            Role::Operate
+        )
+        .is_err()
+    );
     assert!(matches!(
-        InternalKey::new(INTERNAL, "bad header"),
+        KeyRing::new([INTERNAL], "bad header", Role::Operate),
         Err(AuthError::InvalidConfig(_))
     ));
+    assert!(
+        KeyRing::new([], DEFAULT_INTERNAL_API_KEY_HEADER, Role::Metrics)
+            .expect("nothing to check")
+            .is_none()
+    );
 }
 
 #[test]
-fn the_internal_key_is_checked() {
-    let key = InternalKey::new(INTERNAL, DEFAULT_INTERNAL_API_KEY_HEADER).expect("long enough");
+fn every_key_of_a_ring_is_checked() {
+    const OTHER: &str = "another-key-that-is-long-enough-0123456";
+    let key = ring(&[INTERNAL, OTHER]);
     assert_eq!(key.check(&HeaderMap::new()), Err(AuthError::MissingKey));
     assert_eq!(
         key.check(&with(DEFAULT_INTERNAL_API_KEY_HEADER, "wrong")),
@@ -353,9 +390,22 @@ fn the_internal_key_is_checked() {
         key.check(&with("x-other", INTERNAL)),
         Err(AuthError::MissingKey)
     );
+    let first = key
+        .check(&with(DEFAULT_INTERNAL_API_KEY_HEADER, INTERNAL))
+        .expect("the first key");
+    let second = key
+        .check(&with(DEFAULT_INTERNAL_API_KEY_HEADER, OTHER))
+        .expect("the second key");
+    assert_ne!(first, second, "each key has its own id");
+    assert!(!first.0.contains(INTERNAL), "an id is not the key");
+    assert!(key.holds(&first) && key.holds(&second));
+    assert!(!ring(&[OTHER]).holds(&first), "a ring without it");
+    // A bearer credential only where asked for.
+    assert_eq!(key.check(&bearer(INTERNAL)), Err(AuthError::MissingKey));
+    assert_eq!(key.check_or_bearer(&bearer(INTERNAL)), Ok(first));
     assert_eq!(
-        key.check(&with(DEFAULT_INTERNAL_API_KEY_HEADER, INTERNAL)),
-        Ok(())
+        key.check_or_bearer(&bearer("a-wrong-key")),
+        Err(AuthError::WrongKey)
     );
 }
 
@@ -364,58 +414,37 @@ fn the_internal_key_is_checked() {
 // ---------------------------------------------------------------------------
 
 #[test]
-fn config_builds_both_checkers_and_keeps_the_keys_out_of_debug() {
-    let config = AuthConfig {
-        user_token_key: Some(SECRET.to_owned()),
-        user_token_header: "X-User-Token".to_owned(),
+fn the_internal_key_is_a_key_of_every_role_but_metrics() {
+    const PUBLISH: &str = "a-publishing-key-that-is-long-enough-012";
+    let config = HubConfig {
         internal_api_key: Some(INTERNAL.to_owned()),
+        publish_keys: vec![PUBLISH.to_owned()],
         internal_api_key_header: "X-Service-Key".to_owned(),
+        ..HubConfig::default()
     };
-    let shown = format!("{config:?}");
+    let rings = KeyRings::of(&config).expect("valid");
+    let shown = format!("{rings:?}");
     assert!(
-        !shown.contains(SECRET) && !shown.contains(INTERNAL),
+        !shown.contains(INTERNAL) && !shown.contains(PUBLISH),
         "{shown}"
     );
-    let tokens = config.user_tokens().expect("valid").expect("a key");
-    let token = issue_token(SECRET, "alice", None, HOUR);
-    assert_eq!(
-        tokens
-            .authenticate(&with("x-user-token", &token))
-            .expect("admitted")
-            .id,
-        "alice"
-    );
-    assert_eq!(
-        config
-            .internal_key()
-            .expect("valid")
-            .map(|key| key.header().as_str().to_owned()),
-        Some("x-service-key".to_owned())
-    );
+    let publish = rings.publish.expect("publishing keys");
+    let operate = rings.operate.expect("operator keys");
+    assert!(rings.metrics.is_none(), "metrics stay open");
+    assert_eq!(publish.header().as_str(), "x-service-key");
+    assert!(publish.matches(INTERNAL.as_bytes()).is_some());
+    assert!(publish.matches(PUBLISH.as_bytes()).is_some());
+    assert!(operate.matches(INTERNAL.as_bytes()).is_some());
+    assert!(operate.matches(PUBLISH.as_bytes()).is_none());
 
-    let none = AuthConfig::default();
-    assert_eq!(none.user_token_header, DEFAULT_USER_TOKEN_HEADER);
-    assert_eq!(
-        none.internal_api_key_header,
-        DEFAULT_INTERNAL_API_KEY_HEADER
-    );
-    assert!(none.user_tokens().expect("nothing to check").is_none());
-    assert!(none.internal_key().expect("nothing to check").is_none());
-
-    let empty = AuthConfig {
-        user_token_key: Some(String::new()),
-        ..AuthConfig::default()
+    let none = KeyRings::of(&HubConfig::default()).expect("valid");
+    assert!(none.publish.is_none() && none.operate.is_none() && none.metrics.is_none());
+    let short = HubConfig {
+        metrics_keys: vec!["short".to_owned()],
+        ..HubConfig::default()
     };
     assert!(matches!(
-        empty.user_tokens(),
-        Err(AuthError::InvalidConfig(_))
-    ));
-    let short = AuthConfig {
-        internal_api_key: Some("short".to_owned()),
-        ..AuthConfig::default()
-    };
-    assert!(matches!(
-        short.internal_key(),
+        KeyRings::of(&short),
         Err(AuthError::InvalidConfig(_))
     ));
 }

@@ -1,10 +1,10 @@
 //! The conformance suite for the backends of the hub's own tables: the
-//! event log ([`EventLog`](websub_hub::storage::events::EventLog), in its six
+//! event log ([`EventLog`](websub_hub::storage::events::EventLog), in its seven
 //! parts) and the [`Backlog`](websub_hub::storage::backlog::Backlog).
 //!
 //! One public async check per behaviour of the contracts documented on the
 //! traits: the [`events`] checks grouped by the part of the log they cover
-//! (intake, queue, outcomes, endpoints, operations, upkeep), the
+//! (intake, queue, outcomes, endpoints, operations, upkeep, sessions), the
 //! [`backlog`]'s by fetches, intents and retention. SQLite and PostgreSQL
 //! run every one; a third backend is proven by passing them too.
 //!
@@ -95,6 +95,8 @@ macro_rules! __event_log_checks {
             purge_deletes_old_events_with_their_records,
             events_in_partitions_made_ahead_go_whole,
             expand_racing_purge_leaves_no_orphans,
+            admin_sessions_are_kept_found_listed_and_ended,
+            admin_sessions_are_bounded,
         }
     };
 }

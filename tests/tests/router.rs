@@ -370,7 +370,7 @@ async fn without_a_configured_key_every_fat_ping_gets_a_403() {
         "the right key for another hub",
         fat_ping(&query, Some(INTERNAL_KEY), "x"),
         StatusCode::FORBIDDEN,
-        "no internal API key configured",
+        "no publish-keys configured",
     )];
     refuses(&router, cases).await;
 }

@@ -72,8 +72,22 @@ pub struct HubConfig {
     /// every client the hub makes: deliveries, verifications, topic
     /// fetches, outbox webhooks and the subscriptions service.
     pub extra_ca: Option<PathBuf>,
-    /// The key that authorises fat pings and internal APIs (≥ 32 characters).
+    /// The one key of every role but metrics (≥ 32 characters): fat
+    /// pings, the operator API and admin page, and the subscriptions
+    /// service when [`quota_api_key`](Self::quota_api_key) is unset.
     pub internal_api_key: Option<String>,
+    /// Keys that authorise fat pings, besides the internal key (≥ 32
+    /// characters each); several, so one can be replaced without downtime.
+    pub publish_keys: Vec<String>,
+    /// Keys of the operator API and the admin page, besides the internal
+    /// key. An admin session ends when the key it was opened with is
+    /// removed.
+    pub operator_keys: Vec<String>,
+    /// Keys that `/metrics` asks for; it is open without any.
+    pub metrics_keys: Vec<String>,
+    /// The key the hub sends to the subscriptions service; the internal
+    /// key when unset.
+    pub quota_api_key: Option<String>,
     /// The header the internal key travels in.
     pub internal_api_key_header: String,
     /// The largest subscription or publish form accepted, in bytes.
@@ -209,6 +223,10 @@ impl Default for HubConfig {
             allow_private_network: false,
             extra_ca: None,
             internal_api_key: None,
+            publish_keys: Vec::new(),
+            operator_keys: Vec::new(),
+            metrics_keys: Vec::new(),
+            quota_api_key: None,
             internal_api_key_header: crate::web::auth::DEFAULT_INTERNAL_API_KEY_HEADER.to_owned(),
             max_form_bytes: 64 * 1024,
             max_content_bytes: 16 * 1024 * 1024,
@@ -443,17 +461,27 @@ impl HubConfig {
             return Err(invalid("max-pending-verifications", 0, "must be positive"));
         }
         self.trust()?;
-        if let Some(key) = &self.internal_api_key
-            && key.chars().count() < 32
-        {
-            return Err(invalid(
-                "internal-api-key",
-                "<redacted>",
-                format!(
-                    "is {} characters; at least 32 are required",
-                    key.chars().count()
-                ),
-            ));
+        let keys = [
+            ("internal-api-key", self.internal_api_key.as_slice()),
+            ("publish-keys", &self.publish_keys),
+            ("operator-keys", &self.operator_keys),
+            ("metrics-keys", &self.metrics_keys),
+            ("quota-api-key", self.quota_api_key.as_slice()),
+        ];
+        for (setting, keys) in keys {
+            for key in keys {
+                let chars = key.chars().count();
+                if chars < crate::web::auth::MIN_INTERNAL_KEY_CHARS {
+                    return Err(invalid(
+                        setting,
+                        "<redacted>",
+                        format!(
+                            "holds a key of {chars} characters; at least {} are required",
+                            crate::web::auth::MIN_INTERNAL_KEY_CHARS
+                        ),
+                    ));
+                }
+            }
         }
         if self.internal_api_key_header.is_empty()
             || http::HeaderName::from_bytes(self.internal_api_key_header.as_bytes()).is_err()
@@ -484,11 +512,12 @@ impl HubConfig {
             if !matches!(url.scheme(), "http" | "https") {
                 return Err(invalid("quota-url", url, "must be an http(s) URL"));
             }
-            if self.internal_api_key.is_none() {
+            if self.quota_key().is_none() {
                 return Err(invalid(
                     "quota-url",
                     url,
-                    "needs internal-api-key: the subscriptions service is called with it",
+                    "needs quota-api-key (or internal-api-key): the subscriptions service \
+                     is called with it",
                 ));
             }
             if self.user_token_key.is_none() {
@@ -551,6 +580,14 @@ impl HubConfig {
         }
         self.operator_webhook_key()?;
         Ok(())
+    }
+
+    /// The key sent to the subscriptions service: its own, or the
+    /// internal key.
+    pub fn quota_key(&self) -> Option<&str> {
+        self.quota_api_key
+            .as_deref()
+            .or(self.internal_api_key.as_deref())
     }
 
     /// The operator webhook's URL and signing key, when one is configured;

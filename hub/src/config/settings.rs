@@ -173,10 +173,26 @@ pub struct Settings {
     /// for HTTPS callbacks, topics, webhooks and the subscriptions service.
     #[cfg_attr(feature = "cli", arg(long, value_name = "FILE"))]
     pub extra_ca: Option<PathBuf>,
-    /// The key for fat pings and the operator API (at least 32
-    /// characters).
+    /// One key for every role but metrics: fat pings, the operator API
+    /// and admin page, the subscriptions service (at least 32 characters).
     #[cfg_attr(feature = "cli", arg(long, value_name = "KEY"))]
     pub internal_api_key: Option<String>,
+    /// Keys for fat pings, besides the internal key; comma-separated (an
+    /// array in the file), so one can be replaced without downtime.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "KEYS", value_delimiter = ','))]
+    pub publish_keys: Option<Vec<String>>,
+    /// Keys for the operator API and the admin page, besides the internal
+    /// key; comma-separated.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "KEYS", value_delimiter = ','))]
+    pub operator_keys: Option<Vec<String>>,
+    /// Keys /metrics asks for (in the key header or as a bearer token);
+    /// comma-separated; open when unset.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "KEYS", value_delimiter = ','))]
+    pub metrics_keys: Option<Vec<String>>,
+    /// The key sent to the subscriptions service; the internal key when
+    /// unset.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "KEY"))]
+    pub quota_api_key: Option<String>,
     /// The header carrying the internal key.
     #[cfg_attr(feature = "cli", arg(long, value_name = "HEADER"))]
     pub internal_api_key_header: Option<String>,
@@ -266,6 +282,10 @@ impl Settings {
             allow_private_network,
             extra_ca,
             internal_api_key,
+            publish_keys,
+            operator_keys,
+            metrics_keys,
+            quota_api_key,
             internal_api_key_header,
             user_token_key,
             user_token_header,
@@ -371,6 +391,12 @@ impl Settings {
         if internal_api_key.is_some() {
             config.internal_api_key = internal_api_key;
         }
+        set(&mut config.publish_keys, publish_keys.map(without_blanks));
+        set(&mut config.operator_keys, operator_keys.map(without_blanks));
+        set(&mut config.metrics_keys, metrics_keys.map(without_blanks));
+        if quota_api_key.is_some() {
+            config.quota_api_key = quota_api_key;
+        }
         set(&mut config.internal_api_key_header, internal_api_key_header);
         if user_token_key.is_some() {
             config.user_token_key = user_token_key;
@@ -408,6 +434,18 @@ impl Settings {
             .filter_map(|(name, value)| match value {
                 serde_json::Value::Null => None,
                 serde_json::Value::String(text) => Some((name, text)),
+                // A list as the flag and the variable take it.
+                serde_json::Value::Array(items) => Some((
+                    name,
+                    items
+                        .iter()
+                        .map(|item| {
+                            item.as_str()
+                                .map_or_else(|| item.to_string(), str::to_owned)
+                        })
+                        .collect::<Vec<_>>()
+                        .join(","),
+                )),
                 other => Some((name, other.to_string())),
             })
             .collect()
@@ -431,6 +469,10 @@ impl From<&HubConfig> for Settings {
             allow_private_network,
             extra_ca,
             internal_api_key,
+            publish_keys,
+            operator_keys,
+            metrics_keys,
+            quota_api_key,
             internal_api_key_header,
             max_form_bytes,
             max_content_bytes,
@@ -514,6 +556,10 @@ impl From<&HubConfig> for Settings {
             allow_private_network: Some(*allow_private_network),
             extra_ca: extra_ca.clone(),
             internal_api_key: internal_api_key.clone(),
+            publish_keys: keys(publish_keys),
+            operator_keys: keys(operator_keys),
+            metrics_keys: keys(metrics_keys),
+            quota_api_key: quota_api_key.clone(),
             internal_api_key_header: Some(internal_api_key_header.clone()),
             user_token_key: user_token_key.clone(),
             user_token_header: Some(user_token_header.clone()),
@@ -525,6 +571,20 @@ impl From<&HubConfig> for Settings {
             feed: feeds.clone(),
         }
     }
+}
+
+/// A role's keys as a setting: none when there are none.
+fn keys(keys: &[String]) -> Option<Vec<String>> {
+    (!keys.is_empty()).then(|| keys.to_vec())
+}
+
+/// A list of keys without the empty entries a trailing comma or an empty
+/// variable leaves.
+fn without_blanks(keys: Vec<String>) -> Vec<String> {
+    keys.into_iter()
+        .map(|key| key.trim().to_owned())
+        .filter(|key| !key.is_empty())
+        .collect()
 }
 
 /// Parses the subscriptions service's base URL, naming it when it is bad.
@@ -645,6 +705,13 @@ pub(super) mod tests {
             allow_private_network: true,
             extra_ca: Some(test_ca_file()),
             internal_api_key: Some("an-internal-key-of-at-least-32-characters".to_owned()),
+            publish_keys: vec![
+                "a-publishing-key-of-at-least-32-characters".to_owned(),
+                "another-publishing-key-of-32-characters-".to_owned(),
+            ],
+            operator_keys: vec!["an-operator-key-of-at-least-32-characters".to_owned()],
+            metrics_keys: vec!["a-metrics-key-of-at-least-32-characters--".to_owned()],
+            quota_api_key: Some("a-quota-key-of-at-least-32-characters----".to_owned()),
             internal_api_key_header: "X-Service-Key".to_owned(),
             max_form_bytes: 1000,
             max_content_bytes: 2000,

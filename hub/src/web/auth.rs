@@ -1,13 +1,18 @@
-//! Who is calling: users by a signed token, other services by the internal
-//! API key.
+//! Who is calling: users by a signed token, services and operators by a
+//! key of the role they act in.
 //!
 //! - [`UserTokens`] checks a user's JWT: HS256 only (a token naming any
 //!   other algorithm, `none` included, is refused before its signature is
 //!   looked at), signed with the shared key, with an `exp` that is required
 //!   and enforced, and a non-empty `sub` that becomes the [`User`]'s id.
-//! - [`InternalKey`] checks the key another service sends in a header
-//!   (at least [`MIN_INTERNAL_KEY_CHARS`] characters, compared in constant
-//!   time).
+//! - [`KeyRing`] checks the key a caller sends in a header against the
+//!   keys of one [`Role`] (each at least [`MIN_INTERNAL_KEY_CHARS`]
+//!   characters, every one compared in constant time, so neither which key
+//!   matched nor how much of it shows in the time taken). A role holds
+//!   several keys so that one can be replaced without downtime: the new
+//!   key is added, callers move to it, the old one is removed.
+//! - [`KeyRings`] are the rings of one hub, from its configuration: the
+//!   single internal key, where set, is a key of every role but metrics.
 //!
 //! Failures are [`AuthError`]s, answered (as the API's one error answer)
 //! with a 401 and a plain-text reason (a 431 for a token over
@@ -34,71 +39,12 @@ use subtle::ConstantTimeEq;
 pub const DEFAULT_USER_TOKEN_HEADER: &str = "Authorization";
 /// The internal key header when none is configured.
 pub const DEFAULT_INTERNAL_API_KEY_HEADER: &str = "X-Internal-API-Key";
-/// The shortest internal key accepted.
+/// The shortest key of any role accepted.
 pub const MIN_INTERNAL_KEY_CHARS: usize = 32;
 /// The largest user token header value read, in bytes. Real tokens are a
 /// few hundred bytes; 8 KiB is also the largest header line many proxies
 /// pass, so a larger token could not work behind one anyway.
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
-
-/// The authentication settings. A plain value: [`AuthConfig::default`] and
-/// set fields. (The hub reads them, with every other setting, through
-/// [`crate::config::Settings`].)
-#[derive(Clone)]
-pub struct AuthConfig {
-    /// The HS256 key user tokens are signed with; without it, no user can
-    /// authenticate.
-    pub user_token_key: Option<String>,
-    /// The header user tokens travel in.
-    pub user_token_header: String,
-    /// The key other services send; without it, internal requests are
-    /// refused.
-    pub internal_api_key: Option<String>,
-    /// The header the internal key travels in.
-    pub internal_api_key_header: String,
-}
-
-impl Default for AuthConfig {
-    fn default() -> Self {
-        Self {
-            user_token_key: None,
-            user_token_header: DEFAULT_USER_TOKEN_HEADER.to_owned(),
-            internal_api_key: None,
-            internal_api_key_header: DEFAULT_INTERNAL_API_KEY_HEADER.to_owned(),
-        }
-    }
-}
-
-// The keys stay out of logs.
-impl fmt::Debug for AuthConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let redacted = |key: &Option<String>| key.as_ref().map(|_| "<redacted>");
-        f.debug_struct("AuthConfig")
-            .field("user_token_key", &redacted(&self.user_token_key))
-            .field("user_token_header", &self.user_token_header)
-            .field("internal_api_key", &redacted(&self.internal_api_key))
-            .field("internal_api_key_header", &self.internal_api_key_header)
-            .finish()
-    }
-}
-
-impl AuthConfig {
-    /// The user token checker, or `None` when no key is configured.
-    pub fn user_tokens(&self) -> Result<Option<UserTokens>, AuthError> {
-        self.user_token_key
-            .as_deref()
-            .map(|key| UserTokens::new(key, &self.user_token_header))
-            .transpose()
-    }
-
-    /// The internal key checker, or `None` when no key is configured.
-    pub fn internal_key(&self) -> Result<Option<InternalKey>, AuthError> {
-        self.internal_api_key
-            .as_deref()
-            .map(|key| InternalKey::new(key, &self.internal_api_key_header))
-            .transpose()
-    }
-}
 
 /// Why a caller was not authenticated, or why the settings cannot work.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -332,39 +278,93 @@ fn check_algorithm(token: &str) -> Result<(), AuthError> {
     }
 }
 
-/// Checks the internal API key. Cheap to clone.
-#[derive(Clone)]
-pub struct InternalKey {
-    key: Arc<str>,
-    header: HeaderName,
+/// What a key lets its holder do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Fat pings: content published with the request.
+    Publish,
+    /// The operator API and the admin page.
+    Operate,
+    /// Reading `/metrics`.
+    Metrics,
 }
 
-impl fmt::Debug for InternalKey {
+impl Role {
+    /// The setting that lists the role's keys.
+    pub fn setting(self) -> &'static str {
+        match self {
+            Self::Publish => "publish-keys",
+            Self::Operate => "operator-keys",
+            Self::Metrics => "metrics-keys",
+        }
+    }
+}
+
+/// Which key of a ring a caller used: a digest of it, never the key. A
+/// session opened with a key ends when that key leaves the ring.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyId(pub String);
+
+impl KeyId {
+    fn of(key: &str) -> Self {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest([b"websub key id\0", key.as_bytes()].concat());
+        Self(hex::encode(&digest[..8]))
+    }
+}
+
+/// Checks the keys of one role. Cheap to clone.
+#[derive(Clone)]
+pub struct KeyRing {
+    keys: Arc<[(Arc<str>, KeyId)]>,
+    header: HeaderName,
+    role: Role,
+}
+
+impl fmt::Debug for KeyRing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InternalKey")
+        f.debug_struct("KeyRing")
+            .field("role", &self.role)
+            .field("keys", &self.keys.len())
             .field("header", &self.header)
             .finish_non_exhaustive()
     }
 }
 
-impl InternalKey {
-    /// A checker of `key` in `header`.
+impl KeyRing {
+    /// A checker of `keys` for `role`, read from `header`; `None` when
+    /// there are no keys (duplicates count once).
     ///
     /// Fails with [`AuthError::InvalidConfig`] on a key shorter than
     /// [`MIN_INTERNAL_KEY_CHARS`] characters or a header name that is not
     /// one.
-    pub fn new(key: &str, header: &str) -> Result<Self, AuthError> {
-        let chars = key.chars().count();
-        if chars < MIN_INTERNAL_KEY_CHARS {
-            return Err(AuthError::InvalidConfig(format!(
-                "the internal API key is {chars} characters; at least \
-                 {MIN_INTERNAL_KEY_CHARS} are required"
-            )));
+    pub fn new<'a>(
+        keys: impl IntoIterator<Item = &'a str>,
+        header: &str,
+        role: Role,
+    ) -> Result<Option<Self>, AuthError> {
+        let mut ring: Vec<(Arc<str>, KeyId)> = Vec::new();
+        for key in keys {
+            let chars = key.chars().count();
+            if chars < MIN_INTERNAL_KEY_CHARS {
+                return Err(AuthError::InvalidConfig(format!(
+                    "a key of {} is {chars} characters; at least \
+                     {MIN_INTERNAL_KEY_CHARS} are required",
+                    role.setting()
+                )));
+            }
+            if !ring.iter().any(|(known, _)| **known == *key) {
+                ring.push((Arc::from(key), KeyId::of(key)));
+            }
         }
-        Ok(Self {
-            key: Arc::from(key),
+        if ring.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            keys: ring.into(),
             header: header_name(header, "internal API key")?,
-        })
+            role,
+        }))
     }
 
     /// The header the key is read from.
@@ -372,34 +372,87 @@ impl InternalKey {
         &self.header
     }
 
-    /// Whether `headers` carry the key: [`AuthError::MissingKey`] or
-    /// [`AuthError::WrongKey`] otherwise.
-    pub fn check(&self, headers: &HeaderMap) -> Result<(), AuthError> {
+    /// The role the ring's keys act in.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Which key `headers` carry: [`AuthError::MissingKey`] or
+    /// [`AuthError::WrongKey`] when none of the ring's.
+    pub fn check(&self, headers: &HeaderMap) -> Result<KeyId, AuthError> {
         let given = headers.get(&self.header).ok_or(AuthError::MissingKey)?;
-        if self.matches(given.as_bytes()) {
-            Ok(())
-        } else {
-            Err(AuthError::WrongKey)
+        self.matches(given.as_bytes()).ok_or(AuthError::WrongKey)
+    }
+
+    /// Like [`KeyRing::check`], and also taking the key as a bearer
+    /// credential in `Authorization` (how scrapers such as Prometheus send
+    /// one).
+    pub fn check_or_bearer(&self, headers: &HeaderMap) -> Result<KeyId, AuthError> {
+        match self.check(headers) {
+            Err(AuthError::MissingKey) => {
+                let given = headers
+                    .get(header::AUTHORIZATION)
+                    .and_then(|value| value.to_str().ok())
+                    .and_then(bearer)
+                    .ok_or(AuthError::MissingKey)?;
+                self.matches(given.as_bytes()).ok_or(AuthError::WrongKey)
+            }
+            checked => checked,
         }
     }
 
-    /// Whether `given` is the key (typed into a form rather than sent in
-    /// the header).
-    pub fn matches(&self, given: &[u8]) -> bool {
-        // Time depends on the lengths only, never on where they differ.
-        bool::from(given.ct_eq(self.key.as_bytes()))
+    /// Which of the ring's keys `given` is (typed into a form rather than
+    /// sent in the header).
+    pub fn matches(&self, given: &[u8]) -> Option<KeyId> {
+        // Every key is compared, each in a time that depends on the
+        // lengths only: the time says nothing of which key, if any, matched.
+        let mut found = None;
+        for (key, id) in self.keys.iter() {
+            if bool::from(given.ct_eq(key.as_bytes())) {
+                found = Some(id.clone());
+            }
+        }
+        found
     }
 
-    /// HMAC-SHA256 of `message` under the key: values the hub hands out
-    /// (the admin page's session cookie) and takes back later, on any
-    /// replica and after a restart, without storing them. The key never
-    /// leaves this type.
-    pub fn sign(&self, message: &[u8]) -> [u8; 32] {
-        use hmac::{Hmac, KeyInit, Mac};
-        let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(self.key.as_bytes())
-            .expect("HMAC takes a key of any length");
-        mac.update(message);
-        mac.finalize().into_bytes().into()
+    /// Whether the key `id` names is still one of the ring's.
+    pub fn holds(&self, id: &KeyId) -> bool {
+        self.keys.iter().any(|(_, known)| known == id)
+    }
+}
+
+/// The key rings of one hub. A role without keys refuses every caller,
+/// except metrics, which is open without them.
+#[derive(Debug, Clone, Default)]
+pub struct KeyRings {
+    /// The keys of fat pings.
+    pub publish: Option<KeyRing>,
+    /// The keys of the operator API and the admin page.
+    pub operate: Option<KeyRing>,
+    /// The keys of `/metrics`.
+    pub metrics: Option<KeyRing>,
+}
+
+impl KeyRings {
+    /// The rings `config` sets: each role's own keys, and the internal key
+    /// in the publishing and operating rings.
+    pub fn of(config: &crate::HubConfig) -> Result<Self, AuthError> {
+        let header = &config.internal_api_key_header;
+        let with_internal = |keys: &[String]| -> Vec<String> {
+            config
+                .internal_api_key
+                .iter()
+                .chain(keys)
+                .cloned()
+                .collect()
+        };
+        let ring =
+            |keys: Vec<String>, role| KeyRing::new(keys.iter().map(String::as_str), header, role);
+        Ok(Self {
+            publish: ring(with_internal(&config.publish_keys), Role::Publish)?,
+            operate: ring(with_internal(&config.operator_keys), Role::Operate)?,
+            metrics: ring(config.metrics_keys.clone(), Role::Metrics)?,
+        })
     }
 }
 

@@ -7,6 +7,7 @@ mod intake;
 mod operations;
 mod outcomes;
 mod queue;
+mod sessions;
 mod upkeep;
 
 pub use endpoints::*;
@@ -14,4 +15,5 @@ pub use intake::*;
 pub use operations::*;
 pub use outcomes::*;
 pub use queue::*;
+pub use sessions::*;
 pub use upkeep::*;

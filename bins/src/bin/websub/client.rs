@@ -20,6 +20,9 @@ use websub_hub::web::auth::DEFAULT_INTERNAL_API_KEY_HEADER;
 
 /// The variable the internal API key is read from.
 pub(crate) const KEY_VARIABLE: &str = "WEBSUB_INTERNAL_API_KEY";
+/// The variable an operator key is read from, before [`KEY_VARIABLE`]: for
+/// a hub whose operators have keys of their own (`operator-keys`).
+pub(crate) const OPERATOR_KEY_VARIABLE: &str = "WEBSUB_OPERATOR_KEY";
 
 /// Where `websubd` serves on its embedded default.
 pub(crate) const DEFAULT_HUB: &str = "http://127.0.0.1:8080/";
@@ -45,8 +48,8 @@ pub(crate) struct HubArgs {
 /// hub's URL.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Output {
-    /// The header the hub reads its internal API key from (the key itself
-    /// comes from WEBSUB_INTERNAL_API_KEY).
+    /// The header the hub reads its keys from (the key itself comes from
+    /// WEBSUB_OPERATOR_KEY or WEBSUB_INTERNAL_API_KEY).
     #[arg(long, value_name = "NAME", env = "WEBSUB_INTERNAL_API_KEY_HEADER",
           default_value = DEFAULT_INTERNAL_API_KEY_HEADER)]
     pub(crate) internal_api_key_header: String,
@@ -129,7 +132,8 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
-    /// The hub at `url`, with the key from [`KEY_VARIABLE`].
+    /// The hub at `url`, with the key from [`OPERATOR_KEY_VARIABLE`] or
+    /// [`KEY_VARIABLE`].
     pub(crate) fn connect(url: &str, output: &Output) -> Result<Self, Failure> {
         let base = parse_hub_url(url)?;
         let header =
@@ -139,17 +143,21 @@ impl Hub {
                     output.internal_api_key_header
                 ))
             })?;
-        let key = match std::env::var(KEY_VARIABLE) {
-            Ok(key) if !key.trim().is_empty() => key,
-            _ => {
-                return Err(Failure::Usage(format!(
-                    "{KEY_VARIABLE} is not set: set it to the hub's internal API key"
-                )));
-            }
+        let Some((variable, key)) =
+            [OPERATOR_KEY_VARIABLE, KEY_VARIABLE]
+                .into_iter()
+                .find_map(|variable| {
+                    let key = std::env::var(variable).ok()?;
+                    (!key.trim().is_empty()).then_some((variable, key))
+                })
+        else {
+            return Err(Failure::Usage(format!(
+                "neither {OPERATOR_KEY_VARIABLE} nor {KEY_VARIABLE} is set: set one to an \
+                 operator key of the hub (or its internal API key)"
+            )));
         };
-        let mut key = HeaderValue::from_str(key.trim()).map_err(|_| {
-            Failure::Usage(format!("{KEY_VARIABLE} holds characters a header cannot"))
-        })?;
+        let mut key = HeaderValue::from_str(key.trim())
+            .map_err(|_| Failure::Usage(format!("{variable} holds characters a header cannot")))?;
         key.set_sensitive(true);
         websub_hub::delivery::net::install_crypto_provider();
         // A redirect is refused rather than followed: the key would go

@@ -94,6 +94,33 @@ pub(crate) enum OperatorCommand {
         #[command(subcommand)]
         command: crate::steer::EndpointsCommand,
     },
+    /// List the admin page's sessions, or end one or all of them.
+    AdminSessions {
+        #[command(subcommand)]
+        command: AdminSessionsCommand,
+    },
+}
+
+/// `websub admin-sessions …`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum AdminSessionsCommand {
+    /// List the sessions that have not ended, newest first.
+    List {
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+    /// End one session (by its id, as listed), or every one with --all;
+    /// their browsers must log in again.
+    End {
+        /// The session's id.
+        #[arg(required_unless_present = "all", conflicts_with = "all", value_parser = parse_session_id)]
+        id: Option<String>,
+        /// End every session.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
 }
 
 /// `websub subscriptions …`.
@@ -217,6 +244,16 @@ pub(crate) enum DeliveriesCommand {
 }
 
 /// An event id as the command line gives it.
+fn parse_session_id(value: &str) -> Result<String, String> {
+    if !value.is_empty() && value.bytes().all(|byte| byte.is_ascii_hexdigit()) {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a session id (hexadecimal, as `admin-sessions list` shows)"
+        ))
+    }
+}
+
 fn parse_event_id(value: &str) -> Result<Uuid, String> {
     Uuid::try_parse(value.trim()).map_err(|_| format!("{value:?} is not an event id (a UUID)"))
 }
@@ -241,6 +278,12 @@ pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
             hub,
         } => crate::steer::replay(&hub.connect()?, &topic, &subscriber, since, limit).await,
         OperatorCommand::Endpoints { command } => crate::steer::endpoints(command).await,
+        OperatorCommand::AdminSessions { command } => match command {
+            AdminSessionsCommand::List { hub } => admin_sessions(&hub.connect()?).await,
+            AdminSessionsCommand::End { id, hub, .. } => {
+                end_admin_sessions(&hub.connect()?, id.as_deref()).await
+            }
+        },
         OperatorCommand::WebhookReplay {
             webhook,
             since,
@@ -511,6 +554,46 @@ async fn retry_deliveries(
     hub.print(&answer, |answer| {
         format!("re-opened {} failed deliveries\n", cell(&answer["retried"]))
     });
+    Ok(())
+}
+
+async fn admin_sessions(hub: &Hub) -> Result<(), Failure> {
+    let answer = hub.get("admin-sessions", &[]).await?;
+    hub.print(&answer, |answer| {
+        let mut table = Table::new(["ID", "KEY", "OPENED", "EXPIRES", "USER AGENT"]);
+        for session in elements(answer) {
+            table.row([
+                cell(&session["id"]),
+                cell(&session["key_id"]),
+                cell(&session["created_at"]),
+                cell(&session["expires_at"]),
+                cell(&session["user_agent"]),
+            ]);
+        }
+        if table.is_empty() {
+            "no admin session is open\n".to_owned()
+        } else {
+            table.to_string()
+        }
+    });
+    Ok(())
+}
+
+/// Ends the session `id`, or every one without it.
+async fn end_admin_sessions(hub: &Hub, id: Option<&str>) -> Result<(), Failure> {
+    match id {
+        Some(id) => {
+            hub.delete(&format!("admin-sessions/{id}"), &[]).await?;
+            let ended = json!({ "id": id, "ended": true });
+            hub.print(&ended, |_| format!("ended the admin session {id}\n"));
+        }
+        None => {
+            let answer = hub.delete("admin-sessions", &[]).await?;
+            hub.print(&answer, |answer| {
+                format!("ended {} admin sessions\n", cell(&answer["ended"]))
+            });
+        }
+    }
     Ok(())
 }
 

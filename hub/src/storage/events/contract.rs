@@ -1,4 +1,4 @@
-//! The event log's contract: [`EventLog`], the union of six traits by
+//! The event log's contract: [`EventLog`], the union of seven traits by
 //! concern, each of which a component may take alone, and what goes with
 //! them (the span of a partition, the two-step first outcome a backend may
 //! reuse).
@@ -8,12 +8,13 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{
-    Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord, DeliverySummary,
-    EndpointChanges, EndpointRecord, EventLogError, Exhaustion, FailedDelivery, FailedFilter,
-    LoggedEvent, NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered, WebhookAttempt,
+    AdminSessions, Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord,
+    DeliverySummary, EndpointChanges, EndpointRecord, EventLogError, Exhaustion, FailedDelivery,
+    FailedFilter, LoggedEvent, NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered,
+    WebhookAttempt,
 };
 
-/// Where the hub records events and delivery outcomes: six parts by
+/// Where the hub records events and delivery outcomes: seven parts by
 /// concern, each a trait of its own, so that a component names only the
 /// part it uses and a backend is written and checked part by part:
 /// - [`EventIntake`]: events recorded and read back;
@@ -22,9 +23,10 @@ use super::{
 /// - [`DeliveryOutcomes`]: outcomes and the history of attempts;
 /// - [`EndpointStates`]: failures per endpoint, disabling, changes;
 /// - [`DeliveryOperations`]: listing, lookups, retries, redelivery, replay;
-/// - [`LogUpkeep`]: retention and migrations.
+/// - [`LogUpkeep`]: retention and migrations;
+/// - [`AdminSessions`]: the admin page's sessions, kept beside the log.
 ///
-/// A type with all six is an `EventLog`. Every method is safe to call concurrently, from several processes sharing
+/// A type with all seven is an `EventLog`. Every method is safe to call concurrently, from several processes sharing
 /// one database where the backend allows it. Times are passed in (never
 /// read from the clock inside) so callers control them in tests.
 ///
@@ -38,7 +40,13 @@ use super::{
 /// again, and the event is recorded, expanded and delivered once however
 /// often it is handed over.
 pub trait EventLog:
-    EventIntake + DeliveryQueue + DeliveryOutcomes + EndpointStates + DeliveryOperations + LogUpkeep
+    EventIntake
+    + DeliveryQueue
+    + DeliveryOutcomes
+    + EndpointStates
+    + DeliveryOperations
+    + LogUpkeep
+    + AdminSessions
 {
 }
 
@@ -49,6 +57,7 @@ impl<T> EventLog for T where
         + EndpointStates
         + DeliveryOperations
         + LogUpkeep
+        + AdminSessions
         + ?Sized
 {
 }

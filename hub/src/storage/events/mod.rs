@@ -14,6 +14,7 @@ pub mod changes;
 mod contract;
 mod operate;
 pub mod postgres;
+pub mod sessions;
 mod sql;
 pub mod sqlite;
 
@@ -26,6 +27,8 @@ pub use operate::{
     DeliveryFilter, DeliveryState, DeliverySummary, EndpointRecord, Exhaustion, Replayed,
     WebhookAttempt,
 };
+
+pub use sessions::{AdminSession, AdminSessions};
 
 pub use changes::{
     ChangeFilter, EndpointChange, EndpointChanges, EndpointState, MAX_CHANGES, NewChange, Sent,

@@ -48,7 +48,7 @@ pub(super) async fn delivery(
     headers: HeaderMap,
     Query(query): Query<DeliveryQuery>,
 ) -> Result<Markup, ApiError> {
-    let session = session::require(&state, &headers)?;
+    let session = session::require(&state, &headers).await?;
     let (record, attempts) = history::find(
         &state,
         query.event_id.as_deref(),
@@ -177,7 +177,7 @@ pub(super) async fn failed(
     headers: HeaderMap,
     Query(query): Query<FailedQuery>,
 ) -> Result<Markup, ApiError> {
-    let session = session::require(&state, &headers)?;
+    let session = session::require(&state, &headers).await?;
     let topic = query.topic.as_deref().filter(|topic| !topic.is_empty());
     let subscriber = query.subscriber.as_deref().filter(|text| !text.is_empty());
     let filter = FailedFilter {
@@ -303,7 +303,7 @@ pub(super) async fn retry(
     headers: HeaderMap,
     Form(form): Form<RetryForm>,
 ) -> Result<Redirect, ApiError> {
-    session::require_form(&state, &headers, form.csrf.as_deref())?;
+    session::require_form(&state, &headers, form.csrf.as_deref()).await?;
     let subscriber = form
         .subscriber
         .as_deref()

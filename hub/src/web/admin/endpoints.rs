@@ -62,7 +62,7 @@ pub(super) async fn page(
     headers: HeaderMap,
     Query(done): Query<Done>,
 ) -> Result<Markup, ApiError> {
-    let session = session::require(&state, &headers)?;
+    let session = session::require(&state, &headers).await?;
     let (troubled, more) = troubled(&state, ROWS_SHOWN).await?;
     let endpoint = given(&done.endpoint);
     let filter = ChangeFilter {
@@ -279,7 +279,7 @@ pub(super) async fn enable(
     headers: HeaderMap,
     Form(form): Form<EndpointForm>,
 ) -> Result<Redirect, ApiError> {
-    session::require_form(&state, &headers, form.csrf.as_deref())?;
+    session::require_form(&state, &headers, form.csrf.as_deref()).await?;
     let (channel, endpoint) = form.endpoint()?;
     let changed = endpoints_of(&state, channel)
         .enable(endpoint, state.clock.now())
@@ -303,7 +303,7 @@ pub(super) async fn disable(
     headers: HeaderMap,
     Form(form): Form<EndpointForm>,
 ) -> Result<Redirect, ApiError> {
-    session::require_form(&state, &headers, form.csrf.as_deref())?;
+    session::require_form(&state, &headers, form.csrf.as_deref()).await?;
     let (channel, endpoint) = form.endpoint()?;
     let reason = given(&form.reason).unwrap_or(DEFAULT_REASON);
     let changed = endpoints_of(&state, channel)

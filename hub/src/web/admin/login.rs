@@ -1,6 +1,7 @@
-//! Logging in to the admin page with the internal key, and out: the form,
-//! the check of the key, and the session cookie set or dropped
-//! ([`super::session`] makes and checks it).
+//! Logging in to the admin page with an operator key, and out: the form,
+//! the check of the key, and the session opened and its cookie set, or the
+//! session ended and its cookie dropped ([`super::session`] keeps and
+//! checks it).
 
 use axum::Form;
 use axum::extract::State;
@@ -10,7 +11,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::layout;
-use super::session::{LIFETIME, issue, key, require_form, set_cookie};
+use super::session::{LIFETIME, key, open, require_form, set_cookie};
 use crate::web::api::{ApiError, ApiState};
 use axum::http::HeaderMap;
 
@@ -26,26 +27,27 @@ pub(super) struct Login {
     key: String,
 }
 
-/// Checks the key typed in: a session and the overview when it is the
-/// internal key, the form again with a 401 when not.
+/// Checks the key typed in: a session and the overview when it is an
+/// operator key, the form again with a 401 when not.
 pub(super) async fn login(
     State(state): State<ApiState>,
+    headers: HeaderMap,
     Form(login): Form<Login>,
 ) -> Result<Response, ApiError> {
-    let key = key(&state)?;
-    if !key.matches(login.key.trim().as_bytes()) {
+    let ring = key(&state)?;
+    let Some(key_id) = ring.matches(login.key.trim().as_bytes()) else {
         tracing::info!("admin login refused: wrong key");
         return Ok((
             StatusCode::UNAUTHORIZED,
-            login_page(Some("That is not this hub's internal API key.")),
+            login_page(Some("That is not an operator key of this hub.")),
         )
             .into_response());
-    }
-    let value = issue(key, state.clock.now() + LIFETIME);
+    };
+    let token = open(&state, key_id, &headers).await?;
     let mut response = Redirect::to("/admin").into_response();
     response.headers_mut().insert(
         header::SET_COOKIE,
-        set_cookie(&value, LIFETIME.num_seconds()),
+        set_cookie(&token, LIFETIME.num_seconds()),
     );
     Ok(response)
 }
@@ -56,13 +58,25 @@ pub(super) struct Logout {
     csrf: Option<String>,
 }
 
-/// Drops the session cookie and goes back to the login.
+/// Ends the session, drops its cookie and goes back to the login.
 pub(super) async fn logout(
     State(state): State<ApiState>,
     headers: HeaderMap,
     Form(form): Form<Logout>,
 ) -> Result<Response, ApiError> {
-    require_form(&state, &headers, form.csrf.as_deref())?;
+    let session = require_form(&state, &headers, form.csrf.as_deref()).await?;
+    state
+        .events
+        .end_session(&session.id)
+        .await
+        .map_err(|error| {
+            tracing::warn!(%error, "admin logout: the session could not be ended");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the session could not be ended now; try again shortly",
+            )
+        })?;
+    tracing::info!(session = %session.id, "admin session ended: logged out");
     let mut response = Redirect::to("/admin/login").into_response();
     response
         .headers_mut()
@@ -79,7 +93,7 @@ fn login_page(refused: Option<&str>) -> Markup {
                 p.error role="alert" { (reason) }
             }
             form method="post" action="/admin/login" {
-                label for="key" { "Internal API key" }
+                label for="key" { "Operator key" }
                 " "
                 input #key type="password" name="key" autocomplete="current-password" required;
                 " "

@@ -1,5 +1,5 @@
 //! The admin page under `/admin`: server-rendered HTML for an operator with
-//! the internal API key, over the same state as the HTTP API. It shows what
+//! an operator key, over the same state as the HTTP API. It shows what
 //! the hub is doing (recent deliveries, the backlog, failures), what it
 //! holds (topics, subscriptions and their delivery health), one delivery
 //! with its attempts, delivery records by state (the skipped ones among
@@ -8,8 +8,9 @@
 //! enables an endpoint.
 //!
 //! No script runs in the page: every action is a POST form carrying a CSRF
-//! token tied to the session (`session`). Without an internal key
-//! configured, every page answers 403, as the operator API does.
+//! token tied to the session (`session`, kept by the hub so that it can
+//! be ended). Without an operator key configured, every page answers 403,
+//! as the operator API does.
 
 mod deliveries;
 mod endpoints;

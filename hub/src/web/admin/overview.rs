@@ -47,7 +47,7 @@ pub(super) async fn page(
     State(state): State<ApiState>,
     headers: HeaderMap,
 ) -> Result<Markup, ApiError> {
-    let session = session::require(&state, &headers)?;
+    let session = session::require(&state, &headers).await?;
     Ok(layout::page("Overview", &session, figures(&state).await?))
 }
 

@@ -30,7 +30,7 @@ pub(super) async fn page(
     headers: HeaderMap,
     Query(filter): Query<Filter>,
 ) -> Result<Markup, ApiError> {
-    let session = session::require(&state, &headers)?;
+    let session = session::require(&state, &headers).await?;
     let topic = given(&filter.topic);
     let subscriber = given(&filter.subscriber);
     let state_text = given(&filter.state);

@@ -37,7 +37,7 @@ pub(super) async fn redeliver(
     headers: HeaderMap,
     Form(form): Form<RedeliverForm>,
 ) -> Result<Response, ApiError> {
-    let session = session::require_form(&state, &headers, form.csrf.as_deref())?;
+    let session = session::require_form(&state, &headers, form.csrf.as_deref()).await?;
     let (record, attempts) =
         history::find(&state, form.event_id.as_deref(), form.subscriber.as_deref()).await?;
     match send_again(&state, &record).await {
@@ -100,7 +100,7 @@ pub(super) async fn replay(
     headers: HeaderMap,
     Form(form): Form<ReplayForm>,
 ) -> Result<Redirect, ApiError> {
-    session::require_form(&state, &headers, form.csrf.as_deref())?;
+    session::require_form(&state, &headers, form.csrf.as_deref()).await?;
     let topic = required(&form.topic, "topic")?;
     let subscriber = required(&form.subscriber, "subscriber")?;
     let since = parse_time("since", Some(required(&form.since, "since")?))?.unwrap_or_default();

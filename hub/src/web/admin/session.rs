@@ -1,20 +1,22 @@
-//! Who may see the admin page: the session cookie that logging in with the
-//! internal key sets ([`super::login`]), and the CSRF token of every form.
+//! Who may see the admin page: the session that logging in with an
+//! operator key opens ([`super::login`]), and the CSRF token of every form.
 //!
-//! The cookie holds its own expiry and a random nonce, signed with the
-//! internal key (HMAC-SHA256): nothing is stored, so a session survives a
-//! restart and works on every replica sharing the key, and changing the key
-//! ends every session. The CSRF token is the same key's HMAC of the
-//! cookie's value, so a page can only post what a page of this session
-//! rendered. Logging out drops the cookie from the browser; a copy taken
-//! before stays valid until it expires, which the bounded lifetime limits.
+//! The cookie holds a random token; the hub keeps a digest of it with the
+//! session ([`crate::storage::events::AdminSessions`], beside the event
+//! log), so a session works on every replica and after a restart, and ends
+//! when logging out, when an operator ends it (or all of them, through the
+//! operator API or `websub admin-sessions`), when it expires, or when the
+//! key it was opened with is no longer an operator key. The CSRF token is
+//! another digest of the same token, so a page can only post what a page
+//! of this session rendered, and neither digest opens a session.
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use chrono::{DateTime, Utc};
+use sha2::Digest;
 use subtle::ConstantTimeEq;
 
+use crate::storage::events::AdminSession;
 use crate::web::api::{ApiError, ApiState};
-use crate::web::auth::InternalKey;
+use crate::web::auth::{KeyId, KeyRing};
 
 /// The session cookie's name.
 pub(super) const COOKIE: &str = "websub_admin";
@@ -23,10 +25,13 @@ pub(super) const COOKIE: &str = "websub_admin";
 /// the key is asked for again.
 pub(super) const LIFETIME: chrono::TimeDelta = chrono::TimeDelta::hours(12);
 
-/// What every signed value starts with, so that a session's MAC can never
-/// pass for a CSRF token or for anything else the key signs.
+/// What each digest of a token starts with, so that the one kept can never
+/// pass for the one a form carries.
 const SESSION_PURPOSE: &[u8] = b"websub admin session\0";
 const CSRF_PURPOSE: &[u8] = b"websub admin csrf\0";
+
+/// The most of a `User-Agent` kept with a session.
+const USER_AGENT_CHARS: usize = 200;
 
 /// The form field the CSRF token travels in.
 pub(super) const CSRF_FIELD: &str = "csrf";
@@ -34,47 +39,55 @@ pub(super) const CSRF_FIELD: &str = "csrf";
 /// A logged-in operator.
 #[derive(Debug, Clone)]
 pub(super) struct Session {
+    /// The session's id, to end it by.
+    pub(super) id: String,
     /// The token every form of this session carries.
     pub(super) csrf: String,
 }
 
-/// The cookie value of a session expiring at `expires`: expiry, nonce and
-/// their MAC, dot-separated.
-pub(super) fn issue(key: &InternalKey, expires: DateTime<Utc>) -> String {
-    let nonce = hex::encode(rand::random::<[u8; 16]>());
-    let signed = format!("{}.{nonce}", expires.timestamp());
-    let mac = hex::encode(key.sign(&[SESSION_PURPOSE, signed.as_bytes()].concat()));
-    format!("{signed}.{mac}")
+fn digest(purpose: &[u8], token: &str) -> String {
+    hex::encode(sha2::Sha256::digest([purpose, token.as_bytes()].concat()))
 }
 
-/// Whether `value` is a cookie this key issued that has not expired at
-/// `now`.
-fn valid(key: &InternalKey, value: &str, now: DateTime<Utc>) -> bool {
-    let Some((signed, mac)) = value.rsplit_once('.') else {
-        return false;
-    };
-    let Ok(mac) = hex::decode(mac) else {
-        return false;
-    };
-    let expected = key.sign(&[SESSION_PURPOSE, signed.as_bytes()].concat());
-    if !bool::from(mac.ct_eq(&expected)) {
-        return false;
-    }
-    let Some(expires) = signed
-        .split_once('.')
-        .and_then(|(expires, _)| expires.parse::<i64>().ok())
-        .and_then(|seconds| DateTime::from_timestamp(seconds, 0))
-    else {
-        return false;
-    };
-    // A cookie reaching further than one lifetime was not issued by this
-    // code; refuse it rather than trust it for longer.
-    now < expires && expires <= now + LIFETIME
+/// The CSRF token of the session whose cookie is `token`.
+fn csrf_of(token: &str) -> String {
+    digest(CSRF_PURPOSE, token)
 }
 
-/// The CSRF token of the session whose cookie is `value`.
-fn csrf_of(key: &InternalKey, value: &str) -> String {
-    hex::encode(key.sign(&[CSRF_PURPOSE, value.as_bytes()].concat()))
+/// Opens a session for the operator who logged in with key `key_id`: kept,
+/// then its cookie's value.
+pub(super) async fn open(
+    state: &ApiState,
+    key_id: KeyId,
+    headers: &HeaderMap,
+) -> Result<String, ApiError> {
+    let token = hex::encode(rand::random::<[u8; 32]>());
+    let now = state.clock.now();
+    let session = AdminSession {
+        id: hex::encode(rand::random::<[u8; 8]>()),
+        key_id: key_id.0,
+        created_at: now,
+        expires_at: now + LIFETIME,
+        user_agent: headers
+            .get(header::USER_AGENT)
+            .and_then(|value| value.to_str().ok())
+            .map(|agent| agent.chars().take(USER_AGENT_CHARS).collect()),
+    };
+    state
+        .events
+        .open_session(&session, &digest(SESSION_PURPOSE, &token), now)
+        .await
+        .map_err(|error| unavailable(&error))?;
+    tracing::info!(session = %session.id, key = %session.key_id, "admin session opened");
+    Ok(token)
+}
+
+fn unavailable(error: &crate::storage::events::EventLogError) -> ApiError {
+    tracing::warn!(%error, "admin sessions unavailable");
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the admin sessions cannot be read or written now; try again shortly",
+    )
 }
 
 /// The value of the session cookie among the request's cookies.
@@ -100,34 +113,50 @@ pub(super) fn set_cookie(value: &str, max_age: i64) -> HeaderValue {
     .unwrap_or_else(|_| HeaderValue::from_static("websub_admin=; Path=/admin; Max-Age=0"))
 }
 
-/// The internal key, or the 403 of a hub without one.
-pub(super) fn key(state: &ApiState) -> Result<&InternalKey, ApiError> {
-    state.internal_key.as_ref().ok_or_else(|| {
+/// The operator keys, or the 403 of a hub without any.
+pub(super) fn key(state: &ApiState) -> Result<&KeyRing, ApiError> {
+    state.keys.operate.as_ref().ok_or_else(|| {
         ApiError::new(
             StatusCode::FORBIDDEN,
-            "this hub has no internal API key configured, so the admin page is closed",
+            "this hub has no operator key configured (operator-keys or internal-api-key), \
+             so the admin page is closed",
         )
     })
 }
 
 /// The session of a page request; without one, the way to the login.
-pub(super) fn require(state: &ApiState, headers: &HeaderMap) -> Result<Session, ApiError> {
-    let key = key(state)?;
-    match cookie(headers) {
-        Some(value) if valid(key, value, state.clock.now()) => Ok(Session {
-            csrf: csrf_of(key, value),
+pub(super) async fn require(state: &ApiState, headers: &HeaderMap) -> Result<Session, ApiError> {
+    let ring = key(state)?;
+    let Some(token) = cookie(headers) else {
+        return Err(ApiError::login());
+    };
+    let found = state
+        .events
+        .session(&digest(SESSION_PURPOSE, token), state.clock.now())
+        .await
+        .map_err(|error| unavailable(&error))?;
+    match found {
+        Some(session) if ring.holds(&KeyId(session.key_id.clone())) => Ok(Session {
+            id: session.id,
+            csrf: csrf_of(token),
         }),
-        _ => Err(ApiError::login()),
+        Some(session) => {
+            // Its key was removed: the session ends with it.
+            let _ = state.events.end_session(&session.id).await;
+            tracing::info!(session = %session.id, "admin session ended: its key was removed");
+            Err(ApiError::login())
+        }
+        None => Err(ApiError::login()),
     }
 }
 
 /// The session of a form post, whose CSRF token must be the session's.
-pub(super) fn require_form(
+pub(super) async fn require_form(
     state: &ApiState,
     headers: &HeaderMap,
     token: Option<&str>,
 ) -> Result<Session, ApiError> {
-    let session = require(state, headers)?;
+    let session = require(state, headers).await?;
     match token {
         Some(token) if bool::from(token.as_bytes().ct_eq(session.csrf.as_bytes())) => Ok(session),
         Some(_) => Err(ApiError::new(
@@ -145,57 +174,13 @@ pub(super) fn require_form(
 mod tests {
     use super::*;
 
-    fn key() -> InternalKey {
-        InternalKey::new("an-internal-api-key-of-at-least-32-characters", "X-Key")
-            .expect("a valid key")
-    }
-
-    fn at(seconds: i64) -> DateTime<Utc> {
-        DateTime::from_timestamp(seconds, 0).expect("a time")
-    }
-
     #[test]
-    fn a_session_is_valid_until_it_expires() {
-        let now = at(1_700_000_000);
-        let value = issue(&key(), now + LIFETIME);
-        assert!(valid(&key(), &value, now));
-        assert!(valid(
-            &key(),
-            &value,
-            now + LIFETIME - chrono::TimeDelta::seconds(1)
-        ));
-        assert!(!valid(&key(), &value, now + LIFETIME));
-    }
-
-    #[test]
-    fn a_session_of_another_key_or_altered_is_refused() {
-        let now = at(1_700_000_000);
-        let value = issue(&key(), now + LIFETIME);
-        let other = InternalKey::new("another-internal-api-key-of-32-characters", "X-Key")
-            .expect("a valid key");
-        assert!(!valid(&other, &value, now));
-        let (expires, rest) = value.split_once('.').expect("dotted");
-        let later = expires.parse::<i64>().expect("seconds") + 3600;
-        assert!(!valid(&key(), &format!("{later}.{rest}"), now));
-        assert!(!valid(&key(), "", now));
-        assert!(!valid(&key(), "1.2.3", now));
-    }
-
-    #[test]
-    fn a_session_reaching_past_one_lifetime_is_refused() {
-        let now = at(1_700_000_000);
-        let value = issue(&key(), now + LIFETIME + chrono::TimeDelta::seconds(1));
-        assert!(!valid(&key(), &value, now));
-    }
-
-    #[test]
-    fn each_session_has_its_own_csrf_token() {
-        let now = at(1_700_000_000);
-        let first = issue(&key(), now + LIFETIME);
-        let second = issue(&key(), now + LIFETIME);
-        assert_ne!(first, second, "the nonce tells them apart");
-        assert_ne!(csrf_of(&key(), &first), csrf_of(&key(), &second));
-        assert_eq!(csrf_of(&key(), &first), csrf_of(&key(), &first));
+    fn each_session_has_its_own_csrf_token_apart_from_its_kept_digest() {
+        let first = hex::encode(rand::random::<[u8; 32]>());
+        let second = hex::encode(rand::random::<[u8; 32]>());
+        assert_ne!(csrf_of(&first), csrf_of(&second));
+        assert_eq!(csrf_of(&first), csrf_of(&first));
+        assert_ne!(csrf_of(&first), digest(SESSION_PURPOSE, &first));
     }
 
     #[test]

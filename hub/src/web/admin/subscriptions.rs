@@ -49,7 +49,7 @@ pub(super) async fn page(
     headers: HeaderMap,
     Query(filter): Query<Filter>,
 ) -> Result<Markup, ApiError> {
-    let session = session::require(&state, &headers)?;
+    let session = session::require(&state, &headers).await?;
     let body = subscriptions(&state, &session, filter).await?;
     Ok(layout::page("Subscriptions", &session, body))
 }

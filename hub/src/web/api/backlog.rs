@@ -16,7 +16,7 @@ use super::openapi::{
     BadRequest, NoInternalKey, NoSubscriberApi, TokenTooLarge, Unauthenticated, Unavailable,
     WrongKey,
 };
-use super::{ApiError, ApiState, authorize_internal, caller};
+use super::{ApiError, ApiState, authorize_operator, caller};
 use crate::protocol::Mode;
 use crate::storage::backlog::{FetchState, IntentState, Listing};
 
@@ -208,7 +208,7 @@ pub(super) async fn operator_intents(
     headers: HeaderMap,
     Query(query): Query<BacklogQuery>,
 ) -> Result<Response, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     Ok(Json(list_intents(&state, &query, None).await?).into_response())
 }
 
@@ -264,7 +264,7 @@ pub(super) async fn fetches(
     headers: HeaderMap,
     Query(query): Query<BacklogQuery>,
 ) -> Result<Response, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let listing = Listing {
         failed: query.failed()?,
         owner: None,

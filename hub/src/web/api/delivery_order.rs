@@ -16,7 +16,7 @@ use super::openapi::{
 };
 use super::operator::SubscriptionView;
 use super::subscription::{SubscriptionQuery, find};
-use super::{ApiError, ApiState, authorize_internal, caller};
+use super::{ApiError, ApiState, authorize_operator, caller};
 
 /// How a subscription's events are delivered.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -57,7 +57,7 @@ pub(super) async fn operator(
     Query(query): Query<SubscriptionQuery>,
     order: Result<Json<DeliveryOrder>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<SubscriptionView>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let (topic, callback) = query.pair()?;
     let Json(order) = order.map_err(bad_body)?;
     let subscription = find(&state, &topic, &callback).await?;

@@ -16,7 +16,7 @@ use super::backlog::parse_limit;
 use super::history::{AttemptView, DeliveryQuery};
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::redeliver::json_body;
-use super::{ApiError, ApiState, authorize_internal};
+use super::{ApiError, ApiState, authorize_operator};
 use crate::delivery::{Channel, Endpoints};
 use crate::protocol::Mode;
 use crate::storage::events::{ChangeFilter, DeliveryFilter, EndpointChange, EndpointRecord};
@@ -86,7 +86,7 @@ async fn endpoints(
     headers: HeaderMap,
     Query(query): Query<EndpointsQuery>,
 ) -> Result<Json<Vec<EndpointRecord>>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let limit = parse_limit(query.limit.as_deref())?;
     let channels = match parse_channel(query.channel.as_deref())? {
         Some(channel) => vec![channel],
@@ -135,7 +135,7 @@ async fn changes(
     headers: HeaderMap,
     Query(query): Query<ChangesQuery>,
 ) -> Result<Json<Vec<EndpointChange>>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let limit = parse_limit(query.limit.as_deref())?;
     let channel = match query.channel.as_deref() {
         Some("operator") => Some(Channel::Operator),
@@ -217,7 +217,7 @@ async fn disable(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<EndpointAnswer>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let request: EndpointRequest = json_body(&body, ENDPOINT_BODY)?;
     let (channel, endpoint) = endpoint_of(&request)?;
     let reason = request
@@ -260,7 +260,7 @@ async fn enable(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<EndpointAnswer>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let request: EndpointRequest = json_body(&body, ENDPOINT_BODY)?;
     let (channel, endpoint) = endpoint_of(&request)?;
     if request.probe == Some(true) {
@@ -350,7 +350,7 @@ async fn webhook_attempts(
     headers: HeaderMap,
     Query(query): Query<DeliveryQuery>,
 ) -> Result<Json<Vec<AttemptView>>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let (event_id, subscriber) = query.required()?;
     let attempts = state.events.webhook_attempts(event_id, subscriber).await?;
     Ok(Json(attempts.into_iter().map(AttemptView::from).collect()))

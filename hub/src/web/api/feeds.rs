@@ -11,7 +11,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::openapi::{NoInternalKey, WrongKey};
-use super::{ApiError, ApiState, authorize_internal};
+use super::{ApiError, ApiState, authorize_operator};
 use crate::intake::feed::FeedStatus;
 
 /// One outbox feed's state.
@@ -67,7 +67,7 @@ pub(super) async fn list(
     State(state): State<ApiState>,
     headers: HeaderMap,
 ) -> Result<Json<Vec<FeedView>>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     Ok(Json(
         state
             .feeds

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::backlog::parse_limit;
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::{ApiError, ApiState, authorize_internal};
+use super::{ApiError, ApiState, authorize_operator};
 use crate::storage::events::{
     Attempt, DeliveryFilter, DeliveryRecord, DeliveryState, DeliverySummary,
 };
@@ -118,7 +118,7 @@ pub(super) async fn delivery(
     headers: HeaderMap,
     Query(query): Query<DeliveryQuery>,
 ) -> Result<Json<DeliveryView>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let (record, attempts) = find(
         &state,
         query.event_id.as_deref(),
@@ -206,7 +206,7 @@ pub(super) async fn deliveries(
     headers: HeaderMap,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<Vec<DeliverySummary>>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let event_id = query.event_id.as_deref().map(parse_event_id).transpose()?;
     let window = Window::parse(
         query.state.as_deref(),

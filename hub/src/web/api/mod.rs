@@ -9,13 +9,15 @@
 //!   discovery;
 //! - `/api/v1/subscriptions`, `/api/v1/usage`: the subscriber API
 //!   (`subscriber`), with a user token;
-//! - `/api/v1/operator/…`: the operator API (`operator`), with the
-//!   internal key;
+//! - `/api/v1/operator/…`: the operator API (`operator`), with an operator
+//!   key;
 //! - `/api/v1/openapi.json`: the OpenAPI description of both (`openapi`),
 //!   which is also the only way a route gets under `/api/v1`;
 //! - `/healthz` (the process answers), `/readyz` (its databases answer and
-//!   are migrated, `health`), `/metrics`.
+//!   are migrated, `health`), `/metrics` (with a metrics key when the hub
+//!   has any).
 
+mod admin_sessions;
 mod backlog;
 mod delivery_order;
 pub(crate) mod endpoints;
@@ -51,7 +53,7 @@ use crate::intake::verify::Subscriptions;
 use crate::protocol::{self, HubRequest, Mode, SubscriptionRequest};
 use crate::storage::backlog::Admission;
 use crate::storage::events::EventLog;
-use crate::web::auth::{AuthError, InternalKey, User, UserTokens};
+use crate::web::auth::{AuthError, KeyRing, KeyRings, Role, User, UserTokens};
 use websub_store::SubscriptionStore;
 
 pub use error::{ApiError, SHED_TOTAL, layers};
@@ -74,8 +76,8 @@ pub struct ApiState {
     pub clock: Arc<dyn Clock>,
     /// The hub URL announced in `rel="hub"`.
     pub public_url: Arc<str>,
-    /// The internal API key, when configured.
-    pub internal_key: Option<InternalKey>,
+    /// The keys of each role.
+    pub keys: KeyRings,
     /// Checks user tokens, when a key is configured.
     pub user_tokens: Option<UserTokens>,
     /// The largest form accepted.
@@ -126,6 +128,7 @@ fn operator_routes() -> openapi::ApiRoutes {
         .route(routes!(delivery_order::operator))
         .route(routes!(feeds::list))
         .route(routes!(retention::purge))
+        .merge(admin_sessions::routes())
 }
 
 async fn about() -> &'static str {
@@ -152,7 +155,19 @@ async fn topic(State(state): State<ApiState>, uri: axum::http::Uri) -> Result<Re
     })
 }
 
-async fn metrics(State(state): State<ApiState>) -> Response {
+async fn metrics(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    if let Some(ring) = &state.keys.metrics
+        && let Err(error) = ring.check_or_bearer(&headers)
+    {
+        return ApiError::new(
+            error.status(),
+            format!(
+                "{error} (in the {} header, or as a bearer token)",
+                ring.header()
+            ),
+        )
+        .into_response();
+    }
     match &state.metrics {
         Some(handle) => (
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -270,7 +285,7 @@ async fn fat_ping(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    authorize_internal(state, headers)?;
+    authorize(state.keys.publish.as_ref(), Role::Publish, headers)?;
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
@@ -286,19 +301,29 @@ async fn fat_ping(
     }
 }
 
-/// Requires the internal API key: 401 without the right one, 403 when the
-/// hub has none configured (then no internal request is accepted).
-pub fn authorize_internal(state: &ApiState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.internal_key else {
+/// Requires a key of the operator role: 401 without the right one, 403
+/// when the hub has none configured (then no operator request is
+/// accepted).
+pub fn authorize_operator(state: &ApiState, headers: &HeaderMap) -> Result<(), ApiError> {
+    authorize(state.keys.operate.as_ref(), Role::Operate, headers)
+}
+
+/// Requires a key of `ring`, the ring of `role`.
+fn authorize(ring: Option<&KeyRing>, role: Role, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(ring) = ring else {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "this hub has no internal API key configured, so internal requests are refused",
+            format!(
+                "this hub has no {} configured (nor internal-api-key), so these requests are \
+                 refused",
+                role.setting()
+            ),
         ));
     };
-    key.check(headers).map_err(|error| {
+    ring.check(headers).map(drop).map_err(|error| {
         ApiError::new(
             error.status(),
-            format!("{error} (in the {} header)", key.header()),
+            format!("{error} (in the {} header)", ring.header()),
         )
     })
 }

@@ -24,7 +24,7 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouter};
 use super::ApiState;
 use crate::intake::quota::ErrorBody;
 use crate::web::auth::{
-    DEFAULT_INTERNAL_API_KEY_HEADER, DEFAULT_USER_TOKEN_HEADER, InternalKey, UserTokens,
+    DEFAULT_INTERNAL_API_KEY_HEADER, DEFAULT_USER_TOKEN_HEADER, KeyRing, UserTokens,
 };
 
 /// Where the APIs are mounted; the document's paths include it.
@@ -172,12 +172,15 @@ fn add_security_schemes(document: &mut Document, state: &ApiState) {
         )))
     };
     let key_header = spelled(
-        state.internal_key.as_ref().map(InternalKey::header),
+        state.keys.operate.as_ref().map(KeyRing::header),
         DEFAULT_INTERNAL_API_KEY_HEADER,
     );
     let internal_key = SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
         key_header,
-        "The hub's internal API key (at least 32 characters).".to_owned(),
+        "A key of the operator role (`operator-keys`, or the hub's internal API key; at \
+         least 32 characters). Fat pings take a key of the publishing role in the same \
+         header."
+            .to_owned(),
     )));
     let components = document.components.get_or_insert_with(Components::new);
     components.add_security_scheme(USER_TOKEN, user_token);
@@ -234,13 +237,14 @@ mod answers {
     #[response(content_type = "text/plain")]
     pub(crate) struct TokenTooLarge(String);
 
-    /// The internal API key is missing or wrong.
+    /// The key is missing or not one of the role's (an operator key, or a
+    /// publishing key for a fat ping).
     #[derive(ToResponse)]
     #[response(content_type = "text/plain")]
     pub(crate) struct WrongKey(String);
 
-    /// This hub has no internal API key configured, so every operator request
-    /// is refused.
+    /// This hub has no key of the role configured (nor an internal API
+    /// key), so every request of the role is refused.
     #[derive(ToResponse)]
     #[response(content_type = "text/plain")]
     pub(crate) struct NoInternalKey(String);

@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use uuid::Uuid;
 
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::{ApiError, ApiState, authorize_internal, backlog};
+use super::{ApiError, ApiState, authorize_operator, backlog};
 use crate::storage::events::FailedFilter;
 use websub_store::Subscription;
 
@@ -56,7 +56,7 @@ async fn topics(
     State(state): State<ApiState>,
     headers: HeaderMap,
 ) -> Result<Json<Vec<TopicSummary>>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let mut summaries = Vec::new();
     for topic in state.store.topics().await? {
         let subscribers = state.store.list_by_topic(&topic).await?.len();
@@ -143,7 +143,7 @@ async fn subscriptions(
     headers: HeaderMap,
     Query(query): Query<TopicQuery>,
 ) -> Result<Json<Vec<SubscriptionView>>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let Some(topic) = query.topic else {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -212,7 +212,7 @@ async fn failed(
     headers: HeaderMap,
     Query(query): Query<FailedQuery>,
 ) -> Result<Json<Vec<FailedView>>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let limit = backlog::parse_limit(query.limit.as_deref())?;
     let filter = FailedFilter {
         topic: query.topic.as_deref(),
@@ -279,7 +279,7 @@ async fn retry(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<RetryAnswer>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let request: RetryRequest = if body.iter().all(u8::is_ascii_whitespace) {
         RetryRequest::default()
     } else {

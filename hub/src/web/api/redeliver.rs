@@ -17,7 +17,7 @@ use websub_store::StoreError;
 
 use super::history::{parse_event_id, parse_time};
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::{ApiError, ApiState, authorize_internal};
+use super::{ApiError, ApiState, authorize_operator};
 use crate::storage::events::{LoggedEvent, REPLAY_LIMIT, Replayed};
 
 /// A JSON request body, read after the key is checked.
@@ -83,7 +83,7 @@ async fn redeliver(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<RedeliverAnswer>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let request: RedeliverRequest = json_body(
         &body,
         "a JSON object with event_id and optionally subscriber",
@@ -242,7 +242,7 @@ async fn replay(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<ReplayAnswer>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let request: ReplayRequest = json_body(
         &body,
         "a JSON object with topic, subscriber, since and optionally limit",
@@ -351,7 +351,7 @@ async fn webhook_replay(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<WebhookReplayAnswer>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let request: WebhookReplayRequest = json_body(
         &body,
         "a JSON object with subscriber, and since or event_id",

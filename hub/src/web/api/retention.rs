@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::{ApiError, ApiState, authorize_internal};
+use super::{ApiError, ApiState, authorize_operator};
 
 /// The longest age a purge accepts: 50 years, in seconds. Longer is a
 /// mistake (a unit confused), not a retention policy.
@@ -83,7 +83,7 @@ pub(super) async fn purge(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<PurgeAnswer>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let cutoff = state.clock.now() - older_than(&body)?;
     let deleted = state.events.purge_before(cutoff).await?;
     tracing::info!(deleted, %cutoff, "event log purged on request");

@@ -15,7 +15,7 @@ use websub_store::{StoreError, Subscription};
 use super::openapi::{BadRequest, NoInternalKey, Unavailable, WrongKey};
 use super::operator::SubscriptionView;
 use super::subscriber::{HEALTH_WINDOW, HealthView};
-use super::{ApiError, ApiState, authorize_internal};
+use super::{ApiError, ApiState, authorize_operator};
 
 /// Which subscription: both are required, and read after the key is
 /// checked so that a request without it is refused as such.
@@ -91,7 +91,7 @@ pub(super) async fn show(
     headers: HeaderMap,
     Query(query): Query<SubscriptionQuery>,
 ) -> Result<Json<SubscriptionHealth>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let (topic, callback) = query.pair()?;
     let subscription = find(&state, &topic, &callback).await?;
     let health = state
@@ -129,7 +129,7 @@ pub(super) async fn delete(
     headers: HeaderMap,
     Query(query): Query<SubscriptionQuery>,
 ) -> Result<StatusCode, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let (topic, callback) = query.pair()?;
     find(&state, &topic, &callback).await?;
     state.subscriptions.remove(&topic, &callback).await?;

@@ -10,7 +10,7 @@ use utoipa::IntoParams;
 
 use super::history::Window;
 use super::openapi::{ApiRoutes, BadRequest, NoInternalKey, Unavailable, WrongKey};
-use super::{ApiError, ApiState, authorize_internal};
+use super::{ApiError, ApiState, authorize_operator};
 use crate::delivery::outbox::{WebhookDelivery, WebhookFilter};
 
 pub(super) fn routes() -> ApiRoutes {
@@ -55,7 +55,7 @@ async fn webhook_deliveries(
     headers: HeaderMap,
     Query(query): Query<WebhookQuery>,
 ) -> Result<Json<Vec<WebhookDelivery>>, ApiError> {
-    authorize_internal(&state, &headers)?;
+    authorize_operator(&state, &headers)?;
     let window = Window::parse(
         query.state.as_deref(),
         query.since.as_deref(),

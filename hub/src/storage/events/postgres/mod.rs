@@ -50,6 +50,8 @@ mod partitions;
 mod rows;
 mod statements;
 
+super::sessions::admin_sessions_of!(PostgresEventLog, |log| log.pool.acquire().await?);
+
 use statements::{
     ATTEMPTS, CLAIM, DELIVER_SINCE, DROP_SINCE, DUE_LANES, EVENT, EVENT_EXISTS, EXPAND_AGAIN,
     EXPAND_FIRST, HAS_RECORDS, INSERT_EVENT, INSERT_EVENT_ONCE, LATEST, MARK_EXPANDED,

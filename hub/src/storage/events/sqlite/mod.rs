@@ -58,6 +58,8 @@ mod rows;
 mod statements;
 mod writer;
 
+super::sessions::admin_sessions_of!(SqliteEventLog, |log| log.writer().await?);
+
 use statements::{
     ANY_SINCE, ATTEMPTS, CLAIM, DELIVER_SINCE, DROP_SINCE, DUE_LANES, EVENT, EVENT_EXISTS, EXPAND,
     HAS_RECORDS, INSERT_EVENT, INSERT_EVENT_ONCE, LATEST, MARK_EXPANDED, MIGRATIONS_TABLE, ORDER,
