@@ -17,7 +17,7 @@ use websub_tests::{Answer, Received, RecordingReceiver, Route, TestSubscriber, h
 
 const INTERNAL_KEY: &str = "an-internal-api-key-of-at-least-32-characters";
 const SIGNING_SECRET: &str = "the feed's webhook secret";
-const EVENT_NAME: &str = "shop.order.created";
+pub(crate) const EVENT_NAME: &str = "shop.order.created";
 const WAIT: Duration = Duration::from_secs(30);
 
 /// An order the shop writes to its outbox.
@@ -42,14 +42,14 @@ impl Event for OrderCreated {
 }
 
 /// The shop's database, with its outbox tables in schema `shop`.
-struct Shop {
-    url: String,
+pub(crate) struct Shop {
+    pub(crate) url: String,
     pool: PgPool,
     outbox: Outbox,
 }
 
 impl Shop {
-    async fn open() -> Option<Self> {
+    pub(crate) async fn open() -> Option<Self> {
         websub_hub::delivery::net::install_crypto_provider();
         let url = websub_storetest::servers::fresh_postgres_url().await?;
         let pool = PgPool::connect(&url).await.expect("connect to the shop");
@@ -66,7 +66,7 @@ impl Shop {
     }
 
     /// Commits orders `range`, one transaction each, from four connections.
-    async fn produce(&self, range: std::ops::Range<u32>) {
+    pub(crate) async fn produce(&self, range: std::ops::Range<u32>) {
         let producers = (0..4).map(|lane| {
             let orders: Vec<u32> = range.clone().filter(|n| n % 4 == lane).collect();
             async move {

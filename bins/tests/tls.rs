@@ -12,7 +12,7 @@
 use crate::common;
 #[allow(dead_code)]
 #[path = "../src/bin/websub-bench/https.rs"]
-mod https;
+pub(crate) mod https;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -11,6 +11,7 @@ mod feeds;
 mod hosts;
 mod keys;
 mod lanes;
+mod mtls;
 mod observability;
 mod operator_cli;
 mod operator_events;

@@ -13,6 +13,9 @@
 mod command_line;
 pub mod descriptors;
 mod settings;
+/// The test configurations and files the other modules' tests share.
+#[cfg(test)]
+pub(crate) use settings::tests as test_settings;
 pub(crate) mod text;
 
 use std::net::SocketAddr;
@@ -72,6 +75,13 @@ pub struct HubConfig {
     /// every client the hub makes: deliveries, verifications, topic
     /// fetches, outbox webhooks and the subscriptions service.
     pub extra_ca: Option<PathBuf>,
+    /// A PEM file of the client certificate (and its chain) that every
+    /// client the hub makes shows a server asking for one (mTLS), with
+    /// [`client_key`](Self::client_key); a feed or a webhook may show its
+    /// own instead.
+    pub client_cert: Option<PathBuf>,
+    /// The PEM file of [`client_cert`](Self::client_cert)'s private key.
+    pub client_key: Option<PathBuf>,
     /// The one key of every role but metrics (≥ 32 characters): fat
     /// pings, the operator API and admin page, and the subscriptions
     /// service when [`quota_api_key`](Self::quota_api_key) is unset.
@@ -222,6 +232,8 @@ impl Default for HubConfig {
             verification: VerificationPolicy::default(),
             allow_private_network: false,
             extra_ca: None,
+            client_cert: None,
+            client_key: None,
             internal_api_key: None,
             publish_keys: Vec::new(),
             operator_keys: Vec::new(),
@@ -627,11 +639,16 @@ impl HubConfig {
     /// file; one that cannot be read, or holds no usable certificate, is
     /// named with what is wrong.
     pub fn trust(&self) -> Result<Trust, ConfigError> {
-        match &self.extra_ca {
-            None => Ok(Trust::system()),
+        let trust = match &self.extra_ca {
+            None => Trust::system(),
             Some(path) => Trust::from_pem_file(path)
-                .map_err(|error| invalid("extra-ca", path.display(), error.to_string())),
-        }
+                .map_err(|error| invalid("extra-ca", path.display(), error.to_string()))?,
+        };
+        let identity = client_identity(
+            ("client-cert", self.client_cert.as_deref()),
+            ("client-key", self.client_key.as_deref()),
+        )?;
+        Ok(trust.with_identity(identity))
     }
 
     /// The defaults with each layer laid over them in turn (later layers
@@ -644,6 +661,37 @@ impl HubConfig {
         }
         config.validate()?;
         Ok(config)
+    }
+}
+
+/// The client certificate and key of two settings (`certificate` and
+/// `key`, each a setting's name and its file), given together or not at
+/// all; a fault names the setting and the file.
+pub(crate) fn client_identity(
+    certificate: (&'static str, Option<&std::path::Path>),
+    key: (&'static str, Option<&std::path::Path>),
+) -> Result<Option<crate::delivery::client::ClientIdentity>, ConfigError> {
+    use crate::delivery::client::{ClientIdentity, IdentityFile};
+    match (certificate.1, key.1) {
+        (None, None) => Ok(None),
+        (Some(path), None) => Err(invalid(
+            certificate.0,
+            path.display(),
+            format!("needs {} (the certificate's private key)", key.0),
+        )),
+        (None, Some(path)) => Err(invalid(
+            key.0,
+            path.display(),
+            format!("needs {} (the certificate it is the key of)", certificate.0),
+        )),
+        (Some(cert_path), Some(key_path)) => ClientIdentity::from_pem_files(cert_path, key_path)
+            .map(Some)
+            .map_err(|(file, error)| match file {
+                IdentityFile::Certificate => {
+                    invalid(certificate.0, cert_path.display(), error.to_string())
+                }
+                IdentityFile::Key => invalid(key.0, key_path.display(), error.to_string()),
+            }),
     }
 }
 

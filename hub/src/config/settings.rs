@@ -173,6 +173,14 @@ pub struct Settings {
     /// for HTTPS callbacks, topics, webhooks and the subscriptions service.
     #[cfg_attr(feature = "cli", arg(long, value_name = "FILE"))]
     pub extra_ca: Option<PathBuf>,
+    /// A PEM file of the client certificate (and chain) shown to servers
+    /// that ask for one (mTLS): callbacks, topics, webhooks, the
+    /// subscriptions service; needs client-key.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "FILE"))]
+    pub client_cert: Option<PathBuf>,
+    /// The PEM file of client-cert's private key.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "FILE"))]
+    pub client_key: Option<PathBuf>,
     /// One key for every role but metrics: fat pings, the operator API
     /// and admin page, the subscriptions service (at least 32 characters).
     #[cfg_attr(feature = "cli", arg(long, value_name = "KEY"))]
@@ -281,6 +289,8 @@ impl Settings {
             max_connections,
             allow_private_network,
             extra_ca,
+            client_cert,
+            client_key,
             internal_api_key,
             publish_keys,
             operator_keys,
@@ -388,6 +398,12 @@ impl Settings {
         if extra_ca.is_some() {
             config.extra_ca = extra_ca;
         }
+        if client_cert.is_some() {
+            config.client_cert = client_cert;
+        }
+        if client_key.is_some() {
+            config.client_key = client_key;
+        }
         if internal_api_key.is_some() {
             config.internal_api_key = internal_api_key;
         }
@@ -468,6 +484,8 @@ impl From<&HubConfig> for Settings {
             verification,
             allow_private_network,
             extra_ca,
+            client_cert,
+            client_key,
             internal_api_key,
             publish_keys,
             operator_keys,
@@ -555,6 +573,8 @@ impl From<&HubConfig> for Settings {
             max_connections: Some(*max_connections),
             allow_private_network: Some(*allow_private_network),
             extra_ca: extra_ca.clone(),
+            client_cert: client_cert.clone(),
+            client_key: client_key.clone(),
             internal_api_key: internal_api_key.clone(),
             publish_keys: keys(publish_keys),
             operator_keys: keys(operator_keys),
@@ -619,7 +639,7 @@ fn set_duration(
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -665,6 +685,23 @@ pub(super) mod tests {
         .clone()
     }
 
+    /// A PEM file of a self-signed client certificate and one of its key,
+    /// written once per test process in its scratch directory.
+    pub(crate) fn test_identity_files() -> (PathBuf, PathBuf) {
+        static FILES: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+        FILES
+            .get_or_init(|| {
+                let certified = rcgen::generate_simple_self_signed(vec!["client".to_owned()])
+                    .expect("a client certificate");
+                let cert = websub_storetest::scratch::path("client.pem");
+                let key = websub_storetest::scratch::path("client-key.pem");
+                std::fs::write(&cert, certified.cert.pem()).expect("write the certificate");
+                std::fs::write(&key, certified.signing_key.serialize_pem()).expect("write the key");
+                (cert, key)
+            })
+            .clone()
+    }
+
     pub(crate) fn every_field_changed() -> HubConfig {
         HubConfig {
             listen: SocketAddr::from(([127, 0, 0, 2], 9001)),
@@ -704,6 +741,8 @@ pub(super) mod tests {
             },
             allow_private_network: true,
             extra_ca: Some(test_ca_file()),
+            client_cert: Some(test_identity_files().0),
+            client_key: Some(test_identity_files().1),
             internal_api_key: Some("an-internal-key-of-at-least-32-characters".to_owned()),
             publish_keys: vec![
                 "a-publishing-key-of-at-least-32-characters".to_owned(),
@@ -811,6 +850,13 @@ pub(super) mod tests {
             ("max_connections = 0", "max-connections"),
             ("quota_url = \"not a url\"", "quota-url"),
             ("extra_ca = \"/nonexistent/ca.pem\"", "extra-ca"),
+            ("client_cert = \"/nonexistent/client.pem\"", "client-cert"),
+            ("client_key = \"/nonexistent/key.pem\"", "client-key"),
+            (
+                "client_cert = \"/nonexistent/client.pem\"\n\
+                 client_key = \"/nonexistent/key.pem\"",
+                "client-cert",
+            ),
             ("operator_webhook = \"not a url\"", "operator-webhook"),
             (
                 "operator_webhook = \"https://ops.example/\"",

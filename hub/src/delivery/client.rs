@@ -6,7 +6,8 @@
 //!
 //! TLS is rustls on the process's crypto provider (ring), verifying with the
 //! system's roots plus the extra CA certificates of a [`Trust`] (`--extra-ca`
-//! for `websubd`). Each client resumes TLS sessions from an in-memory cache
+//! for `websubd`), and showing its [`ClientIdentity`], when it has one, to
+//! servers that ask for a client certificate (mTLS). Each client resumes TLS sessions from an in-memory cache
 //! of its own, sized for how many hosts it talks to, and keeps connections
 //! alive per host, so a callback host is handshaken with once per pooled
 //! connection, and in full only once while its tickets last.
@@ -19,7 +20,7 @@ use std::time::Duration;
 use rustls::client::Resumption;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, OtherError, SignatureScheme};
 
 use crate::delivery::net::{
@@ -42,11 +43,142 @@ const SESSION_CACHE_HOSTS: usize = 1024;
 const TICKETS_PER_HOST: usize = 8;
 
 /// Which roots a client trusts: the system's, plus extra CA certificates
-/// (a private PKI, a test CA). [`Trust::default`] is the system's alone.
-/// Cheap to clone.
+/// (a private PKI, a test CA); and the certificate it shows a server that
+/// asks for one. [`Trust::default`] is the system's roots alone, and no
+/// certificate. Cheap to clone.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Trust {
     extra_roots: Arc<[CertificateDer<'static>]>,
+    identity: Option<ClientIdentity>,
+}
+
+/// A client certificate (with the chain up to its issuer) and its private
+/// key, shown to servers that ask for one. Cheap to clone.
+#[derive(Clone)]
+pub struct ClientIdentity {
+    chain: Arc<[CertificateDer<'static>]>,
+    key: Arc<PrivateKeyDer<'static>>,
+}
+
+impl PartialEq for ClientIdentity {
+    fn eq(&self, other: &Self) -> bool {
+        self.chain == other.chain && self.key == other.key
+    }
+}
+
+impl Eq for ClientIdentity {}
+
+// The key stays out of logs.
+impl fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientIdentity")
+            .field("certificates", &self.chain.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a client certificate and key cannot be used. The text completes a
+/// sentence that starts with the file's name.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdentityError {
+    /// A file could not be read (missing, a directory, not permitted).
+    #[error("cannot be read: {cause}")]
+    Unreadable {
+        /// What the file system said.
+        cause: std::io::Error,
+    },
+    /// The certificate file holds no certificate.
+    #[error("holds no certificate (no -----BEGIN CERTIFICATE----- block)")]
+    NoCertificate,
+    /// The key file holds no private key.
+    #[error("holds no private key (PKCS#8, PKCS#1 or SEC1 PEM)")]
+    NoKey,
+    /// A PEM block is malformed.
+    #[error("is not valid PEM: {reason}")]
+    NotPem {
+        /// What the PEM parser said.
+        reason: String,
+    },
+    /// The key is not one TLS can sign with, or not the certificate's.
+    #[error("does not go with the certificate, or cannot sign: {reason}")]
+    Unusable {
+        /// What rustls said.
+        reason: String,
+    },
+}
+
+/// Which of a [`ClientIdentity`]'s two files a fault is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityFile {
+    /// The certificate (chain) file.
+    Certificate,
+    /// The private key file.
+    Key,
+}
+
+impl ClientIdentity {
+    /// The certificate chain in the PEM file `certificate` (the client's
+    /// first, then any intermediates) and the private key in the PEM file
+    /// `key`; a fault names which file it is in.
+    pub fn from_pem_files(
+        certificate: &Path,
+        key: &Path,
+    ) -> Result<Self, (IdentityFile, IdentityError)> {
+        let read = |path: &Path, file| {
+            std::fs::read(path).map_err(|cause| (file, IdentityError::Unreadable { cause }))
+        };
+        let chain_pem = read(certificate, IdentityFile::Certificate)?;
+        let key_pem = read(key, IdentityFile::Key)?;
+        Self::from_pem(&chain_pem, &key_pem)
+    }
+
+    /// The certificate chain in `chain_pem` and the key in `key_pem`.
+    pub fn from_pem(
+        chain_pem: &[u8],
+        key_pem: &[u8],
+    ) -> Result<Self, (IdentityFile, IdentityError)> {
+        let chain = CertificateDer::pem_slice_iter(chain_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| {
+                (
+                    IdentityFile::Certificate,
+                    IdentityError::NotPem {
+                        reason: error.to_string(),
+                    },
+                )
+            })?;
+        if chain.is_empty() {
+            return Err((IdentityFile::Certificate, IdentityError::NoCertificate));
+        }
+        let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|error| {
+            let fault = match error {
+                rustls::pki_types::pem::Error::NoItemsFound => IdentityError::NoKey,
+                other => IdentityError::NotPem {
+                    reason: other.to_string(),
+                },
+            };
+            (IdentityFile::Key, fault)
+        })?;
+        install_crypto_provider();
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+        rustls::sign::CertifiedKey::from_der(chain.clone(), key.clone_key(), &provider).map_err(
+            |error| {
+                (
+                    IdentityFile::Key,
+                    IdentityError::Unusable {
+                        reason: error.to_string(),
+                    },
+                )
+            },
+        )?;
+        Ok(Self {
+            chain: chain.into(),
+            key: Arc::new(key),
+        })
+    }
 }
 
 /// Why extra CA certificates cannot be trusted. The text completes a
@@ -102,7 +234,20 @@ impl Trust {
         }
         Ok(Self {
             extra_roots: roots.into(),
+            identity: None,
         })
+    }
+
+    /// The same roots, showing `identity` (none: no certificate) to
+    /// servers that ask for a client certificate.
+    pub fn with_identity(mut self, identity: Option<ClientIdentity>) -> Self {
+        self.identity = identity;
+        self
+    }
+
+    /// The certificate shown to servers that ask for one.
+    pub fn identity(&self) -> Option<&ClientIdentity> {
+        self.identity.as_ref()
     }
 
     /// The system's roots and every certificate of the PEM file at `path`
@@ -136,6 +281,7 @@ impl fmt::Debug for Trust {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Trust")
             .field("extra_roots", &self.extra_roots.len())
+            .field("identity", &self.identity)
             .finish()
     }
 }
@@ -277,12 +423,17 @@ fn tls_config(
         )
     }
     .map_err(NetError::Tls)?;
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(NetError::Tls)?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(Explained(verifier)))
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(Arc::new(Explained(verifier)));
+    let mut config = match &trust.identity {
+        None => builder.with_no_client_auth(),
+        Some(identity) => builder
+            .with_client_auth_cert(identity.chain.to_vec(), identity.key.clone_key())
+            .map_err(NetError::Tls)?,
+    };
     config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
     config.resumption = Resumption::in_memory_sessions(hosts * TICKETS_PER_HOST);
     Ok(config)
@@ -426,7 +577,7 @@ jT6JIGI+hsX9t8NyBp85XueJYKk=
         );
         let trust = Trust::from_pem(pem.as_bytes()).expect("two roots");
         assert_eq!(trust.extra_roots().len(), 2);
-        assert_eq!(format!("{trust:?}"), "Trust { extra_roots: 2 }");
+        assert_eq!(format!("{trust:?}"), "Trust { extra_roots: 2, identity: None }");
         for purpose in [
             Purpose::Deliveries {
                 policy: DENY,

@@ -119,8 +119,16 @@ pub struct FeedConfig {
     /// Allow webhooks on loopback, private, link-local or unique-local
     /// addresses; the hub's `allow_private_network` when unset.
     pub allow_private_network: Option<bool>,
-    /// The roots trusted for HTTPS webhooks: not read from the file; the
-    /// hub gives its own (the system's and `extra_ca`).
+    /// A PEM file of the client certificate (and chain) the feed's
+    /// webhooks are shown when they ask for one (mTLS), in place of the
+    /// hub's `client_cert`; needs `client_key`. A webhook may have its own
+    /// (in the webhooks file).
+    pub client_cert: Option<std::path::PathBuf>,
+    /// The PEM file of `client_cert`'s private key.
+    pub client_key: Option<std::path::PathBuf>,
+    /// The roots trusted for HTTPS webhooks, and the hub's client
+    /// certificate: not read from the file; the hub gives its own (the
+    /// system's roots and `extra_ca`, `client_cert`).
     #[serde(skip)]
     pub trust: Trust,
 }
@@ -173,6 +181,8 @@ impl FeedConfig {
             breaker_open_after: None,
             resend_exhausted: None,
             allow_private_network: None,
+            client_cert: None,
+            client_key: None,
             trust: Trust::system(),
         }
     }
@@ -260,7 +270,13 @@ impl FeedConfig {
             network: NetPolicy {
                 allow_private_network: self.allow_private_network.unwrap_or(false),
             },
-            trust: self.trust.clone(),
+            trust: match crate::config::client_identity(
+                ("feed.client_cert", self.client_cert.as_deref()),
+                ("feed.client_key", self.client_key.as_deref()),
+            )? {
+                Some(identity) => self.trust.clone().with_identity(Some(identity)),
+                None => self.trust.clone(),
+            },
             signing_secret: self.signing_secret.clone(),
             signature_scheme: match &self.signature_scheme {
                 None => WebhookSignature::default(),

@@ -2,12 +2,13 @@
 //! from TOML and registered with the feed's dispatcher.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use url::Url;
 
 use crate::config::text::ConfigError;
+use crate::delivery::client::{ClientIdentity, IdentityFile};
 use crate::delivery::outbox::{RegistrationError, WebhookRegistrar, WebhookSubscriber};
 
 /// The webhooks file a feed reads its webhook subscribers from (TOML): one
@@ -21,17 +22,24 @@ use crate::delivery::outbox::{RegistrationError, WebhookRegistrar, WebhookSubscr
 /// url = "http://ush-users-api:8000/api/v1/internal/events"
 /// ordered = true                   # optional: one at a time, in recording order
 /// max_in_flight = 4                # optional: in place of the feed's delivery_per_subscriber
+/// client_cert = "certs/users.pem"  # optional: shown when it asks for a client certificate
+/// client_key = "certs/users-key.pem"
 /// ```
 ///
-/// `ordered` and `max_in_flight` go beyond the messaging contract. They
-/// apply to a subscriber, not to one of its event names, so every entry of
-/// a subscriber must give the same values (or leave them out alike).
+/// `ordered`, `max_in_flight` and the client certificate go beyond the
+/// messaging contract. They apply to a subscriber, not to one of its event
+/// names, so every entry of a subscriber must give the same values (or
+/// leave them out alike). A relative certificate or key path is taken from
+/// the webhooks file's directory.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhooksFile {
     /// The entries.
     #[serde(default)]
     pub webhook: Vec<WebhookEntry>,
+    /// The client certificates the file names, read, by subscriber.
+    #[serde(skip)]
+    identities: HashMap<String, ClientIdentity>,
 }
 
 /// One `[[webhook]]` of a [`WebhooksFile`].
@@ -52,6 +60,11 @@ pub struct WebhookEntry {
     /// The most attempts in flight to it at once, in place of the feed's
     /// `delivery_per_subscriber`.
     pub max_in_flight: Option<usize>,
+    /// The PEM file of the client certificate it is shown when it asks for
+    /// one, in place of the feed's or the hub's; needs `client_key`.
+    pub client_cert: Option<PathBuf>,
+    /// The PEM file of `client_cert`'s private key.
+    pub client_key: Option<PathBuf>,
 }
 
 impl WebhooksFile {
@@ -64,8 +77,20 @@ impl WebhooksFile {
             path: path.display().to_string(),
             reason,
         };
-        let file: Self = toml::from_str(text).map_err(|error| refuse(error.to_string()))?;
+        let mut file: Self = toml::from_str(text).map_err(|error| refuse(error.to_string()))?;
+        let directory = path.parent().unwrap_or(Path::new(""));
+        for entry in &mut file.webhook {
+            for file_path in [&mut entry.client_cert, &mut entry.client_key]
+                .into_iter()
+                .flatten()
+            {
+                if file_path.is_relative() {
+                    *file_path = directory.join(&*file_path);
+                }
+            }
+        }
         let mut seen = HashSet::new();
+        let mut certificates: HashMap<&str, (&Option<PathBuf>, &Option<PathBuf>)> = HashMap::new();
         let mut delivery: HashMap<&str, (bool, Option<usize>, &str)> = HashMap::new();
         for entry in &file.webhook {
             if entry.max_in_flight == Some(0) {
@@ -93,6 +118,14 @@ impl WebhooksFile {
                     entry.subscriber, entry.event
                 )));
             }
+            let certificate = (&entry.client_cert, &entry.client_key);
+            if *certificates.entry(&entry.subscriber).or_insert(certificate) != certificate {
+                return Err(refuse(format!(
+                    "webhook {:?}: its entries disagree on client_cert or client_key; give \
+                     every entry of a subscriber the same",
+                    entry.subscriber
+                )));
+            }
             Url::parse(&entry.url).map_err(|error| {
                 refuse(format!(
                     "webhook {:?} of {:?}: url {:?}: {error}",
@@ -106,6 +139,30 @@ impl WebhooksFile {
                 )));
             }
         }
+        let mut identities = HashMap::new();
+        for (subscriber, (certificate, key)) in certificates {
+            let identity = match (certificate, key) {
+                (None, None) => continue,
+                (Some(certificate), Some(key)) => ClientIdentity::from_pem_files(certificate, key)
+                    .map_err(|(file, error)| {
+                        let (setting, named) = match file {
+                            IdentityFile::Certificate => ("client_cert", certificate),
+                            IdentityFile::Key => ("client_key", key),
+                        };
+                        refuse(format!(
+                            "webhook {subscriber:?}: {setting} {}: {error}",
+                            named.display()
+                        ))
+                    })?,
+                _ => {
+                    return Err(refuse(format!(
+                        "webhook {subscriber:?}: client_cert and client_key go together"
+                    )));
+                }
+            };
+            identities.insert(subscriber.to_owned(), identity);
+        }
+        file.identities = identities;
         Ok(file)
     }
 
@@ -136,6 +193,7 @@ impl WebhooksFile {
                     url,
                     ordered: entry.ordered,
                     max_in_flight: entry.max_in_flight,
+                    identity: self.identities.get(&entry.subscriber).cloned(),
                 },
             );
         }
@@ -363,6 +421,73 @@ mod tests {
             match WebhooksFile::parse(&bad, path) {
                 Err(ConfigError::File { reason, .. }) => {
                     assert!(reason.contains(names), "{bad}: {reason}")
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn client_certificates_are_read_from_the_files_directory_and_must_agree() {
+        let (cert, key) = crate::config::test_settings::test_identity_files();
+        let directory = cert.parent().expect("a scratch directory");
+        let path = directory.join("webhooks.toml");
+        let name = |file: &std::path::PathBuf| {
+            file.file_name()
+                .and_then(|name| name.to_str())
+                .expect("a file name")
+                .to_owned()
+        };
+        let entry = |event: &str, subscriber: &str, cert: &str, key: &str| {
+            format!(
+                "[[webhook]]\nevent = \"{event}\"\nsubscriber = \"{subscriber}\"\n\
+                 url = \"https://{subscriber}.example/\"\nclient_cert = \"{cert}\"\n\
+                 client_key = \"{key}\"\n"
+            )
+        };
+        let text = entry("e1", "mtls", &name(&cert), &name(&key))
+            + &entry("e2", "mtls", &name(&cert), &name(&key));
+        let file = WebhooksFile::parse(&text, &path).expect("relative paths, read");
+        assert_eq!(file.webhook[0].client_cert.as_deref(), Some(cert.as_path()));
+        let mut registered = Vec::new();
+        struct Collect<'a>(&'a mut Vec<WebhookSubscriber>);
+        impl WebhookRegistrar for Collect<'_> {
+            fn register_webhooks(
+                &mut self,
+                _: &str,
+                subscribers: HashMap<String, WebhookSubscriber>,
+            ) -> Result<(), RegistrationError> {
+                self.0.extend(subscribers.into_values());
+                Ok(())
+            }
+        }
+        file.register(&mut Collect(&mut registered))
+            .expect("registered");
+        assert_eq!(registered.len(), 2);
+        assert!(
+            registered
+                .iter()
+                .all(|subscriber| subscriber.identity.is_some())
+        );
+
+        for (bad, says) in [
+            (
+                entry("e1", "mtls", &name(&cert), &name(&key))
+                    + &entry("e2", "mtls", &name(&cert), "other-key.pem"),
+                "disagree on client_cert or client_key",
+            ),
+            (
+                entry("e1", "mtls", "missing.pem", &name(&key)),
+                "client_cert",
+            ),
+            (
+                entry("e1", "mtls", &name(&key), &name(&key)),
+                "no certificate",
+            ),
+        ] {
+            match WebhooksFile::parse(&bad, &path) {
+                Err(ConfigError::File { reason, .. }) => {
+                    assert!(reason.contains(says), "{bad}: {reason}");
                 }
                 other => panic!("{bad}: {other:?}"),
             }

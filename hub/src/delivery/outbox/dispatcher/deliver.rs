@@ -18,6 +18,7 @@ use super::operated::Operated;
 use super::registry::{Handler, WebhookSubscriber};
 use super::signals::Scan;
 use crate::delivery::attempt::{self, Attempted, Request};
+use crate::delivery::client::{self, ClientIdentity, Purpose};
 use crate::delivery::health::{Breaker, Gate, Tried};
 use crate::delivery::limit::Reply;
 use crate::delivery::recorder::{Batching, OutcomeStore};
@@ -99,7 +100,9 @@ impl Dispatcher {
             }
             let at = chrono::Utc::now();
             let attempted = inner.webhooks.attempting();
-            let answered = self.post(subscriber, prepared, deadline).await;
+            let answered = self
+                .post(&row.subscriber, subscriber, prepared, deadline)
+                .await;
             let took = attempted.elapsed();
             self.observe(
                 &row.subscriber,
@@ -218,20 +221,69 @@ impl Dispatcher {
         }
     }
 
+    /// The client of a subscriber with a certificate of its own: made at
+    /// its first delivery and again when its certificate changes; those of
+    /// subscribers no longer registered go when one is made.
+    fn own_client(
+        &self,
+        name: &str,
+        identity: &ClientIdentity,
+    ) -> Result<reqwest::Client, crate::delivery::net::NetError> {
+        let mut clients = self
+            .inner
+            .own_clients
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((made_for, client)) = clients.get(name)
+            && made_for == identity
+        {
+            return Ok(client.clone());
+        }
+        let config = &self.inner.config;
+        let client = client::build(
+            Purpose::Deliveries {
+                policy: config.network.clone(),
+                max_idle_per_host: config.per_subscriber,
+            },
+            config.delivery_timeout,
+            &config.trust.clone().with_identity(Some(identity.clone())),
+        )?;
+        let registry = self.registry();
+        clients.retain(|known, _| registry.names.contains(known));
+        clients.insert(name.to_owned(), (identity.clone(), client.clone()));
+        Ok(client)
+    }
+
     /// One webhook POST: the envelope, its signature when a secret is
     /// configured, the event id, and the configured headers.
     pub(super) async fn post(
         &self,
+        name: &str,
         subscriber: &WebhookSubscriber,
         prepared: &Prepared,
         deadline: Instant,
     ) -> Attempted {
-        let client = self
-            .inner
-            .client
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone();
+        let client = match &subscriber.identity {
+            None => self
+                .inner
+                .client
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone(),
+            Some(identity) => match self.own_client(name, identity) {
+                Ok(client) => client,
+                Err(error) => {
+                    return Attempted {
+                        answer: attempt::Answer::Failed(format!(
+                            "no client with its certificate: {error}"
+                        )),
+                        status: None,
+                        response: Bytes::new(),
+                        retry_after: None,
+                    };
+                }
+            },
+        };
         let request = Request {
             url: subscriber.url.as_str(),
             scheme: self.inner.scheme,

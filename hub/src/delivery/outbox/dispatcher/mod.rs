@@ -31,6 +31,7 @@ mod schedule;
 mod signals;
 mod webhook_rows;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -45,7 +46,7 @@ use super::sql::Queries;
 use super::{OutboxError, purge_expired};
 use crate::config::text::ConfigError;
 use crate::delivery::attempt::SignatureScheme;
-use crate::delivery::client::{self, Purpose};
+use crate::delivery::client::{self, ClientIdentity, Purpose};
 use crate::delivery::net::NetError;
 use crate::delivery::{Channel, Judge};
 use config::static_headers;
@@ -120,6 +121,10 @@ struct DispatcherState {
     operated: std::sync::OnceLock<operated::Operated>,
     /// The backlog as last read by [`Dispatcher::sample_gauges`].
     sampled: Mutex<Option<BacklogSample>>,
+    /// The clients of webhook subscribers with a client certificate of
+    /// their own, by subscriber, with the certificate each was made for
+    /// (one per such subscriber: bounded by the registrations).
+    own_clients: Mutex<HashMap<String, (ClientIdentity, reqwest::Client)>>,
 }
 
 impl Dispatcher {
@@ -173,6 +178,7 @@ impl Dispatcher {
                 listening: AtomicBool::new(false),
                 operated: std::sync::OnceLock::new(),
                 sampled: Mutex::new(None),
+                own_clients: Mutex::new(HashMap::new()),
             }),
         })
     }

@@ -35,6 +35,10 @@ pub struct WebhookSubscriber {
     /// Beyond the messaging contract. When its registrations differ, the
     /// smallest applies.
     pub max_in_flight: Option<usize>,
+    /// The client certificate it is shown when it asks for one, in place of
+    /// the dispatcher's ([`super::DispatcherConfig::trust`]). Beyond the
+    /// messaging contract.
+    pub identity: Option<crate::delivery::client::ClientIdentity>,
 }
 
 impl WebhookSubscriber {
@@ -46,6 +50,7 @@ impl WebhookSubscriber {
             url,
             ordered: false,
             max_in_flight: None,
+            identity: None,
         }
     }
 }
