@@ -286,6 +286,7 @@ impl Hub {
                 clock.clone(),
             )),
         };
+        subscriptions.deny_with(crate::intake::deny::Denials::new(events.clone()));
         if let Some(base_url) = &config.quota_url {
             subscriptions.enforce_quota(QuotaEnforcer::new(QuotaConfig {
                 base_url: Some(base_url.clone()),

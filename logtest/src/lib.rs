@@ -1,10 +1,11 @@
 //! The conformance suite for the backends of the hub's own tables: the
-//! event log ([`EventLog`](websub_hub::storage::events::EventLog), in its seven
+//! event log ([`EventLog`](websub_hub::storage::events::EventLog), in its eight
 //! parts) and the [`Backlog`](websub_hub::storage::backlog::Backlog).
 //!
 //! One public async check per behaviour of the contracts documented on the
 //! traits: the [`events`] checks grouped by the part of the log they cover
-//! (intake, queue, outcomes, endpoints, operations, upkeep, sessions), the
+//! (intake, queue, outcomes, endpoints, operations, upkeep, sessions,
+//! denials), the
 //! [`backlog`]'s by fetches, intents and retention. SQLite and PostgreSQL
 //! run every one; a third backend is proven by passing them too.
 //!
@@ -97,6 +98,8 @@ macro_rules! __event_log_checks {
             expand_racing_purge_leaves_no_orphans,
             admin_sessions_are_kept_found_listed_and_ended,
             admin_sessions_are_bounded,
+            denials_are_kept_listed_replaced_and_removed,
+            the_deny_list_is_bounded,
         }
     };
 }

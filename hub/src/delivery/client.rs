@@ -577,7 +577,10 @@ jT6JIGI+hsX9t8NyBp85XueJYKk=
         );
         let trust = Trust::from_pem(pem.as_bytes()).expect("two roots");
         assert_eq!(trust.extra_roots().len(), 2);
-        assert_eq!(format!("{trust:?}"), "Trust { extra_roots: 2, identity: None }");
+        assert_eq!(
+            format!("{trust:?}"),
+            "Trust { extra_roots: 2, identity: None }"
+        );
         for purpose in [
             Purpose::Deliveries {
                 policy: DENY,

@@ -9,9 +9,11 @@
 //!   workflow that saves or deletes only after success;
 //! - [`lease`]: lease clamping and the reaper of expired subscriptions;
 //! - [`quota`]: total-quota enforcement against the subscriptions service;
+//! - [`deny`]: the operator's deny list, as subscribe requests meet it;
 //! - [`feed`]: the hub consuming a producer's outbox, bridged to WebSub
 //!   topics and to webhooks.
 
+pub mod deny;
 pub mod feed;
 pub mod lease;
 pub mod publish;

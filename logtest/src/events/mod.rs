@@ -1,6 +1,7 @@
 //! The event log's checks, one module per part of its contract, and the
 //! helpers they are written with (public, for a backend's own tests).
 
+mod denials;
 mod endpoints;
 pub mod helpers;
 mod intake;
@@ -10,6 +11,7 @@ mod queue;
 mod sessions;
 mod upkeep;
 
+pub use denials::*;
 pub use endpoints::*;
 pub use intake::*;
 pub use operations::*;

@@ -99,6 +99,52 @@ pub(crate) enum OperatorCommand {
         #[command(subcommand)]
         command: AdminSessionsCommand,
     },
+    /// List the deny list's patterns, or add or remove one: subscribe
+    /// requests whose topic or callback a pattern matches are denied.
+    Denials {
+        #[command(subcommand)]
+        command: DenialsCommand,
+    },
+}
+
+/// `websub denials …`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DenialsCommand {
+    /// List every pattern, oldest first.
+    List {
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+    /// Deny subscribe requests whose topic (--topic) or callback
+    /// (--callback) matches PATTERN: a whole URL, * matching any run of
+    /// characters.
+    Add {
+        /// The pattern.
+        pattern: String,
+        /// Match it against the topic.
+        #[arg(
+            long,
+            conflicts_with = "callback",
+            required_unless_present = "callback"
+        )]
+        topic: bool,
+        /// Match it against the callback.
+        #[arg(long)]
+        callback: bool,
+        /// Sent to each denied callback as hub.reason.
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+    /// Remove a pattern, by its id as listed.
+    Remove {
+        /// The pattern's id.
+        #[arg(value_parser = parse_hex_id)]
+        id: String,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
 }
 
 /// `websub admin-sessions …`.
@@ -113,7 +159,7 @@ pub(crate) enum AdminSessionsCommand {
     /// their browsers must log in again.
     End {
         /// The session's id.
-        #[arg(required_unless_present = "all", conflicts_with = "all", value_parser = parse_session_id)]
+        #[arg(required_unless_present = "all", conflicts_with = "all", value_parser = parse_hex_id)]
         id: Option<String>,
         /// End every session.
         #[arg(long)]
@@ -148,6 +194,18 @@ pub(crate) enum SubscriptionsCommand {
     Delete {
         #[command(flatten)]
         pair: Pair,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
+    /// Deny one subscription: remove it and tell its callback why
+    /// (hub.mode=denied). To keep it from subscribing again, add a pattern
+    /// with `websub denials add`.
+    Deny {
+        #[command(flatten)]
+        pair: Pair,
+        /// Sent to the callback as hub.reason.
+        #[arg(long)]
+        reason: String,
         #[command(flatten)]
         hub: HubArgs,
     },
@@ -244,12 +302,14 @@ pub(crate) enum DeliveriesCommand {
 }
 
 /// An event id as the command line gives it.
-fn parse_session_id(value: &str) -> Result<String, String> {
+/// An id the hub hands out for an admin session or a denial: hexadecimal,
+/// so that it cannot change the path it is put in.
+fn parse_hex_id(value: &str) -> Result<String, String> {
     if !value.is_empty() && value.bytes().all(|byte| byte.is_ascii_hexdigit()) {
         Ok(value.to_owned())
     } else {
         Err(format!(
-            "{value:?} is not a session id (hexadecimal, as `admin-sessions list` shows)"
+            "{value:?} is not an id (hexadecimal, as the list command shows)"
         ))
     }
 }
@@ -284,6 +344,20 @@ pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
                 end_admin_sessions(&hub.connect()?, id.as_deref()).await
             }
         },
+        OperatorCommand::Denials { command } => match command {
+            DenialsCommand::List { hub } => denials(&hub.connect()?).await,
+            DenialsCommand::Add {
+                pattern,
+                topic,
+                reason,
+                hub,
+                ..
+            } => {
+                let field = if topic { "topic" } else { "callback" };
+                add_denial(&hub.connect()?, field, &pattern, &reason).await
+            }
+            DenialsCommand::Remove { id, hub } => remove_denial(&hub.connect()?, &id).await,
+        },
         OperatorCommand::WebhookReplay {
             webhook,
             since,
@@ -300,6 +374,9 @@ pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
             Subscriptions::Show { pair, hub } => show_subscription(&hub.connect()?, &pair).await,
             Subscriptions::Delete { pair, hub } => {
                 delete_subscription(&hub.connect()?, &pair).await
+            }
+            Subscriptions::Deny { pair, reason, hub } => {
+                deny_subscription(&hub.connect()?, &pair, &reason).await
             }
             Subscriptions::Delivery { pair, order, hub } => {
                 set_delivery(&hub.connect()?, &pair, order).await
@@ -469,6 +546,62 @@ async fn delete_subscription(hub: &Hub, pair: &Pair) -> Result<(), Failure> {
     hub.print(&removed, |_| {
         format!("removed the subscription of {callback} to {topic}\n")
     });
+    Ok(())
+}
+
+async fn deny_subscription(hub: &Hub, pair: &Pair, reason: &str) -> Result<(), Failure> {
+    let Pair { topic, callback } = pair;
+    let body = json!({ "topic": topic, "callback": callback, "reason": reason });
+    let answer = hub.post("subscriptions/deny", &body).await?;
+    hub.print(&answer, |answer| {
+        let told = if answer["notified"].as_bool() == Some(true) {
+            "told it why"
+        } else {
+            "its callback did not acknowledge the notice"
+        };
+        format!("denied the subscription of {callback} to {topic}; {told}\n")
+    });
+    Ok(())
+}
+
+async fn denials(hub: &Hub) -> Result<(), Failure> {
+    let answer = hub.get("denials", &[]).await?;
+    hub.print(&answer, |answer| {
+        let mut table = Table::new(["ID", "FIELD", "PATTERN", "REASON", "ADDED"]);
+        for denial in elements(answer) {
+            table.row([
+                cell(&denial["id"]),
+                cell(&denial["field"]),
+                cell(&denial["pattern"]),
+                cell(&denial["reason"]),
+                cell(&denial["created_at"]),
+            ]);
+        }
+        if table.is_empty() {
+            "the deny list is empty\n".to_owned()
+        } else {
+            table.to_string()
+        }
+    });
+    Ok(())
+}
+
+async fn add_denial(hub: &Hub, field: &str, pattern: &str, reason: &str) -> Result<(), Failure> {
+    let body = json!({ "field": field, "pattern": pattern, "reason": reason });
+    let answer = hub.post("denials", &body).await?;
+    hub.print(&answer, |answer| {
+        format!(
+            "denying subscriptions whose {field} matches {pattern} (id {})\n",
+            cell(&answer["id"])
+        )
+    });
+    Ok(())
+}
+
+async fn remove_denial(hub: &Hub, id: &str) -> Result<(), Failure> {
+    hub.delete(&format!("denials/{id}"), &[]).await?;
+    let removed = json!({ "id": id, "removed": true });
+    hub.print(&removed, |_| format!("removed the denial {id}\n"));
     Ok(())
 }
 

@@ -302,8 +302,9 @@ pub enum ProcessError {
     /// The subscriber did not confirm.
     #[error("verification of intent failed")]
     Verification(#[source] VerifyError),
-    /// Verified, but the hub's policy refused to keep the subscription; the
-    /// subscriber was sent a denial with this reason.
+    /// The hub's policy refused the subscription (the deny list, before
+    /// verification; the quota, after it); the subscriber was sent a denial
+    /// with this reason.
     #[error("subscription denied: {reason}")]
     Denied {
         /// The reason sent as `hub.reason`.
@@ -319,6 +320,9 @@ pub enum ProcessError {
     /// not be handed to the new subscription.
     #[error("the events published during verification could not be delivered")]
     CatchUp(#[source] EventLogError),
+    /// The deny list could not be read; nothing was verified.
+    #[error("the deny list could not be read")]
+    DenyList(#[source] EventLogError),
 }
 
 /// The subscription workflow. Cheap to clone: clones share everything.
@@ -344,6 +348,7 @@ struct WorkflowState {
     tracker: TaskTracker,
     on_change: std::sync::OnceLock<ChangeListener>,
     quota: std::sync::OnceLock<QuotaEnforcer>,
+    denials: std::sync::OnceLock<crate::intake::deny::Denials>,
     catch_up: std::sync::OnceLock<CatchUp>,
     /// Writes requests to the backlog in groups; started by the first.
     admissions: std::sync::OnceLock<GroupCommit<Intent, Result<Admission, BacklogError>>>,
@@ -419,6 +424,7 @@ impl Subscriptions {
                 tracker: TaskTracker::new(),
                 on_change: std::sync::OnceLock::new(),
                 quota: std::sync::OnceLock::new(),
+                denials: std::sync::OnceLock::new(),
                 catch_up: std::sync::OnceLock::new(),
                 admissions: std::sync::OnceLock::new(),
                 saves: std::sync::OnceLock::new(),
@@ -447,6 +453,45 @@ impl Subscriptions {
     /// whichever of the publish and the save commits first.
     pub fn catch_up_with(&self, catch_up: CatchUp) {
         let _ = self.inner.catch_up.set(catch_up);
+    }
+
+    /// Denies subscribe requests whose topic or callback a pattern of
+    /// `denials` matches (once; later calls are ignored).
+    pub fn deny_with(&self, denials: crate::intake::deny::Denials) {
+        let _ = self.inner.denials.set(denials);
+    }
+
+    /// The deny list subscribe requests are checked against, if any.
+    pub fn denials(&self) -> Option<&crate::intake::deny::Denials> {
+        self.inner.denials.get()
+    }
+
+    /// Denies a subscription at an operator's request: removes it (or
+    /// nothing, when there is none) and tells the callback, with `reason`,
+    /// as the Recommendation's `hub.mode=denied`. Whether the callback
+    /// acknowledged the notice with a 2xx.
+    pub async fn deny(
+        &self,
+        topic: &str,
+        callback: &str,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        self.inner.store.delete(topic, callback).await?;
+        self.changed(topic);
+        tracing::info!(topic, callback, reason, "denied by an operator");
+        Ok(self.notify_denied(topic, callback, reason).await)
+    }
+
+    /// Sends the callback `hub.mode=denied` with `reason`; whether it
+    /// answered 2xx. A notice not delivered is logged, not retried.
+    async fn notify_denied(&self, topic: &str, callback: &str, reason: &str) -> bool {
+        match self.inner.verifier.deny(topic, callback, reason).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::info!(error = %error_chain(&error), "denial notice not delivered");
+                false
+            }
+        }
     }
 
     /// The quota enforced on saves, if any.
@@ -534,6 +579,18 @@ impl Subscriptions {
     }
 
     async fn subscribe(&self, request: SubscriptionRequest) -> Result<Processed, ProcessError> {
+        // Denied before its intent is verified: the callback learns why
+        // either way, and is asked nothing.
+        if let Some(denials) = self.inner.denials.get()
+            && let Some(reason) = denials
+                .denied(&request.topic, &request.callback)
+                .await
+                .map_err(ProcessError::DenyList)?
+        {
+            self.notify_denied(&request.topic, &request.callback, &reason)
+                .await;
+            return Err(ProcessError::Denied { reason });
+        }
         let lease_seconds = lease::grant(&self.inner.lease, request.lease_seconds);
         // WebSub: the lease runs from the moment of the verification request.
         let requested_at = self.inner.clock.now();
@@ -578,14 +635,8 @@ impl Subscriptions {
                 Ok(Processed::Subscribed { lease_seconds })
             }
             Err(SaveError::Refused { reason }) => {
-                if let Err(error) = self
-                    .inner
-                    .verifier
-                    .deny(&subscription.topic, &subscription.callback, &reason)
-                    .await
-                {
-                    tracing::info!(error = %error_chain(&error), "denial notice not delivered");
-                }
+                self.notify_denied(&subscription.topic, &subscription.callback, &reason)
+                    .await;
                 Err(ProcessError::Denied { reason })
             }
             Err(SaveError::Store(error)) => Err(ProcessError::Store(error)),
@@ -732,6 +783,7 @@ fn log_failure(error: &ProcessError) {
         ProcessError::Store(_) => tracing::warn!(error = %chain, "not saved"),
         ProcessError::Quota(_) => tracing::warn!(error = %chain, "not saved"),
         ProcessError::CatchUp(_) => tracing::warn!(error = %chain, "saved, not caught up"),
+        ProcessError::DenyList(_) => tracing::warn!(error = %chain, "not checked"),
     }
 }
 

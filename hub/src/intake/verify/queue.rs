@@ -176,7 +176,10 @@ fn worth_retrying(error: &ProcessError) -> bool {
             }
             _ => false,
         },
-        ProcessError::Store(_) | ProcessError::Quota(_) | ProcessError::CatchUp(_) => true,
+        ProcessError::Store(_)
+        | ProcessError::Quota(_)
+        | ProcessError::CatchUp(_)
+        | ProcessError::DenyList(_) => true,
         ProcessError::Refused(_) | ProcessError::Denied { .. } => false,
     }
 }

@@ -1,4 +1,4 @@
-//! The event log's contract: [`EventLog`], the union of seven traits by
+//! The event log's contract: [`EventLog`], the union of eight traits by
 //! concern, each of which a component may take alone, and what goes with
 //! them (the span of a partition, the two-step first outcome a backend may
 //! reuse).
@@ -9,12 +9,12 @@ use uuid::Uuid;
 
 use super::{
     AdminSessions, Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord,
-    DeliverySummary, EndpointChanges, EndpointRecord, EventLogError, Exhaustion, FailedDelivery,
-    FailedFilter, LoggedEvent, NewEvent, OrderedSubscription, Recorded, Replayed, Undelivered,
-    WebhookAttempt,
+    DeliverySummary, DenyList, EndpointChanges, EndpointRecord, EventLogError, Exhaustion,
+    FailedDelivery, FailedFilter, LoggedEvent, NewEvent, OrderedSubscription, Recorded, Replayed,
+    Undelivered, WebhookAttempt,
 };
 
-/// Where the hub records events and delivery outcomes: seven parts by
+/// Where the hub records events and delivery outcomes: eight parts by
 /// concern, each a trait of its own, so that a component names only the
 /// part it uses and a backend is written and checked part by part:
 /// - [`EventIntake`]: events recorded and read back;
@@ -24,9 +24,10 @@ use super::{
 /// - [`EndpointStates`]: failures per endpoint, disabling, changes;
 /// - [`DeliveryOperations`]: listing, lookups, retries, redelivery, replay;
 /// - [`LogUpkeep`]: retention and migrations;
-/// - [`AdminSessions`]: the admin page's sessions, kept beside the log.
+/// - [`AdminSessions`]: the admin page's sessions, kept beside the log;
+/// - [`DenyList`]: the operator's deny list, kept beside the log.
 ///
-/// A type with all seven is an `EventLog`. Every method is safe to call concurrently, from several processes sharing
+/// A type with all eight is an `EventLog`. Every method is safe to call concurrently, from several processes sharing
 /// one database where the backend allows it. Times are passed in (never
 /// read from the clock inside) so callers control them in tests.
 ///
@@ -47,6 +48,7 @@ pub trait EventLog:
     + DeliveryOperations
     + LogUpkeep
     + AdminSessions
+    + DenyList
 {
 }
 
@@ -58,6 +60,7 @@ impl<T> EventLog for T where
         + DeliveryOperations
         + LogUpkeep
         + AdminSessions
+        + DenyList
         + ?Sized
 {
 }

@@ -12,6 +12,7 @@
 
 pub mod changes;
 mod contract;
+pub mod denials;
 mod operate;
 pub mod postgres;
 pub mod sessions;
@@ -28,6 +29,7 @@ pub use operate::{
     WebhookAttempt,
 };
 
+pub use denials::{Denial, DeniedField, DenyList};
 pub use sessions::{AdminSession, AdminSessions};
 
 pub use changes::{

@@ -40,6 +40,7 @@ pub(super) fn page(title: &str, session: &Session, body: Markup) -> Markup {
                 a href="/admin/deliveries?state=skipped" { "Skipped" }
                 a href="/admin/failed" { "Failed deliveries" }
                 a href="/admin/endpoints" { "Endpoints" }
+                a href="/admin/denials" { "Deny list" }
                 form method="post" action="/admin/logout" {
                     (csrf(session))
                     button type="submit" { "Log out" }

@@ -4,8 +4,8 @@
 //! holds (topics, subscriptions and their delivery health), one delivery
 //! with its attempts, delivery records by state (the skipped ones among
 //! them), and the endpoints failing or disabled; it retries failed
-//! deliveries, sends events again, replays a subscription, and disables or
-//! enables an endpoint.
+//! deliveries, sends events again, replays a subscription, disables or
+//! enables an endpoint, denies a subscription, and keeps the deny list.
 //!
 //! No script runs in the page: every action is a POST form carrying a CSRF
 //! token tied to the session (`session`, kept by the hub so that it can
@@ -13,6 +13,7 @@
 //! as the operator API does.
 
 mod deliveries;
+mod denials;
 mod endpoints;
 mod layout;
 mod login;
@@ -57,6 +58,13 @@ pub fn router(state: ApiState) -> Router {
         .route("/admin/endpoints", get(endpoints::page))
         .route("/admin/endpoints/enable", post(endpoints::enable))
         .route("/admin/endpoints/disable", post(endpoints::disable))
+        .route("/admin/denials", get(denials::page))
+        .route("/admin/denials/add", post(denials::add))
+        .route("/admin/denials/remove", post(denials::remove))
+        .route(
+            "/admin/subscriptions/deny",
+            post(denials::deny_subscription),
+        )
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
         .layer(axum::middleware::map_response(guard_pages))
         .with_state(state)

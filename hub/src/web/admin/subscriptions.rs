@@ -1,8 +1,8 @@
 //! The subscriptions page at `/admin/subscriptions`: subscriptions by topic
 //! and by callback text, each with its delivery health, linking to its
 //! deliveries; with a button to disable its callback (or a link to the
-//! endpoints page, when disabled) and a form to replay its topic's events
-//! since a time ([`super::resend`]).
+//! endpoints page, when disabled), a form to replay its topic's events
+//! since a time ([`super::resend`]), and one to deny it ([`super::denials`]).
 
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
@@ -10,6 +10,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use websub_store::Subscription;
 
+use super::denials::deny_form;
 use super::endpoints::action_form;
 use super::layout::Field;
 use super::session::{self, Session};
@@ -101,6 +102,7 @@ async fn subscriptions(
                     th { "Topic" } th { "Callback" } th { "Owner" } th { "Expires" }
                     th { "Last success" } th { "Last error" } th { "Pending" } th { "Failed" }
                     th { "Deliveries" } th { "Endpoint" } th { "Replay since (RFC 3339)" }
+                    th { "Deny" }
                 }
             }
             tbody {
@@ -221,6 +223,7 @@ fn render(session: &Session, row: &Row) -> Markup {
                     button type="submit" { "Replay" }
                 }
             }
+            td { (deny_form(session, &subscription.topic, &subscription.callback)) }
         }
     }
 }

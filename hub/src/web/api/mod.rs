@@ -20,6 +20,7 @@
 mod admin_sessions;
 mod backlog;
 mod delivery_order;
+mod denials;
 pub(crate) mod endpoints;
 mod error;
 mod feeds;
@@ -129,6 +130,7 @@ fn operator_routes() -> openapi::ApiRoutes {
         .route(routes!(feeds::list))
         .route(routes!(retention::purge))
         .merge(admin_sessions::routes())
+        .merge(denials::routes())
 }
 
 async fn about() -> &'static str {

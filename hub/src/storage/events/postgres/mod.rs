@@ -51,6 +51,7 @@ mod rows;
 mod statements;
 
 super::sessions::admin_sessions_of!(PostgresEventLog, |log| log.pool.acquire().await?);
+super::denials::deny_list_of!(PostgresEventLog, |log| log.pool.acquire().await?);
 
 use statements::{
     ATTEMPTS, CLAIM, DELIVER_SINCE, DROP_SINCE, DUE_LANES, EVENT, EVENT_EXISTS, EXPAND_AGAIN,

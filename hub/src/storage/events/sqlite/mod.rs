@@ -59,6 +59,7 @@ mod statements;
 mod writer;
 
 super::sessions::admin_sessions_of!(SqliteEventLog, |log| log.writer().await?);
+super::denials::deny_list_of!(SqliteEventLog, |log| log.writer().await?);
 
 use statements::{
     ANY_SINCE, ATTEMPTS, CLAIM, DELIVER_SINCE, DROP_SINCE, DUE_LANES, EVENT, EVENT_EXISTS, EXPAND,
