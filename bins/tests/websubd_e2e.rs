@@ -6,6 +6,7 @@
 mod common;
 
 mod admin;
+mod cloudevents;
 mod denial;
 mod faults;
 mod feeds;

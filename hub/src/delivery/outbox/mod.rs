@@ -4,10 +4,12 @@
 //! [`Outbox`], the envelope) is the `websub-outbox` crate, re-exported
 //! here, so `websub_hub::delivery::outbox::Outbox` is `websub_outbox::Outbox`.
 
+pub mod cloudevents;
 pub mod dispatcher;
 mod listener;
 mod sql;
 
+pub use cloudevents::WebhookFormat;
 pub use dispatcher::{
     Dispatcher, DispatcherConfig, DispatcherError, EventMatch, Handler, HandlerError,
     OUTBOX_BACKLOG, OUTBOX_LISTENER_CONNECTED, OUTBOX_OLDEST_UNDELIVERED_SECONDS,

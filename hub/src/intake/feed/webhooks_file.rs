@@ -9,7 +9,9 @@ use url::Url;
 
 use crate::config::text::ConfigError;
 use crate::delivery::client::{ClientIdentity, IdentityFile};
-use crate::delivery::outbox::{RegistrationError, WebhookRegistrar, WebhookSubscriber};
+use crate::delivery::outbox::{
+    RegistrationError, WebhookFormat, WebhookRegistrar, WebhookSubscriber,
+};
 
 /// The webhooks file a feed reads its webhook subscribers from (TOML): one
 /// `[[webhook]]` table per (event name, subscriber).
@@ -24,12 +26,13 @@ use crate::delivery::outbox::{RegistrationError, WebhookRegistrar, WebhookSubscr
 /// max_in_flight = 4                # optional: in place of the feed's delivery_per_subscriber
 /// client_cert = "certs/users.pem"  # optional: shown when it asks for a client certificate
 /// client_key = "certs/users-key.pem"
+/// format = "cloudevents-binary"    # optional: or cloudevents-structured; envelope by default
 /// ```
 ///
-/// `ordered`, `max_in_flight` and the client certificate go beyond the
-/// messaging contract. They apply to a subscriber, not to one of its event
-/// names, so every entry of a subscriber must give the same values (or
-/// leave them out alike). A relative certificate or key path is taken from
+/// `ordered`, `max_in_flight`, the client certificate and the format go
+/// beyond the messaging contract. They apply to a subscriber, not to one of
+/// its event names, so every entry of a subscriber must give the same
+/// values (or leave them out alike). A relative certificate or key path is taken from
 /// the webhooks file's directory.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,6 +68,10 @@ pub struct WebhookEntry {
     pub client_cert: Option<PathBuf>,
     /// The PEM file of `client_cert`'s private key.
     pub client_key: Option<PathBuf>,
+    /// How its events are sent: `envelope` (the default),
+    /// `cloudevents-binary` or `cloudevents-structured`.
+    #[serde(default)]
+    pub format: WebhookFormat,
 }
 
 impl WebhooksFile {
@@ -91,7 +98,8 @@ impl WebhooksFile {
         }
         let mut seen = HashSet::new();
         let mut certificates: HashMap<&str, (&Option<PathBuf>, &Option<PathBuf>)> = HashMap::new();
-        let mut delivery: HashMap<&str, (bool, Option<usize>, &str)> = HashMap::new();
+        let mut delivery: HashMap<&str, (bool, Option<usize>, WebhookFormat, &str)> =
+            HashMap::new();
         for entry in &file.webhook {
             if entry.max_in_flight == Some(0) {
                 return Err(refuse(format!(
@@ -106,15 +114,19 @@ impl WebhooksFile {
                     entry.subscriber, entry.event
                 )));
             }
-            let (ordered, max_in_flight, first) = *delivery.entry(&entry.subscriber).or_insert((
-                entry.ordered,
-                entry.max_in_flight,
-                &entry.event,
-            ));
-            if (ordered, max_in_flight) != (entry.ordered, entry.max_in_flight) {
+            let (ordered, max_in_flight, format, first) =
+                *delivery.entry(&entry.subscriber).or_insert((
+                    entry.ordered,
+                    entry.max_in_flight,
+                    entry.format,
+                    &entry.event,
+                ));
+            if (ordered, max_in_flight, format)
+                != (entry.ordered, entry.max_in_flight, entry.format)
+            {
                 return Err(refuse(format!(
-                    "webhook {:?}: its entries for {first:?} and {:?} disagree on ordered or \
-                     max_in_flight; give every entry of a subscriber the same",
+                    "webhook {:?}: its entries for {first:?} and {:?} disagree on ordered, \
+                     max_in_flight or format; give every entry of a subscriber the same",
                     entry.subscriber, entry.event
                 )));
             }
@@ -194,6 +206,7 @@ impl WebhooksFile {
                     ordered: entry.ordered,
                     max_in_flight: entry.max_in_flight,
                     identity: self.identities.get(&entry.subscriber).cloned(),
+                    format: entry.format,
                 },
             );
         }

@@ -2,6 +2,7 @@
 //! POST to its webhook through the delivery core, the verdict under the
 //! retry policy, and the writing back of outcomes.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,6 +22,7 @@ use crate::delivery::attempt::{self, Attempted, Request};
 use crate::delivery::client::{self, ClientIdentity, Purpose};
 use crate::delivery::health::{Breaker, Gate, Tried};
 use crate::delivery::limit::Reply;
+use crate::delivery::outbox::{WebhookFormat, cloudevents};
 use crate::delivery::recorder::{Batching, OutcomeStore};
 use crate::delivery::{Verdict, error_chain};
 use crate::storage::events::Attempt;
@@ -284,14 +286,31 @@ impl Dispatcher {
                 }
             },
         };
+        let (content_type, body, headers) = match subscriber.format {
+            WebhookFormat::Envelope => (
+                ENVELOPE_CONTENT_TYPE,
+                prepared.body.clone(),
+                Cow::Borrowed(self.inner.headers.as_slice()),
+            ),
+            WebhookFormat::CloudEventsStructured => (
+                cloudevents::STRUCTURED_CONTENT_TYPE,
+                cloudevents::structured(&prepared.envelope),
+                Cow::Borrowed(self.inner.headers.as_slice()),
+            ),
+            WebhookFormat::CloudEventsBinary => {
+                let (mut headers, body) = cloudevents::binary(&prepared.envelope);
+                headers.extend(self.inner.headers.iter().cloned());
+                (cloudevents::DATA_CONTENT_TYPE, body, Cow::Owned(headers))
+            }
+        };
         let request = Request {
             url: subscriber.url.as_str(),
             scheme: self.inner.scheme,
-            content_type: HeaderValue::from_static(ENVELOPE_CONTENT_TYPE),
+            content_type: HeaderValue::from_static(content_type),
             event_id: prepared.event_id.clone(),
-            body: prepared.body.clone(),
+            body,
             secret: self.inner.signing_key.as_deref(),
-            headers: &self.inner.headers,
+            headers: &headers,
         };
         attempt::post(
             attempt::Carrier::Reqwest(&client),

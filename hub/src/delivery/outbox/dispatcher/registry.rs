@@ -39,6 +39,9 @@ pub struct WebhookSubscriber {
     /// the dispatcher's ([`super::DispatcherConfig::trust`]). Beyond the
     /// messaging contract.
     pub identity: Option<crate::delivery::client::ClientIdentity>,
+    /// How its events are sent: the envelope (the default) or CloudEvents.
+    /// Beyond the messaging contract.
+    pub format: crate::delivery::outbox::WebhookFormat,
 }
 
 impl WebhookSubscriber {
@@ -51,6 +54,7 @@ impl WebhookSubscriber {
             ordered: false,
             max_in_flight: None,
             identity: None,
+            format: crate::delivery::outbox::WebhookFormat::Envelope,
         }
     }
 }
