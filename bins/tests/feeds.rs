@@ -586,54 +586,17 @@ server.serve_forever()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn standard_webhooks_signatures_verify_with_the_published_library() {
     const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-    let library = std::process::Command::new("python3")
-        .args(["-c", "import standardwebhooks"])
-        .status();
-    if !library.is_ok_and(|status| status.success()) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI is set but python3 cannot import standardwebhooks (.ci/run installs it)"
-        );
-        eprintln!("skipped: python3 -m pip install standardwebhooks to run this test");
+    if !python_has("standardwebhooks") {
         return;
     }
     let Some(shop) = Shop::open().await else {
         return;
     };
     let dir = scratch_dir("feed-standard");
-    let script = dir.join("receiver.py");
-    std::fs::write(&script, STANDARD_RECEIVER).expect("write the receiver");
-    let (port_file, log_file) = (dir.join("port"), dir.join("verdicts"));
-    let mut receiver = std::process::Command::new("python3")
-        .arg(&script)
-        .args([
-            SECRET,
-            &port_file.display().to_string(),
-            &log_file.display().to_string(),
-        ])
-        .spawn()
-        .expect("start the receiver");
+    let mut receiver = StandardReceiver::start(&dir, "receiver", SECRET).await;
+    let port = receiver.port;
+    let verdicts = || receiver.verdicts();
     let deadline = tokio::time::Instant::now() + WAIT;
-    let port = loop {
-        if let Some(port) = std::fs::read_to_string(&port_file)
-            .ok()
-            .and_then(|port| port.trim().parse::<u16>().ok())
-        {
-            break port;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the receiver never started"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let verdicts = || {
-        std::fs::read_to_string(&log_file)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect::<Vec<_>>()
-    };
 
     let webhooks = dir.join("webhooks.toml");
     write_webhooks(
@@ -693,8 +656,183 @@ async fn standard_webhooks_signatures_verify_with_the_published_library() {
         assert_eq!(answer.status().as_u16(), 401);
     }
     drop(hub);
-    let _ = receiver.kill();
-    let _ = receiver.wait();
+    receiver.stop();
+}
+
+/// A Standard Webhooks receiver on the published Python library, holding
+/// one secret: each request's verdict goes to a file, a line each.
+struct StandardReceiver {
+    child: std::process::Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl StandardReceiver {
+    async fn start(dir: &Path, name: &str, secret: &str) -> Self {
+        let script = dir.join(format!("{name}.py"));
+        std::fs::write(&script, STANDARD_RECEIVER).expect("write the receiver");
+        let (port_file, log) = (
+            dir.join(format!("{name}.port")),
+            dir.join(format!("{name}.log")),
+        );
+        let child = std::process::Command::new("python3")
+            .arg(&script)
+            .args([
+                secret,
+                &port_file.display().to_string(),
+                &log.display().to_string(),
+            ])
+            .spawn()
+            .expect("start the receiver");
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let port = loop {
+            if let Some(port) = std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|port| port.trim().parse::<u16>().ok())
+            {
+                break port;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the receiver never started"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        Self { child, port, log }
+    }
+
+    fn verdicts(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    async fn wait_for(&self, count: usize) -> Vec<String> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while self.verdicts().len() < count {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{count} requests never arrived: {:?}",
+                self.verdicts()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.verdicts()
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_feeds_signing_secret_is_replaced_through_an_overlap_with_no_refused_request() {
+    const OLD: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const NEW: &str = "whsec_c2Vjb25kLXNlY3JldC1mb3Itcm90YXRpb24=";
+    if !python_has("standardwebhooks") {
+        return;
+    }
+    let Some(shop) = Shop::open().await else {
+        return;
+    };
+    let dir = scratch_dir("feed-rotation");
+    // A receiver that still holds the old secret, and one that already
+    // moved to the new one.
+    let mut old_holder = StandardReceiver::start(&dir, "old", OLD).await;
+    let mut new_holder = StandardReceiver::start(&dir, "new", NEW).await;
+    let webhooks = dir.join("webhooks.toml");
+    let entry = |subscriber: &str, port: u16| {
+        format!(
+            "[[webhook]]\nevent = \"{EVENT_NAME}\"\nsubscriber = \"{subscriber}\"\n\
+             url = \"http://127.0.0.1:{port}/hook\"\n\n"
+        )
+    };
+    let config = shop.config_file(&dir, &webhooks);
+    let base = std::fs::read_to_string(&config).expect("read the config");
+    let phase = |previous: Option<&str>| {
+        let secrets = match previous {
+            Some(previous) => {
+                format!("signing_secret = \"{NEW}\"\nprevious_signing_secret = \"{previous}\"")
+            }
+            None => format!("signing_secret = \"{NEW}\""),
+        };
+        std::fs::write(
+            &config,
+            base.replace(
+                &format!("signing_secret = \"{SIGNING_SECRET}\""),
+                &format!("{secrets}\nsignature_scheme = \"standard-webhooks\""),
+            ),
+        )
+        .expect("write the config");
+    };
+    let config_path = config.display().to_string();
+
+    // The overlap: every request carries a signature with each secret, so
+    // both receivers verify every one.
+    std::fs::write(
+        &webhooks,
+        entry("old-holder", old_holder.port) + &entry("new-holder", new_holder.port),
+    )
+    .expect("write the webhooks file");
+    phase(Some(OLD));
+    let hub = Websubd::spawn(&dir, free_port(), &["--config", &config_path])
+        .ready()
+        .await;
+    shop.produce(0..3).await;
+    for receiver in [&old_holder, &new_holder] {
+        let verdicts = receiver.wait_for(3).await;
+        assert!(
+            verdicts
+                .iter()
+                .all(|verdict| verdict.starts_with("verified ")),
+            "{verdicts:?}"
+        );
+    }
+    drop(hub);
+
+    // After it: the new secret alone, which the old holder no longer takes.
+    phase(None);
+    let hub = Websubd::spawn(&dir, free_port(), &["--config", &config_path])
+        .ready()
+        .await;
+    shop.produce(3..5).await;
+    let verdicts = new_holder.wait_for(5).await;
+    assert!(
+        verdicts
+            .iter()
+            .all(|verdict| verdict.starts_with("verified ")),
+        "{verdicts:?}"
+    );
+    let verdicts = old_holder.wait_for(5).await;
+    assert!(
+        verdicts[3..]
+            .iter()
+            .all(|verdict| verdict.starts_with("refused ")),
+        "the overlap is what kept the old holder going: {verdicts:?}"
+    );
+    drop(hub);
+    old_holder.stop();
+    new_holder.stop();
+}
+
+/// Whether python3 imports `module`; outside CI a missing one skips the
+/// test, in CI it fails it (.ci/run installs it).
+pub(crate) fn python_has(module: &str) -> bool {
+    let found = std::process::Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .status()
+        .is_ok_and(|status| status.success());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but python3 cannot import {module} (.ci/run installs it)"
+        );
+        eprintln!("skipped: python3 -m pip install {module} to run this test");
+    }
+    found
 }
 
 /// With its defaults, a feed keeps the messaging contract whatever its

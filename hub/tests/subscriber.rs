@@ -782,6 +782,79 @@ async fn a_messaging_webhook_checks_its_signature_and_drops_duplicates() {
 }
 
 #[tokio::test]
+async fn a_webhook_given_two_secrets_accepts_either_while_a_feed_rotates() {
+    const NEW: &str = "the feed's new signing secret";
+    let subscriber = Subscriber::start(Arc::default(), |builder| {
+        builder
+            .webhook("/hooks/outbox", SECRET)
+            .webhook("/hooks/outbox", NEW)
+    })
+    .await;
+    let bodies = [
+        "{\"event_id\":\"0\",\"event_name\":\"e\",\"data\":{}}",
+        "{\"event_id\":\"1\",\"event_name\":\"e\",\"data\":{}}",
+        "{\"event_id\":\"2\",\"event_name\":\"e\",\"data\":{}}",
+    ];
+    for (n, (secret, body)) in [SECRET, NEW, "neither of them"]
+        .into_iter()
+        .zip(bodies)
+        .enumerate()
+    {
+        let headers = vec![
+            ("content-type", "application/json".to_owned()),
+            (MESSAGING_EVENT_ID_HEADER, n.to_string()),
+            (
+                MESSAGING_SIGNATURE_HEADER,
+                signature::sign(secret.as_bytes(), body.as_bytes()),
+            ),
+        ];
+        let expected = if secret == "neither of them" {
+            StatusCode::UNAUTHORIZED
+        } else {
+            StatusCode::NO_CONTENT
+        };
+        assert_eq!(
+            subscriber.post("/hooks/outbox", &headers, body).await,
+            expected,
+            "{secret}"
+        );
+    }
+    assert_eq!(subscriber.recorder.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_callback_checks_every_signature_method_the_recommendation_names() {
+    use hmac::{Hmac, KeyInit, Mac};
+    let topic = "https://pub.example/methods";
+    let subscriber = Subscriber::start(Arc::default(), |builder| {
+        builder.expect(topic, "/websub", Some(SECRET))
+    })
+    .await;
+    let body = "{\"other\":\"hub\"}";
+    fn hex_mac<M: Mac + KeyInit>(body: &str) -> String {
+        let mut mac = <M as KeyInit>::new_from_slice(SECRET.as_bytes()).expect("a key");
+        mac.update(body.as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+    let signatures = [
+        format!("sha1={}", hex_mac::<Hmac<sha1::Sha1>>(body)),
+        format!("sha256={}", hex_mac::<Hmac<sha2::Sha256>>(body)),
+        format!("sha384={}", hex_mac::<Hmac<sha2::Sha384>>(body)),
+        format!("sha512={}", hex_mac::<Hmac<sha2::Sha512>>(body)),
+    ];
+    for (n, signature) in signatures.into_iter().enumerate() {
+        let headers = delivery_headers(topic, &format!("event-{n}"), Some(signature.clone()));
+        assert_eq!(
+            subscriber.post("/websub", &headers, body).await,
+            StatusCode::NO_CONTENT,
+            "{signature}"
+        );
+    }
+    assert_eq!(subscriber.recorder.seen().len(), 4, "each method accepted");
+    assert_eq!(subscriber.receiver.stats().signature_rejected, 0);
+}
+
+#[tokio::test]
 async fn a_handler_failure_answers_5xx_and_the_hubs_retry_is_processed() {
     let hub = TestHub::start().await;
     let subscriber =

@@ -63,8 +63,10 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
 }
 
 /// Checks a signature header over the raw body, before the body is decoded,
-/// in constant time. Accepts `sha256=`, `sha384=` and `sha512=`; anything
-/// else (no header, another method, bad hex) is `false`.
+/// in constant time. Accepts every method the WebSub Recommendation names:
+/// `sha1=` (which this hub never sends, but other hubs may), `sha256=`,
+/// `sha384=` and `sha512=`; anything else (no header, another method, bad
+/// hex) is `false`.
 pub fn verify(secret: &[u8], body: &[u8], header: Option<&str>) -> bool {
     let Some((method, digest)) = header.and_then(|value| value.trim().split_once('=')) else {
         return false;
@@ -73,6 +75,7 @@ pub fn verify(secret: &[u8], body: &[u8], header: Option<&str>) -> bool {
         return false;
     };
     match method.to_ascii_lowercase().as_str() {
+        "sha1" => check::<Hmac<sha1::Sha1>>(secret, body, &digest),
         "sha256" => check::<Hmac<Sha256>>(secret, body, &digest),
         "sha384" => check::<Hmac<Sha384>>(secret, body, &digest),
         "sha512" => check::<Hmac<Sha512>>(secret, body, &digest),
@@ -124,6 +127,30 @@ mod tests {
     #[test]
     fn signs_with_lowercase_hex_sha256() {
         assert_eq!(sign(KEY, DATA), format!("sha256={SHA256}"));
+    }
+
+    // RFC 2202, test case 2 (HMAC-SHA-1), and RFC 4231's SHA-384.
+    const SHA1: &str = "effcdf6ae5eb2fa2d27416d5f184df9c259a7c79";
+    const SHA384: &str = "af45d2e376484031617f78d2b58a6b1b9c7ef464f5a01b47e42ec3736322445e8e2240ca5e69e2c78b3239ecfab21649";
+
+    #[test]
+    fn every_method_the_recommendation_names_verifies() {
+        for (method, digest) in [
+            ("sha1", SHA1),
+            ("sha256", SHA256),
+            ("sha384", SHA384),
+            ("sha512", SHA512),
+        ] {
+            assert!(
+                verify(KEY, DATA, Some(&format!("{method}={digest}"))),
+                "{method}"
+            );
+            assert!(
+                !verify(b"other", DATA, Some(&format!("{method}={digest}"))),
+                "{method}"
+            );
+        }
+        assert!(!verify(KEY, DATA, Some(&format!("md5={SHA1}"))));
     }
 
     #[test]

@@ -202,7 +202,11 @@ impl ReceiverBuilder {
     }
 
     /// Serves an outbox webhook at `path`, signed with `secret` (the
-    /// messaging contract's `X-Bootstrapify-Messaging-Signature`).
+    /// messaging contract's `X-Bootstrapify-Messaging-Signature`). Called
+    /// again for the same path with another secret, a request signed with
+    /// either is accepted: how a receiver follows a feed whose signing
+    /// secret is replaced (add the new secret, let the feed switch, then
+    /// drop the old one).
     pub fn webhook(mut self, path: impl Into<String>, secret: impl Into<String>) -> Self {
         self.webhooks.push((path.into(), secret.into()));
         self
@@ -243,7 +247,7 @@ impl ReceiverBuilder {
             self.intents.expect(topic, callback, secret.as_deref())?;
             add_path(CallbackKey::parse(callback)?.path());
         }
-        let mut webhooks: Vec<(String, Secret)> = Vec::new();
+        let mut webhooks: Vec<(String, Vec<Secret>)> = Vec::new();
         for (path, secret) in &self.webhooks {
             let key = CallbackKey::parse(path)?;
             let refuse = |reason| BuildError::Webhook {
@@ -261,10 +265,15 @@ impl ReceiverBuilder {
                     path: key.path().to_owned(),
                 });
             }
-            if !webhooks.iter().any(|(known, _)| known == key.path()) {
-                webhooks.push((key.path().to_owned(), Secret::new(secret)));
+            match webhooks.iter_mut().find(|(known, _)| known == key.path()) {
+                Some((_, secrets)) => secrets.push(Secret::new(secret)),
+                None => webhooks.push((key.path().to_owned(), vec![Secret::new(secret)])),
             }
         }
+        let webhooks: Vec<(String, Arc<[Secret]>)> = webhooks
+            .into_iter()
+            .map(|(path, secrets)| (path, secrets.into()))
+            .collect();
         let (events, _) = broadcast::channel(1024);
         Ok(Receiver {
             shared: Arc::new(Shared {
@@ -289,7 +298,7 @@ impl ReceiverBuilder {
 pub struct Receiver {
     shared: Arc<Shared>,
     callback_paths: Arc<[String]>,
-    webhooks: Arc<[(String, Secret)]>,
+    webhooks: Arc<[(String, Arc<[Secret]>)]>,
     max_body_bytes: usize,
 }
 
@@ -332,10 +341,10 @@ impl Receiver {
         for path in self.callback_paths.iter() {
             router = router.route(path, callback_route(Arc::from(path.as_str())));
         }
-        for (path, secret) in self.webhooks.iter() {
+        for (path, secrets) in self.webhooks.iter() {
             router = router.route(
                 path,
-                webhook_route(Arc::from(path.as_str()), secret.clone()),
+                webhook_route(Arc::from(path.as_str()), secrets.clone()),
             );
         }
         router
@@ -391,12 +400,12 @@ fn callback_route(path: Arc<str>) -> MethodRouter<Arc<Shared>> {
     )
 }
 
-fn webhook_route(path: Arc<str>, secret: Secret) -> MethodRouter<Arc<Shared>> {
+fn webhook_route(path: Arc<str>, secrets: Arc<[Secret]>) -> MethodRouter<Arc<Shared>> {
     post(
         move |State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes| {
             let path = path.clone();
-            let secret = secret.clone();
-            async move { webhook(shared, &path, &secret, headers, body).await }
+            let secrets = secrets.clone();
+            async move { webhook(shared, &path, &secrets, headers, body).await }
         },
     )
 }
@@ -579,17 +588,17 @@ async fn delivery(
 async fn webhook(
     shared: Arc<Shared>,
     path: &str,
-    secret: &Secret,
+    secrets: &[Secret],
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let event_id = header_text(&headers, MESSAGING_EVENT_ID_HEADER).map(str::to_owned);
     let span = tracing::info_span!("webhook", %path, event_id = event_id.as_deref().unwrap_or(""));
-    if !signature::verify(
-        secret.as_bytes(),
-        &body,
-        header_text(&headers, MESSAGING_SIGNATURE_HEADER),
-    ) {
+    let signature = header_text(&headers, MESSAGING_SIGNATURE_HEADER);
+    if !secrets
+        .iter()
+        .any(|secret| signature::verify(secret.as_bytes(), &body, signature))
+    {
         span.in_scope(|| warn!("webhook refused: missing or wrong signature"));
         bump(&shared.counters.unauthorized, NOTIFICATIONS, "unauthorized");
         shared.emit(ReceiverEvent::Unauthorized {

@@ -70,6 +70,9 @@ pub struct Request<'a> {
     pub body: Bytes,
     /// Signs the body when present.
     pub secret: Option<&'a [u8]>,
+    /// The secret `secret` replaces, during a rotation: where the scheme
+    /// carries several signatures (Standard Webhooks), one with each.
+    pub previous_secret: Option<&'a [u8]>,
     /// Headers of the channel or the operator besides those above (WebSub's
     /// `Link`, a webhook's configured headers).
     pub headers: &'a [(HeaderName, HeaderValue)],
@@ -212,7 +215,14 @@ fn headers_of(request: Request<'_>) -> Result<HeaderMap, http::header::InvalidHe
                 let now = chrono::Utc::now().timestamp();
                 headers.insert(header.clone(), HeaderValue::from(now));
                 let id = String::from_utf8_lossy(request.event_id.as_bytes());
-                sign_standard(secret, &id, now, &request.body)
+                let signature = sign_standard(secret, &id, now, &request.body);
+                match request.previous_secret {
+                    None => signature,
+                    Some(previous) => format!(
+                        "{signature} {}",
+                        sign_standard(previous, &id, now, &request.body)
+                    ),
+                }
             }
         };
         headers.insert(

@@ -303,6 +303,7 @@ impl Sender {
                 .unwrap_or_else(|_| HeaderValue::from_static("endpoint-change")),
             body,
             secret: Some(&self.key),
+            previous_secret: None,
             headers: &[],
         };
         let in_flight = self.judge.attempting();

@@ -89,6 +89,7 @@ impl Distributor {
                     event_id: headers.event_id.clone(),
                     body: outgoing.event.body.clone(),
                     secret: subscription.secret.as_deref().map(str::as_bytes),
+                    previous_secret: None,
                     headers: &headers.link,
                 };
                 let at = self.inner.clock.now();

@@ -59,6 +59,11 @@ pub struct FeedConfig {
     pub webhooks_file: Option<PathBuf>,
     /// The secret webhook bodies are signed with.
     pub signing_secret: Option<String>,
+    /// The secret `signing_secret` replaces, while receivers move to the
+    /// new one: Standard Webhooks requests carry a signature with each; the
+    /// messaging header carries the new one's. Remove it once every
+    /// receiver holds the new secret.
+    pub previous_signing_secret: Option<String>,
     /// `messaging` (the default: the messaging contract's headers) or
     /// `standard-webhooks` (`webhook-id`, `webhook-timestamp`,
     /// `webhook-signature`; the secret is then `whsec_…`).
@@ -164,6 +169,7 @@ impl FeedConfig {
             notify_channel: None,
             webhooks_file: None,
             signing_secret: None,
+            previous_signing_secret: None,
             signature_scheme: None,
             webhook_headers: BTreeMap::new(),
             retention: None,
@@ -278,6 +284,7 @@ impl FeedConfig {
                 None => self.trust.clone(),
             },
             signing_secret: self.signing_secret.clone(),
+            previous_signing_secret: self.previous_signing_secret.clone(),
             signature_scheme: match &self.signature_scheme {
                 None => WebhookSignature::default(),
                 Some(scheme) => scheme
@@ -338,6 +345,7 @@ fn feed_setting(setting: &'static str) -> &'static str {
         "notify-channel" => "feed.notify_channel",
         "subscriber-name" => "feed.subscriber",
         "signing-secret" => "feed.signing_secret",
+        "previous-signing-secret" => "feed.previous_signing_secret",
         "webhook-header" => "feed.webhook_headers",
         "delivery-timeout" => "feed.delivery_timeout",
         "visibility-timeout" => "feed.visibility_timeout",

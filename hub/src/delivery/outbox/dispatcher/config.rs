@@ -60,6 +60,13 @@ pub struct DispatcherConfig {
     /// The secret webhook bodies are signed with
     /// ([`MESSAGING_SIGNATURE_HEADER`]); no signature without one.
     pub signing_secret: Option<String>,
+    /// The secret `signing_secret` replaces, while receivers move to the
+    /// new one: under Standard Webhooks every request carries a signature
+    /// with each (space-separated, as the scheme allows), so a receiver
+    /// holding either verifies it; the messaging contract's single header
+    /// carries the new one's (its receivers accept both meanwhile). Remove
+    /// it once every receiver holds the new secret.
+    pub previous_signing_secret: Option<String>,
     /// How webhooks are signed: the messaging contract's headers (the
     /// default), or Standard Webhooks' (`signing_secret` is then a
     /// `whsec_…` secret).
@@ -135,6 +142,7 @@ impl Default for DispatcherConfig {
             delivery_timeout: Duration::from_secs(10),
             visibility_timeout: Duration::from_secs(60),
             signing_secret: None,
+            previous_signing_secret: None,
             signature_scheme: WebhookSignature::Messaging,
             webhook_headers: Vec::new(),
             network: NetPolicy::default(),
@@ -244,6 +252,19 @@ impl DispatcherConfig {
                 }
             }
         }
+        if let Some(previous) = &self.previous_signing_secret {
+            if self.signing_secret.is_none() || previous.is_empty() {
+                return Err(invalid(
+                    "previous-signing-secret",
+                    "<redacted>",
+                    "needs a signing-secret to replace it, and must not be empty",
+                ));
+            }
+            if self.signature_scheme == WebhookSignature::StandardWebhooks {
+                standard_key(previous)
+                    .map_err(|reason| invalid("previous-signing-secret", "<redacted>", reason))?;
+            }
+        }
         if self.resend_exhausted && self.breaker_open_after == 0 {
             return Err(invalid(
                 "resend-exhausted",
@@ -258,22 +279,25 @@ impl DispatcherConfig {
 }
 
 impl DispatcherConfig {
-    /// The header scheme webhooks are signed under and the key they are
-    /// signed with (none without a secret), worked out once: a Standard
-    /// Webhooks secret is decoded here rather than for every POST.
+    /// The header scheme webhooks are signed under, the key they are
+    /// signed with (none without a secret) and the key it replaces (none
+    /// outside a rotation), worked out once: a Standard Webhooks secret is
+    /// decoded here rather than for every POST.
     /// [`DispatcherConfig::validate`] has checked that it decodes.
-    pub(super) fn signing(&self) -> (&'static SignatureScheme, Option<Vec<u8>>) {
-        let secret = self.signing_secret.as_deref();
-        match self.signature_scheme {
-            WebhookSignature::Messaging => (
-                &MESSAGING_SCHEME,
-                secret.map(|secret| secret.as_bytes().to_vec()),
-            ),
-            WebhookSignature::StandardWebhooks => (
-                &STANDARD_WEBHOOKS_SCHEME,
-                secret.and_then(|secret| standard_key(secret).ok()),
-            ),
-        }
+    pub(super) fn signing(&self) -> (&'static SignatureScheme, Option<Vec<u8>>, Option<Vec<u8>>) {
+        let scheme = match self.signature_scheme {
+            WebhookSignature::Messaging => &MESSAGING_SCHEME,
+            WebhookSignature::StandardWebhooks => &STANDARD_WEBHOOKS_SCHEME,
+        };
+        let key = |secret: &str| match self.signature_scheme {
+            WebhookSignature::Messaging => Some(secret.as_bytes().to_vec()),
+            WebhookSignature::StandardWebhooks => standard_key(secret).ok(),
+        };
+        (
+            scheme,
+            self.signing_secret.as_deref().and_then(key),
+            self.previous_signing_secret.as_deref().and_then(key),
+        )
     }
 }
 

@@ -310,6 +310,7 @@ impl Dispatcher {
             event_id: prepared.event_id.clone(),
             body,
             secret: self.inner.signing_key.as_deref(),
+            previous_secret: self.inner.previous_key.as_deref(),
             headers: &headers,
         };
         attempt::post(

@@ -98,6 +98,8 @@ struct DispatcherState {
     scheme: &'static SignatureScheme,
     /// The key webhook bodies are signed with, decoded once.
     signing_key: Option<Vec<u8>>,
+    /// The key `signing_key` replaces, during a rotation.
+    previous_key: Option<Vec<u8>>,
     handlers: Judge,
     webhooks: Judge,
     registry: RwLock<Arc<Registry>>,
@@ -149,7 +151,7 @@ impl Dispatcher {
         )
         .map_err(DispatcherError::Client)?;
         let headers = static_headers(&config.webhook_headers)?;
-        let (scheme, signing_key) = config.signing();
+        let (scheme, signing_key, previous_key) = config.signing();
         let waves = waves(&config);
         let hold = config.per_subscriber.saturating_mul(waves);
         let hold_overall = config.concurrency.saturating_mul(waves);
@@ -166,6 +168,7 @@ impl Dispatcher {
                 headers,
                 scheme,
                 signing_key,
+                previous_key,
                 handlers,
                 webhooks,
                 registry: RwLock::new(Arc::new(Registry::default())),
