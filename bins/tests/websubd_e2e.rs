@@ -21,6 +21,7 @@ mod ordered;
 mod ordered_webhooks;
 mod replicas;
 mod routes;
+mod signing;
 mod subscriber;
 mod systemd_unit;
 mod tls;

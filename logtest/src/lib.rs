@@ -1,11 +1,11 @@
 //! The conformance suite for the backends of the hub's own tables: the
-//! event log ([`EventLog`](websub_hub::storage::events::EventLog), in its eight
+//! event log ([`EventLog`](websub_hub::storage::events::EventLog), in its nine
 //! parts) and the [`Backlog`](websub_hub::storage::backlog::Backlog).
 //!
 //! One public async check per behaviour of the contracts documented on the
 //! traits: the [`events`] checks grouped by the part of the log they cover
 //! (intake, queue, outcomes, endpoints, operations, upkeep, sessions,
-//! denials), the
+//! denials, signing), the
 //! [`backlog`]'s by fetches, intents and retention. SQLite and PostgreSQL
 //! run every one; a third backend is proven by passing them too.
 //!
@@ -100,6 +100,7 @@ macro_rules! __event_log_checks {
             admin_sessions_are_bounded,
             denials_are_kept_listed_replaced_and_removed,
             the_deny_list_is_bounded,
+            signing_is_kept_per_subscription_and_replaced_whole,
         }
     };
 }

@@ -9,6 +9,7 @@ mod operations;
 mod outcomes;
 mod queue;
 mod sessions;
+mod signing;
 mod upkeep;
 
 pub use denials::*;
@@ -18,4 +19,5 @@ pub use operations::*;
 pub use outcomes::*;
 pub use queue::*;
 pub use sessions::*;
+pub use signing::*;
 pub use upkeep::*;

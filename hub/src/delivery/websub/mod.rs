@@ -31,6 +31,7 @@ mod lanes;
 mod ordered;
 mod outcomes;
 mod send;
+mod signing;
 mod unsubscribed;
 
 use std::collections::HashMap;
@@ -52,7 +53,7 @@ use crate::delivery::pool::HostClients;
 use crate::delivery::recorder;
 use crate::delivery::{Channel, Endpoints, Judge};
 use crate::protocol::iri_to_uri;
-use crate::storage::events::{Claimed, Completion, EventLog, EventLogError, Outcome};
+use crate::storage::events::{Claimed, Completion, EventLog, EventLogError, Outcome, Signing};
 
 pub use crate::delivery::limit::INITIAL_LIMIT;
 pub use cache::SUBSCRIBERS_TTL;
@@ -63,6 +64,7 @@ pub use lanes::{is_ordered_lane, lane_of, ordered_lane_of};
 use ordered::Ordered;
 pub use ordered::{ORDERED_LIMIT, ORDERED_REFRESH};
 use outcomes::{LogOutcomes, batching};
+pub use signing::{SIGNING_LIMIT, SignedWith};
 use unsubscribed::Unsubscribed;
 
 /// The WebSub scheduler. Cheap to clone; clones share state.
@@ -93,6 +95,7 @@ struct DistributorState {
     lanes: Lanes,
     unsubscribed: Unsubscribed,
     ordered: Ordered,
+    signings: signing::Signings,
     /// Records held in memory until their first outcome, on a log only one
     /// process uses.
     held: Held,
@@ -172,6 +175,7 @@ impl Distributor {
                 judge: Judge::new(Channel::WebSub, policy.retry),
                 unsubscribed: Unsubscribed::default(),
                 ordered: Ordered::default(),
+                signings: signing::Signings::default(),
                 held: Held::default(),
                 lanes: Lanes::new(
                     policy.per_host_min,
@@ -234,6 +238,20 @@ impl Distributor {
         Ok(())
     }
 
+    /// Sets how the subscription of `signing` is signed: kept in the log,
+    /// and in force in this process at once (in other replicas within
+    /// [`ORDERED_REFRESH`]).
+    pub async fn set_signing(&self, signing: Signing) -> Result<(), EventLogError> {
+        self.inner.events.set_signing(&signing).await?;
+        self.inner.signings.set(signing);
+        Ok(())
+    }
+
+    /// The signing setting `subscription` has in this process, if any.
+    pub fn signing_of(&self, subscription: &Subscription) -> Option<Signing> {
+        self.inner.signings.setting(subscription)
+    }
+
     /// Whether `subscription` gets its events in order.
     pub fn is_ordered(&self, subscription: &Subscription) -> bool {
         self.inner.ordered.is_ordered(subscription)
@@ -280,6 +298,9 @@ impl Distributor {
         if let Err(error) = self.inner.ordered.refresh(&*self.inner.events).await {
             warn!(%error, "reading the requests for ordered delivery failed; retrying with the lanes");
         }
+        if let Err(error) = self.inner.signings.refresh(&*self.inner.events).await {
+            warn!(%error, "reading the subscriptions' signing failed; retrying with the lanes");
+        }
         match self.inner.events.release_claims().await {
             Ok(0) => {}
             Ok(released) => info!(released, "took over the claims of the process before"),
@@ -293,6 +314,9 @@ impl Distributor {
                 if ordered_read.elapsed() >= ORDERED_REFRESH {
                     if let Err(error) = self.inner.ordered.refresh(&*self.inner.events).await {
                         warn!(%error, "reading the requests for ordered delivery failed");
+                    }
+                    if let Err(error) = self.inner.signings.refresh(&*self.inner.events).await {
+                        warn!(%error, "reading the subscriptions' signing failed");
                     }
                     ordered_read = Instant::now();
                 }

@@ -8,14 +8,19 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
+use websub_store::Subscription;
+
 use super::lanes::Job;
-use super::{Distributor, STALE_RECORD_WAIT};
+use super::{Distributor, STALE_RECORD_WAIT, SignedWith};
 use crate::delivery::Verdict;
-use crate::delivery::attempt::{self, Answer, Carrier, Request, WEBSUB_SCHEME};
+use crate::delivery::attempt::{
+    self, Answer, Carrier, Request, STANDARD_WEBHOOKS_SCHEME, SignatureScheme, WEBSUB_SCHEME,
+};
 use crate::delivery::direct::DirectClient;
 use crate::delivery::health::{Breaker, Gate, SKIPPED_REASON, Tried};
 use crate::delivery::limit::Reply;
-use crate::storage::events::{Attempt, Completion, Outcome};
+use crate::signature::standard_key;
+use crate::storage::events::{Attempt, Completion, Outcome, SigningScheme};
 
 impl Distributor {
     /// Makes one attempt of `job`. Returns its completion, how the host
@@ -82,14 +87,26 @@ impl Distributor {
         }
         let (answer, attempted, reply, retry_after) = match &outgoing.headers {
             Ok(headers) => {
+                let signed = self.inner.signings.of(subscription, self.inner.clock.now());
+                let keys = signed.as_ref().map(|signed| keys_of(signed, subscription));
+                let (scheme, secret, previous_secret) = match &keys {
+                    None => (
+                        &WEBSUB_SCHEME,
+                        subscription.secret.as_deref().map(str::as_bytes),
+                        None,
+                    ),
+                    Some((scheme, secret, previous)) => {
+                        (*scheme, secret.as_deref(), previous.as_deref())
+                    }
+                };
                 let request = Request {
                     url: &subscription.callback,
-                    scheme: &WEBSUB_SCHEME,
+                    scheme,
                     content_type: headers.content_type.clone(),
                     event_id: headers.event_id.clone(),
                     body: outgoing.event.body.clone(),
-                    secret: subscription.secret.as_deref().map(str::as_bytes),
-                    previous_secret: None,
+                    secret,
+                    previous_secret,
                     headers: &headers.link,
                 };
                 let at = self.inner.clock.now();
@@ -194,5 +211,36 @@ impl Distributor {
             attempt: history,
         };
         (completion, reply, retry_after)
+    }
+}
+
+/// The scheme and keys a subscription with a signing setting is signed
+/// with: under Standard Webhooks the `whsec_…` secrets decoded (a secret
+/// that does not decode signs nothing, as the API refuses to set one);
+/// under WebSub's one header, the current secret's alone.
+fn keys_of(
+    signed: &SignedWith,
+    subscription: &Subscription,
+) -> (&'static SignatureScheme, Option<Vec<u8>>, Option<Vec<u8>>) {
+    match signed.scheme {
+        SigningScheme::WebSub => (
+            &WEBSUB_SCHEME,
+            subscription
+                .secret
+                .as_deref()
+                .map(|secret| secret.as_bytes().to_vec()),
+            None,
+        ),
+        SigningScheme::StandardWebhooks => (
+            &STANDARD_WEBHOOKS_SCHEME,
+            subscription
+                .secret
+                .as_deref()
+                .and_then(|secret| standard_key(secret).ok()),
+            signed
+                .previous_secret
+                .as_deref()
+                .and_then(|secret| standard_key(secret).ok()),
+        ),
     }
 }

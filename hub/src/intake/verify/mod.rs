@@ -504,6 +504,20 @@ impl Subscriptions {
         &self.inner.store
     }
 
+    /// Keeps `subscription` as given (its owner changed its secret through
+    /// the API), and tells the change listener, so deliveries sign with
+    /// what it now holds.
+    pub async fn replace(&self, subscription: &Subscription) -> Result<(), StoreError> {
+        self.inner.store.save(subscription).await?;
+        self.changed(&subscription.topic);
+        tracing::info!(
+            topic = %subscription.topic,
+            callback = %subscription.callback,
+            "changed by its owner"
+        );
+        Ok(())
+    }
+
     /// Removes a subscription at its owner's request, without verification
     /// (the owner is authenticated), and tells the change listener.
     pub async fn remove(&self, topic: &str, callback: &str) -> Result<(), StoreError> {

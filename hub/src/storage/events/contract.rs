@@ -1,4 +1,4 @@
-//! The event log's contract: [`EventLog`], the union of eight traits by
+//! The event log's contract: [`EventLog`], the union of nine traits by
 //! concern, each of which a component may take alone, and what goes with
 //! them (the span of a partition, the two-step first outcome a backend may
 //! reuse).
@@ -11,10 +11,10 @@ use super::{
     AdminSessions, Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord,
     DeliverySummary, DenyList, EndpointChanges, EndpointRecord, EventLogError, Exhaustion,
     FailedDelivery, FailedFilter, LoggedEvent, NewEvent, OrderedSubscription, Recorded, Replayed,
-    Undelivered, WebhookAttempt,
+    SubscriptionSigning, Undelivered, WebhookAttempt,
 };
 
-/// Where the hub records events and delivery outcomes: eight parts by
+/// Where the hub records events and delivery outcomes: nine parts by
 /// concern, each a trait of its own, so that a component names only the
 /// part it uses and a backend is written and checked part by part:
 /// - [`EventIntake`]: events recorded and read back;
@@ -25,9 +25,11 @@ use super::{
 /// - [`DeliveryOperations`]: listing, lookups, retries, redelivery, replay;
 /// - [`LogUpkeep`]: retention and migrations;
 /// - [`AdminSessions`]: the admin page's sessions, kept beside the log;
-/// - [`DenyList`]: the operator's deny list, kept beside the log.
+/// - [`DenyList`]: the operator's deny list, kept beside the log;
+/// - [`SubscriptionSigning`]: how subscriptions' deliveries are signed,
+///   where their subscribers asked for more than the default.
 ///
-/// A type with all eight is an `EventLog`. Every method is safe to call concurrently, from several processes sharing
+/// A type with all nine is an `EventLog`. Every method is safe to call concurrently, from several processes sharing
 /// one database where the backend allows it. Times are passed in (never
 /// read from the clock inside) so callers control them in tests.
 ///
@@ -49,6 +51,7 @@ pub trait EventLog:
     + LogUpkeep
     + AdminSessions
     + DenyList
+    + SubscriptionSigning
 {
 }
 
@@ -61,6 +64,7 @@ impl<T> EventLog for T where
         + LogUpkeep
         + AdminSessions
         + DenyList
+        + SubscriptionSigning
         + ?Sized
 {
 }

@@ -16,6 +16,7 @@ pub mod denials;
 mod operate;
 pub mod postgres;
 pub mod sessions;
+pub mod signing;
 mod sql;
 pub mod sqlite;
 
@@ -31,6 +32,7 @@ pub use operate::{
 
 pub use denials::{Denial, DeniedField, DenyList};
 pub use sessions::{AdminSession, AdminSessions};
+pub use signing::{Signing, SigningScheme, SubscriptionSigning};
 
 pub use changes::{
     ChangeFilter, EndpointChange, EndpointChanges, EndpointState, MAX_CHANGES, NewChange, Sent,

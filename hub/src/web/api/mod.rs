@@ -32,6 +32,7 @@ mod own_deliveries;
 pub(crate) mod redeliver;
 mod requests;
 mod retention;
+mod signing;
 mod subscriber;
 mod subscription;
 mod webhooks;

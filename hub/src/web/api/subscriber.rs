@@ -32,6 +32,7 @@ pub(super) fn routes() -> ApiRoutes {
         .route(routes!(list))
         .route(routes!(remove))
         .route(routes!(super::delivery_order::own))
+        .route(routes!(super::signing::own))
         .route(routes!(usage))
         .route(routes!(super::backlog::own_intents))
         .route(routes!(super::own_deliveries::own_deliveries))

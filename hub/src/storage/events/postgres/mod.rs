@@ -52,6 +52,7 @@ mod statements;
 
 super::sessions::admin_sessions_of!(PostgresEventLog, |log| log.pool.acquire().await?);
 super::denials::deny_list_of!(PostgresEventLog, |log| log.pool.acquire().await?);
+super::signing::subscription_signing_of!(PostgresEventLog, |log| log.pool.acquire().await?);
 
 use statements::{
     ATTEMPTS, CLAIM, DELIVER_SINCE, DROP_SINCE, DUE_LANES, EVENT, EVENT_EXISTS, EXPAND_AGAIN,

@@ -60,6 +60,7 @@ mod writer;
 
 super::sessions::admin_sessions_of!(SqliteEventLog, |log| log.writer().await?);
 super::denials::deny_list_of!(SqliteEventLog, |log| log.writer().await?);
+super::signing::subscription_signing_of!(SqliteEventLog, |log| log.writer().await?);
 
 use statements::{
     ANY_SINCE, ATTEMPTS, CLAIM, DELIVER_SINCE, DROP_SINCE, DUE_LANES, EVENT, EVENT_EXISTS, EXPAND,
