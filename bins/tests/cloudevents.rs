@@ -7,13 +7,10 @@
 use crate::common;
 use crate::feeds::{EVENT_NAME, Shop};
 
-use std::time::Duration;
-
-use common::{Websubd, free_port, scratch_dir};
+use common::{PythonReceiver, Websubd, free_port, scratch_dir};
 use serde_json::Value;
 use websub_hub::signature::MESSAGING_SIGNATURE_HEADER;
 
-const WAIT: Duration = Duration::from_secs(30);
 const SECRET: &str = "the feed's webhook secret";
 
 /// A receiver on Python's HTTP server that reads every POST with the
@@ -62,33 +59,14 @@ async fn cloudevents_in_both_modes_read_back_with_the_published_sdk() {
         return;
     };
     let dir = scratch_dir("cloudevents");
-    let script = dir.join("receiver.py");
-    std::fs::write(&script, RECEIVER).expect("write the receiver");
-    let (port_file, log_file) = (dir.join("port"), dir.join("events"));
-    let mut receiver = std::process::Command::new("python3")
-        .arg(&script)
-        .args([
-            SECRET,
-            MESSAGING_SIGNATURE_HEADER,
-            &port_file.display().to_string(),
-            &log_file.display().to_string(),
-        ])
-        .spawn()
-        .expect("start the receiver");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let port = loop {
-        if let Some(port) = std::fs::read_to_string(&port_file)
-            .ok()
-            .and_then(|port| port.trim().parse::<u16>().ok())
-        {
-            break port;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the receiver never started"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let receiver = PythonReceiver::start(
+        &dir,
+        "receiver",
+        RECEIVER,
+        &[SECRET, MESSAGING_SIGNATURE_HEADER],
+    )
+    .await;
+    let port = receiver.port;
     let webhooks = dir.join("webhooks.toml");
     let entry = |subscriber: &str, format: &str| {
         format!(
@@ -123,22 +101,12 @@ async fn cloudevents_in_both_modes_read_back_with_the_published_sdk() {
     .ready()
     .await;
     shop.produce(0..3).await;
-    let events = || -> Vec<Value> {
-        std::fs::read_to_string(&log_file)
-            .unwrap_or_default()
-            .lines()
-            .map(|line| serde_json::from_str(line).expect("a JSON line"))
-            .collect()
-    };
-    while events().len() < 6 {
-        assert!(
-            tokio::time::Instant::now() < deadline + WAIT,
-            "the events never arrived: {:?}",
-            events()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let received = events();
+    let received: Vec<Value> = receiver
+        .wait_for(6)
+        .await
+        .iter()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
     let mut orders = std::collections::BTreeMap::<&str, Vec<i64>>::new();
     for event in &received {
         assert!(event.get("error").is_none(), "the SDK read it: {event}");
@@ -171,6 +139,4 @@ async fn cloudevents_in_both_modes_read_back_with_the_published_sdk() {
     }
     assert_eq!(orders.len(), 2, "both modes: {received:?}");
     drop(hub);
-    let _ = receiver.kill();
-    let _ = receiver.wait();
 }

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{DatabaseOutage, Websubd, free_port, prometheus, scratch_dir};
+use common::{DatabaseOutage, PythonReceiver, Websubd, free_port, prometheus, scratch_dir};
 use sqlx::postgres::PgPool;
 use websub_hub::delivery::outbox::{Event, Outbox, OutboxTables, ddl};
 use websub_hub::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, verify};
@@ -593,9 +593,9 @@ async fn standard_webhooks_signatures_verify_with_the_published_library() {
         return;
     };
     let dir = scratch_dir("feed-standard");
-    let mut receiver = StandardReceiver::start(&dir, "receiver", SECRET).await;
+    let receiver = standard_receiver(&dir, "receiver", SECRET).await;
     let port = receiver.port;
-    let verdicts = || receiver.verdicts();
+    let verdicts = || receiver.lines();
     let deadline = tokio::time::Instant::now() + WAIT;
 
     let webhooks = dir.join("webhooks.toml");
@@ -656,76 +656,12 @@ async fn standard_webhooks_signatures_verify_with_the_published_library() {
         assert_eq!(answer.status().as_u16(), 401);
     }
     drop(hub);
-    receiver.stop();
 }
 
 /// A Standard Webhooks receiver on the published Python library, holding
-/// one secret: each request's verdict goes to a file, a line each.
-struct StandardReceiver {
-    child: std::process::Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl StandardReceiver {
-    async fn start(dir: &Path, name: &str, secret: &str) -> Self {
-        let script = dir.join(format!("{name}.py"));
-        std::fs::write(&script, STANDARD_RECEIVER).expect("write the receiver");
-        let (port_file, log) = (
-            dir.join(format!("{name}.port")),
-            dir.join(format!("{name}.log")),
-        );
-        let child = std::process::Command::new("python3")
-            .arg(&script)
-            .args([
-                secret,
-                &port_file.display().to_string(),
-                &log.display().to_string(),
-            ])
-            .spawn()
-            .expect("start the receiver");
-        let deadline = tokio::time::Instant::now() + WAIT;
-        let port = loop {
-            if let Some(port) = std::fs::read_to_string(&port_file)
-                .ok()
-                .and_then(|port| port.trim().parse::<u16>().ok())
-            {
-                break port;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the receiver never started"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        Self { child, port, log }
-    }
-
-    fn verdicts(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-
-    async fn wait_for(&self, count: usize) -> Vec<String> {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while self.verdicts().len() < count {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{count} requests never arrived: {:?}",
-                self.verdicts()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.verdicts()
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// one secret: each request's verdict is a line of its log.
+async fn standard_receiver(dir: &Path, name: &str, secret: &str) -> PythonReceiver {
+    PythonReceiver::start(dir, name, STANDARD_RECEIVER, &[secret]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -741,8 +677,8 @@ async fn a_feeds_signing_secret_is_replaced_through_an_overlap_with_no_refused_r
     let dir = scratch_dir("feed-rotation");
     // A receiver that still holds the old secret, and one that already
     // moved to the new one.
-    let mut old_holder = StandardReceiver::start(&dir, "old", OLD).await;
-    let mut new_holder = StandardReceiver::start(&dir, "new", NEW).await;
+    let old_holder = standard_receiver(&dir, "old", OLD).await;
+    let new_holder = standard_receiver(&dir, "new", NEW).await;
     let webhooks = dir.join("webhooks.toml");
     let entry = |subscriber: &str, port: u16| {
         format!(
@@ -814,8 +750,6 @@ async fn a_feeds_signing_secret_is_replaced_through_an_overlap_with_no_refused_r
         "the overlap is what kept the old holder going: {verdicts:?}"
     );
     drop(hub);
-    old_holder.stop();
-    new_holder.stop();
 }
 
 /// Whether python3 imports `module`; outside CI a missing one skips the

@@ -10,7 +10,7 @@ use crate::common;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use common::{Websubd, free_port, scratch_dir};
+use common::{PythonReceiver, Websubd, free_port, scratch_dir};
 use reqwest::header;
 use serde_json::{Value, json};
 use websub_hub::web::auth::issue_token;
@@ -87,56 +87,11 @@ async fn a_subscriber_chooses_standard_webhooks_and_replaces_its_secret_through_
         return;
     }
     let dir = scratch_dir("signing");
-    let script = dir.join("receiver.py");
-    std::fs::write(&script, RECEIVER).expect("write the receiver");
-    let (port_file, log_file) = (dir.join("port"), dir.join("verdicts"));
-    let mut receiver = std::process::Command::new("python3")
-        .arg(&script)
-        .args([
-            OLD,
-            NEW,
-            &port_file.display().to_string(),
-            &log_file.display().to_string(),
-        ])
-        .spawn()
-        .expect("start the receiver");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let port = loop {
-        if let Some(port) = std::fs::read_to_string(&port_file)
-            .ok()
-            .and_then(|port| port.trim().parse::<u16>().ok())
-        {
-            break port;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the receiver never started"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let verdicts = || -> Vec<String> {
-        std::fs::read_to_string(&log_file)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    };
+    let receiver = PythonReceiver::start(&dir, "receiver", RECEIVER, &[OLD, NEW]).await;
+    let port = receiver.port;
     let next_verdict = |count: usize| {
-        let verdicts = &verdicts;
-        async move {
-            let deadline = tokio::time::Instant::now() + WAIT;
-            loop {
-                let got = verdicts();
-                if got.len() >= count {
-                    return got[count - 1].clone();
-                }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "delivery {count} never came"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
+        let receiver = &receiver;
+        async move { receiver.wait_for(count).await[count - 1].clone() }
     };
 
     let database = format!("sqlite:{}", dir.join("hub.db").display());
@@ -176,6 +131,7 @@ async fn a_subscriber_chooses_standard_webhooks_and_replaces_its_secret_through_
     assert_eq!(subscribed.status(), 202);
     let query = serde_urlencoded::to_string([("topic", TOPIC), ("callback", callback.as_str())])
         .expect("a query");
+    let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let held = http_client()
             .get(format!("{}api/v1/operator/subscription?{query}", hub.url))
@@ -246,6 +202,4 @@ async fn a_subscriber_chooses_standard_webhooks_and_replaces_its_secret_through_
     assert_eq!(hub.fat_ping(TOPIC, "{\"n\":3}").await, 202);
     assert_eq!(next_verdict(3).await, "old=refused new=ok", "after it");
     drop(hub);
-    let _ = receiver.kill();
-    let _ = receiver.wait();
 }

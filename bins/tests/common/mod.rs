@@ -266,3 +266,81 @@ impl DatabaseOutage {
         .expect("allow connections again");
     }
 }
+
+/// A receiver written in Python (a published library as the judge of what
+/// the hub sends): `script` runs with the given arguments, then the file
+/// it writes its port to and the file it writes a line to per request.
+/// Killed when dropped.
+pub(crate) struct PythonReceiver {
+    child: Child,
+    pub(crate) port: u16,
+    log: PathBuf,
+}
+
+impl PythonReceiver {
+    /// Starts `script` (saved as `name.py` in `dir`) and waits for its port.
+    pub(crate) async fn start(
+        dir: &std::path::Path,
+        name: &str,
+        script: &str,
+        args: &[&str],
+    ) -> Self {
+        let path = dir.join(format!("{name}.py"));
+        std::fs::write(&path, script).expect("write the receiver");
+        let port_file = dir.join(format!("{name}.port"));
+        let log = dir.join(format!("{name}.log"));
+        let child = Command::new("python3")
+            .arg(&path)
+            .args(args)
+            .args([port_file.as_os_str(), log.as_os_str()])
+            .spawn()
+            .expect("start the receiver");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let port = loop {
+            if let Some(port) = std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|port| port.trim().parse::<u16>().ok())
+            {
+                break port;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the receiver {name} never started"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        Self { child, port, log }
+    }
+
+    /// Every line it wrote so far.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Its lines once there are at least `count` (within 30 s).
+    pub(crate) async fn wait_for(&self, count: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let lines = self.lines();
+            if lines.len() >= count {
+                return lines;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{count} requests never arrived: {lines:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for PythonReceiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -15,7 +15,7 @@ use super::openapi::{
     BadRequest, NoInternalKey, TokenTooLarge, Unauthenticated, Unavailable, WrongKey,
 };
 use super::operator::SubscriptionView;
-use super::subscription::{SubscriptionQuery, find};
+use super::subscription::{SubscriptionQuery, find, find_own};
 use super::{ApiError, ApiState, authorize_operator, caller};
 
 /// How a subscription's events are delivered.
@@ -97,14 +97,7 @@ pub(super) async fn own(
     let user = caller(&state, &headers)?;
     let (topic, callback) = query.pair()?;
     let Json(order) = order.map_err(bad_body)?;
-    let subscription = find(&state, &topic, &callback).await;
-    // Someone else's subscription is as invisible as a missing one.
-    let subscription = match subscription {
-        Ok(subscription) if subscription.owner.as_deref() == Some(user.id.as_str()) => subscription,
-        Ok(_) => return Err(not_yours()),
-        Err(error) if error.status == StatusCode::NOT_FOUND => return Err(not_yours()),
-        Err(error) => return Err(error),
-    };
+    let subscription = find_own(&state, &user, &topic, &callback).await?;
     set(&state, &topic, &callback, order.ordered).await?;
     Ok(Json(SubscriptionView::of(subscription, &state)))
 }
@@ -115,13 +108,6 @@ async fn set(state: &ApiState, topic: &str, callback: &str, ordered: bool) -> Re
         .set_ordered(topic, callback, ordered)
         .await
         .map_err(ApiError::from)
-}
-
-fn not_yours() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "you hold no subscription of this callback to this topic",
-    )
 }
 
 fn bad_body(rejection: axum::extract::rejection::JsonRejection) -> ApiError {

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::openapi::{BadRequest, TokenTooLarge, Unauthenticated, Unavailable};
-use super::subscription::{SubscriptionQuery, find};
+use super::subscription::{SubscriptionQuery, find_own};
 use super::{ApiError, ApiState, caller};
 use crate::signature::standard_key;
 use crate::storage::events::{Signing, SigningScheme};
@@ -92,18 +92,7 @@ pub(super) async fn own(
             rejection.body_text()
         ))
     })?;
-    let not_yours = || {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "you hold no subscription of this callback to this topic",
-        )
-    };
-    let mut subscription = match find(&state, &topic, &callback).await {
-        Ok(found) if found.owner.as_deref() == Some(user.id.as_str()) => found,
-        Ok(_) => return Err(not_yours()),
-        Err(error) if error.status == StatusCode::NOT_FOUND => return Err(not_yours()),
-        Err(error) => return Err(error),
-    };
+    let mut subscription = find_own(&state, &user, &topic, &callback).await?;
     let now = state.clock.now();
     let current = state.dispatcher.signing_of(&subscription);
     let scheme = request

@@ -154,18 +154,7 @@ async fn remove(
             "name the subscription with the topic and callback query parameters",
         ));
     };
-    let owned = match state.store.get(&topic, &callback).await {
-        Ok(subscription) => subscription.owner.as_deref() == Some(user.id.as_str()),
-        Err(websub_store::StoreError::UnknownSubscription { .. }) => false,
-        Err(error) => return Err(error.into()),
-    };
-    // Someone else's subscription is as invisible as a missing one.
-    if !owned {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "you hold no subscription of this callback to this topic",
-        ));
-    }
+    super::subscription::find_own(&state, &user, &topic, &callback).await?;
     state.subscriptions.remove(&topic, &callback).await?;
     Ok(StatusCode::NO_CONTENT)
 }

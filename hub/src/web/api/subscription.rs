@@ -67,6 +67,28 @@ pub(super) async fn find(
     }
 }
 
+/// The subscription of `callback` to `topic` if `user` holds it; someone
+/// else's is as invisible as a missing one (the same 404).
+pub(super) async fn find_own(
+    state: &ApiState,
+    user: &crate::web::auth::User,
+    topic: &str,
+    callback: &str,
+) -> Result<Subscription, ApiError> {
+    let not_yours = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "you hold no subscription of this callback to this topic",
+        )
+    };
+    match find(state, topic, callback).await {
+        Ok(found) if found.owner.as_deref() == Some(user.id.as_str()) => Ok(found),
+        Ok(_) => Err(not_yours()),
+        Err(error) if error.status == StatusCode::NOT_FOUND => Err(not_yours()),
+        Err(error) => Err(error),
+    }
+}
+
 /// One subscription, with how its deliveries are going.
 #[utoipa::path(
     get,
