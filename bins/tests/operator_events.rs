@@ -3,7 +3,9 @@
 //! recovered, in order, in the history (operator API and CLI) and on the
 //! admin page, and a loopback operator webhook receives each change signed
 //! with its secret; an operator's disable and enable are kept and sent the
-//! same way; and a dead operator webhook slows no delivery.
+//! same way; a dead operator webhook slows no delivery; and its secret is
+//! replaced through an overlap in which each change carries both
+//! signatures.
 
 use crate::common;
 
@@ -436,4 +438,81 @@ async fn a_dead_operator_webhook_slows_no_delivery() {
         "{own:?}"
     );
     drop(hub);
+}
+
+/// The operator webhook's secret replaced through an overlap: while the
+/// old one is set as the previous secret, every change carries a signature
+/// with each, so the receiver verifies it whichever it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_webhooks_secret_is_replaced_through_an_overlap() {
+    const NEW: &str = "whsec_bmV3LW9wZXJhdG9yLXdlYmhvb2sta2V5";
+    let operator = TestSubscriber::start().await;
+    let dir = scratch_dir("operator-events-rotation");
+    let database_url = sqlite_url(&dir);
+    let webhook = operator.callback("ops");
+    let hub = Websubd::spawn(
+        &dir,
+        free_port(),
+        &[
+            "--database-url",
+            &database_url,
+            "--allow-private-network",
+            "--internal-api-key",
+            INTERNAL_KEY,
+            "--operator-webhook",
+            &webhook,
+            "--operator-webhook-secret",
+            NEW,
+            "--operator-webhook-previous-secret",
+            SECRET,
+        ],
+    )
+    .ready()
+    .await;
+    let disabled = http_client()
+        .post(format!("{}api/v1/operator/endpoints/disable", hub.url))
+        .header("X-Internal-API-Key", INTERNAL_KEY)
+        .header("content-type", "application/json")
+        .body(r#"{"endpoint": "http://127.0.0.1:9/rotation", "reason": "rotation test"}"#)
+        .send()
+        .await
+        .expect("disable an endpoint");
+    assert_eq!(disabled.status(), 200);
+    assert!(
+        operator
+            .wait_until(Duration::from_secs(10), |operator| !operator
+                .deliveries_to("ops")
+                .is_empty())
+            .await,
+        "the change never reached the operator webhook"
+    );
+    let request = operator.deliveries_to("ops")[0].clone();
+    let id = request.header("webhook-id").expect("webhook-id");
+    let timestamp: i64 = request
+        .header("webhook-timestamp")
+        .and_then(|value| value.parse().ok())
+        .expect("webhook-timestamp");
+    let signatures: Vec<&str> = request
+        .header("webhook-signature")
+        .expect("webhook-signature")
+        .split(' ')
+        .collect();
+    for secret in [NEW, SECRET] {
+        let key = standard_key(secret).expect("a Standard Webhooks secret");
+        let expected = sign_standard(&key, id, timestamp, &request.body);
+        assert!(
+            signatures.contains(&expected.as_str()),
+            "signed with {secret}: {signatures:?}"
+        );
+    }
+    assert_eq!(
+        signatures[0],
+        sign_standard(
+            &standard_key(NEW).expect("key"),
+            id,
+            timestamp,
+            &request.body
+        ),
+        "the new secret's first"
+    );
 }

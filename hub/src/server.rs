@@ -277,7 +277,7 @@ impl Hub {
             None => None,
             Some((url, key)) => Some(OperatorWebhook::new(
                 url.to_string(),
-                key,
+                (key, config.operator_webhook_previous_key()?),
                 config.public_url.to_string(),
                 client::build(Purpose::OperatorService, config.delivery.timeout, &trust)?,
                 config.delivery.timeout,

@@ -153,6 +153,10 @@ pub struct HubConfig {
     /// The Standard Webhooks secret (`whsec_<base64>`) the operator
     /// webhook's requests are signed with; required with it.
     pub operator_webhook_secret: Option<String>,
+    /// The secret [`operator_webhook_secret`](Self::operator_webhook_secret)
+    /// replaces, while the receiver moves to the new one: each request
+    /// carries a signature with each.
+    pub operator_webhook_previous_secret: Option<String>,
 }
 
 /// Lease bounds. Requests outside `[min, max]` are clamped; WebSub
@@ -257,6 +261,7 @@ impl Default for HubConfig {
             feeds: Vec::new(),
             operator_webhook: None,
             operator_webhook_secret: None,
+            operator_webhook_previous_secret: None,
         }
     }
 }
@@ -591,6 +596,7 @@ impl HubConfig {
             ));
         }
         self.operator_webhook_key()?;
+        self.operator_webhook_previous_key()?;
         Ok(())
     }
 
@@ -600,6 +606,25 @@ impl HubConfig {
         self.quota_api_key
             .as_deref()
             .or(self.internal_api_key.as_deref())
+    }
+
+    /// The key the operator webhook's secret being replaced holds, during a
+    /// rotation; a malformed one, or one without a secret to replace it, is
+    /// named (never shown).
+    pub fn operator_webhook_previous_key(&self) -> Result<Option<Vec<u8>>, ConfigError> {
+        let Some(previous) = &self.operator_webhook_previous_secret else {
+            return Ok(None);
+        };
+        if self.operator_webhook_secret.is_none() {
+            return Err(invalid(
+                "operator-webhook-previous-secret",
+                "<redacted>",
+                "needs operator-webhook-secret, the secret that replaces it",
+            ));
+        }
+        crate::signature::standard_key(previous)
+            .map(Some)
+            .map_err(|why| invalid("operator-webhook-previous-secret", "<redacted>", why))
     }
 
     /// The operator webhook's URL and signing key, when one is configured;

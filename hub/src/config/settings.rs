@@ -230,6 +230,10 @@ pub struct Settings {
     /// webhook's requests are signed with; required with it.
     #[cfg_attr(feature = "cli", arg(long, value_name = "SECRET"))]
     pub operator_webhook_secret: Option<String>,
+    /// The operator webhook's secret being replaced: while set, each
+    /// request carries a signature with each.
+    #[cfg_attr(feature = "cli", arg(long, value_name = "SECRET"))]
+    pub operator_webhook_previous_secret: Option<String>,
     /// The outbox feeds, one `[[feed]]` table each; see [`HubConfig::feeds`].
     #[serde(default, skip_serializing)]
     #[cfg_attr(feature = "cli", arg(skip))]
@@ -304,6 +308,7 @@ impl Settings {
             quota_type,
             operator_webhook,
             operator_webhook_secret,
+            operator_webhook_previous_secret,
             feed,
         } = self;
         if let Some(listen) = listen {
@@ -435,6 +440,9 @@ impl Settings {
         if operator_webhook_secret.is_some() {
             config.operator_webhook_secret = operator_webhook_secret;
         }
+        if operator_webhook_previous_secret.is_some() {
+            config.operator_webhook_previous_secret = operator_webhook_previous_secret;
+        }
         Ok(())
     }
 
@@ -509,6 +517,7 @@ impl From<&HubConfig> for Settings {
             feeds,
             operator_webhook,
             operator_webhook_secret,
+            operator_webhook_previous_secret,
         } = config;
         let LeasePolicy { default, min, max } = lease;
         let DeliveryPolicy {
@@ -588,6 +597,7 @@ impl From<&HubConfig> for Settings {
             quota_type: Some(quota_type.clone()),
             operator_webhook: operator_webhook.as_ref().map(Url::to_string),
             operator_webhook_secret: operator_webhook_secret.clone(),
+            operator_webhook_previous_secret: operator_webhook_previous_secret.clone(),
             feed: feeds.clone(),
         }
     }
@@ -770,6 +780,7 @@ pub(crate) mod tests {
             feeds: Vec::new(),
             operator_webhook: Some(Url::parse("https://ops.example/hooks/hub").expect("url")),
             operator_webhook_secret: Some("whsec_b3BlcmF0b3Itd2ViaG9vay1rZXk=".to_owned()),
+            operator_webhook_previous_secret: Some("whsec_cHJldmlvdXMta2V5".to_owned()),
         }
     }
 
@@ -870,6 +881,16 @@ pub(crate) mod tests {
             (
                 "operator_webhook_secret = \"whsec_a2V5\"",
                 "operator-webhook-secret",
+            ),
+            (
+                "operator_webhook_previous_secret = \"whsec_a2V5\"",
+                "operator-webhook-previous-secret",
+            ),
+            (
+                "operator_webhook = \"https://ops.example/\"\n\
+                 operator_webhook_secret = \"whsec_a2V5\"\n\
+                 operator_webhook_previous_secret = \"plain\"",
+                "operator-webhook-previous-secret",
             ),
         ] {
             let file: Settings = toml::from_str(text).expect("parse");

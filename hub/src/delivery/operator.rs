@@ -127,6 +127,9 @@ pub struct OperatorWebhook {
 struct Sender {
     url: String,
     key: Vec<u8>,
+    /// The key `key` replaces, during a rotation: each request is signed
+    /// with both.
+    previous_key: Option<Vec<u8>>,
     hub: String,
     client: reqwest::Client,
     timeout: Duration,
@@ -138,12 +141,13 @@ struct Sender {
 
 impl OperatorWebhook {
     /// A sender of `events`' changes to `url`, signed with the Standard
-    /// Webhooks `key`, from the hub at `hub`, through `client` with
+    /// Webhooks key of `keys` (and with the key it replaces, the second,
+    /// during a rotation), from the hub at `hub`, through `client` with
     /// `timeout` per attempt and `retry` after failures.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         url: String,
-        key: Vec<u8>,
+        (key, previous_key): (Vec<u8>, Option<Vec<u8>>),
         hub: String,
         client: reqwest::Client,
         timeout: Duration,
@@ -162,6 +166,7 @@ impl OperatorWebhook {
                 judge: Judge::new(Channel::Operator, retry),
                 url,
                 key,
+                previous_key,
                 hub,
                 client,
                 timeout,
@@ -303,7 +308,7 @@ impl Sender {
                 .unwrap_or_else(|_| HeaderValue::from_static("endpoint-change")),
             body,
             secret: Some(&self.key),
-            previous_secret: None,
+            previous_secret: self.previous_key.as_deref(),
             headers: &[],
         };
         let in_flight = self.judge.attempting();
