@@ -14,7 +14,11 @@
 //! noticed at once. One whose peer vanished silently (a partition) is
 //! noticed by a `NOTIFY` the listener sends itself every ping interval
 //! through the pool: when the previous one has not come back by the time the
-//! next is due, the connection is given up.
+//! next is due, the connection is given up. So is one that cannot be
+//! checked at all, [`UNCHECKED_LIMIT`] checks in a row: the same partition
+//! may have silenced the pool's connections too, and a listener nobody can
+//! vouch for is worth a reconnection (and its catch-up pass) more than a
+//! wait for the pool to heal.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +40,10 @@ const PING_PREFIX: &str = "ping:";
 
 /// Time allowed to open the connection and issue `LISTEN`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Liveness checks in a row that could not be sent before the connection
+/// is given up as unverifiable.
+pub(crate) const UNCHECKED_LIMIT: u32 = 3;
 
 /// A connection that lived at least this long was healthy: its loss starts
 /// the reconnection curve from the beginning (an immediate retry).
@@ -158,6 +166,8 @@ async fn serve(
     // A check being sent, off this loop so that a slow pool never delays
     // the notifications; it reports its token once sent.
     let mut sending: Option<oneshot::Receiver<()>> = None;
+    // Checks in a row that could not be sent.
+    let mut unchecked: u32 = 0;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return None,
@@ -174,7 +184,15 @@ async fn serve(
                 // `heard` is left alone: the answer may have come already,
                 // before this branch ran.
                 if sent.is_ok() {
+                    unchecked = 0;
                     unanswered = Some(Instant::now() + interval);
+                } else {
+                    unchecked += 1;
+                    if unchecked >= UNCHECKED_LIMIT {
+                        return Some(format!(
+                            "{unchecked} liveness checks in a row could not be sent"
+                        ));
+                    }
                 }
             }
             () = tokio::time::sleep_until(next_ping) => {
