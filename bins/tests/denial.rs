@@ -8,7 +8,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{Websubd, free_port, scratch_dir};
+use common::{Websubd, cookie_set_by, free_port, no_redirects, scratch_dir};
 use reqwest::header;
 use serde_json::{Value, json};
 use websub_tests::{INTERNAL_KEY, Received, TestSubscriber, http_client};
@@ -259,20 +259,7 @@ async fn log_in(hub: &Websubd) -> String {
         .await
         .expect("log in");
     assert_eq!(answer.status(), 303);
-    answer.headers()[header::SET_COOKIE]
-        .to_str()
-        .expect("a cookie")
-        .split("; ")
-        .next()
-        .expect("name=value")
-        .to_owned()
-}
-
-fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("a client")
+    cookie_set_by(&answer)
 }
 
 /// A page's HTML, and the CSRF token in it.

@@ -13,7 +13,7 @@ use crate::common;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use common::{Websubd, free_port, scratch_dir};
+use common::{Websubd, cookie_set_by, free_port, no_redirects, scratch_dir};
 use reqwest::header;
 use websub_hub::intake::quota::Quota;
 use websub_hub::intake::quota::fake::FakeQuotaServer;
@@ -233,21 +233,7 @@ async fn log_in(hub: &Websubd, key: &str) -> String {
         .await
         .expect("POST the login");
     assert_eq!(answer.status(), 303, "logged in with {key}");
-    let set_cookie = answer.headers()[header::SET_COOKIE]
-        .to_str()
-        .expect("a text cookie");
-    set_cookie
-        .split("; ")
-        .next()
-        .expect("a name=value")
-        .to_owned()
-}
-
-fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("a client")
+    cookie_set_by(&answer)
 }
 
 /// The overview's status with `cookie`, and its CSRF token when it came.

@@ -86,6 +86,11 @@ fn the_defaults_route_the_public_and_protected_paths_to_the_hub() {
         ("websub-healthz", "Path(`/healthz`)", &[]),
         ("websub-readyz", "Path(`/readyz`)", &[]),
         (
+            "websub-portal",
+            "(Path(`/portal`) || PathPrefix(`/portal/`))",
+            &[],
+        ),
+        (
             "websub-subscriptions",
             "Path(`/api/v1/subscriptions`)",
             &["auth-verify"],

@@ -179,7 +179,7 @@ async fn traefik_routes_the_export_by_policy() {
         .iter()
         .filter(|router| router["provider"] == "file")
         .collect();
-    assert_eq!(ours.len(), 11, "every route has its router: {routers:#}");
+    assert_eq!(ours.len(), 12, "every route has its router: {routers:#}");
     for router in ours {
         assert_eq!(router["status"], "enabled", "{router:#}");
     }

@@ -19,6 +19,7 @@ mod operator_cli;
 mod operator_events;
 mod ordered;
 mod ordered_webhooks;
+mod portal;
 mod replicas;
 mod routes;
 mod signing;

@@ -382,7 +382,11 @@ impl Hub {
             retention: self.config.retention,
             feeds: self.feeds.clone(),
         };
-        api::layers(api::router(state.clone()).merge(crate::web::admin::router(state)))
+        api::layers(
+            api::router(state.clone())
+                .merge(crate::web::admin::router(state.clone()))
+                .merge(crate::web::portal::router(state)),
+        )
     }
 
     /// Runs the hub on `listener` until `shutdown` resolves, then drains.

@@ -621,11 +621,12 @@ async fn every_route_keeps_a_failing_database_to_the_log_and_names_the_request()
             }
         }
         // Not vacuous: every route reached the broken database, but the
-        // document and the ones that read only the outbox feeds' own
-        // databases (none configured here).
+        // document, a portal link (signed, nothing stored) and the ones that
+        // read only the outbox feeds' own databases (none configured here).
         let untouched = [
             "GET /api/v1/openapi.json: 200 OK",
             "GET /api/v1/operator/feeds: 200 OK",
+            "POST /api/v1/operator/portal-links: 201 Created",
             "GET /api/v1/operator/webhooks/deliveries: 200 OK",
             "POST /api/v1/operator/webhooks/replay: 200 OK",
         ];

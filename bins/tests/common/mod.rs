@@ -344,3 +344,23 @@ impl Drop for PythonReceiver {
         let _ = self.child.wait();
     }
 }
+
+/// A client that reports redirects rather than following them: how a test
+/// reads a page's `303` and the cookie it sets.
+pub(crate) fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a client")
+}
+
+/// The `name=value` of the cookie `response` sets.
+pub(crate) fn cookie_set_by(response: &reqwest::Response) -> String {
+    response.headers()[reqwest::header::SET_COOKIE]
+        .to_str()
+        .expect("a text cookie")
+        .split("; ")
+        .next()
+        .expect("name=value")
+        .to_owned()
+}

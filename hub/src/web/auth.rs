@@ -149,6 +149,9 @@ pub struct UserTokens {
 
 struct TokensInner {
     key: DecodingKey,
+    /// The key itself, for the values the hub signs on users' behalf (the
+    /// portal's links); it never leaves this type.
+    secret: Arc<[u8]>,
     validation: Validation,
     header: HeaderName,
     /// With `Authorization` the `Bearer` scheme is required; a custom
@@ -176,7 +179,7 @@ impl UserTokens {
             ));
         }
         let header = header_name(header, "user token")?;
-        let key = DecodingKey::from_secret(key.as_bytes())
+        let decoding = DecodingKey::from_secret(key.as_bytes())
             .map_err(|error| AuthError::InvalidConfig(format!("user token key: {error}")))?;
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_required_spec_claims(&["exp"]);
@@ -188,7 +191,8 @@ impl UserTokens {
         validation.validate_aud = false;
         Ok(Self {
             inner: Arc::new(TokensInner {
-                key,
+                key: decoding,
+                secret: Arc::from(key.as_bytes()),
                 validation,
                 bearer_required: header == header::AUTHORIZATION,
                 header,
@@ -199,6 +203,17 @@ impl UserTokens {
     /// The header the token is read from.
     pub fn header(&self) -> &HeaderName {
         &self.inner.header
+    }
+
+    /// HMAC-SHA256 of `message` under the user token key: values the hub
+    /// hands a user and takes back later (a portal link, its session), on
+    /// any replica, without storing them.
+    pub fn sign(&self, message: &[u8]) -> [u8; 32] {
+        use hmac::{Hmac, KeyInit, Mac};
+        let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&self.inner.secret)
+            .expect("HMAC takes a key of any length");
+        mac.update(message);
+        mac.finalize().into_bytes().into()
     }
 
     /// The user whose token `headers` carry.

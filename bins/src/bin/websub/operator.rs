@@ -99,6 +99,18 @@ pub(crate) enum OperatorCommand {
         #[command(subcommand)]
         command: AdminSessionsCommand,
     },
+    /// Issue a link that signs one subscriber into its portal pages
+    /// (its own subscriptions, deliveries and their actions) until it
+    /// expires.
+    PortalLink {
+        /// The subscriber (the `sub` of its user tokens).
+        subscriber: String,
+        /// How long the link works, e.g. 1h (a week at most).
+        #[arg(long, default_value = "1h", value_parser = parse_ttl)]
+        ttl: u64,
+        #[command(flatten)]
+        hub: HubArgs,
+    },
     /// List the deny list's patterns, or add or remove one: subscribe
     /// requests whose topic or callback a pattern matches are denied.
     Denials {
@@ -344,6 +356,11 @@ pub(crate) async fn run(command: OperatorCommand) -> Result<(), Failure> {
                 end_admin_sessions(&hub.connect()?, id.as_deref()).await
             }
         },
+        OperatorCommand::PortalLink {
+            subscriber,
+            ttl,
+            hub,
+        } => portal_link(&hub.connect()?, &subscriber, ttl).await,
         OperatorCommand::Denials { command } => match command {
             DenialsCommand::List { hub } => denials(&hub.connect()?).await,
             DenialsCommand::Add {
@@ -562,6 +579,26 @@ async fn deny_subscription(hub: &Hub, pair: &Pair, reason: &str) -> Result<(), F
         format!("denied the subscription of {callback} to {topic}; {told}\n")
     });
     Ok(())
+}
+
+async fn portal_link(hub: &Hub, subscriber: &str, ttl: u64) -> Result<(), Failure> {
+    let body = json!({ "subscriber": subscriber, "ttl_seconds": ttl });
+    let answer = hub.post("portal-links", &body).await?;
+    hub.print(&answer, |answer| {
+        format!(
+            "{}\n(for {subscriber}, until {})\n",
+            cell(&answer["url"]),
+            cell(&answer["expires_at"])
+        )
+    });
+    Ok(())
+}
+
+/// A link's lifetime, a duration like 1h, in seconds.
+fn parse_ttl(value: &str) -> Result<u64, String> {
+    websub_hub::config::parse_duration("ttl", value)
+        .map(|ttl| ttl.as_secs())
+        .map_err(|error| error.to_string())
 }
 
 async fn denials(hub: &Hub) -> Result<(), Failure> {

@@ -53,7 +53,7 @@ pub(super) fn page(title: &str, session: &Session, body: Markup) -> Markup {
 }
 
 /// A page without the navigation (the login).
-pub(super) fn bare(title: &str, body: Markup) -> Markup {
+pub(crate) fn bare(title: &str, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {

@@ -15,7 +15,7 @@
 mod deliveries;
 mod denials;
 mod endpoints;
-mod layout;
+pub(crate) mod layout;
 mod login;
 mod overview;
 mod records;
@@ -26,8 +26,6 @@ mod topics;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::http::{HeaderValue, header};
-use axum::response::Response;
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 
@@ -66,29 +64,12 @@ pub fn router(state: ApiState) -> Router {
             post(denials::deny_subscription),
         )
         .layer(DefaultBodyLimit::max(FORM_LIMIT))
-        .layer(axum::middleware::map_response(guard_pages))
+        .layer(axum::middleware::map_response(crate::web::guard_pages))
         .with_state(state)
 }
 
-/// Headers every admin answer carries: never cached (the pages show what
-/// only an operator may see), never framed, and no resource loaded or form
-/// sent anywhere but this hub.
-async fn guard_pages(mut response: Response) -> Response {
-    let headers = response.headers_mut();
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; \
-             frame-ancestors 'none'; base-uri 'none'",
-        ),
-    );
-    response
-}
-
 /// A page's link with its query, encoded.
-fn link(path: &str, query: &[(&str, &str)]) -> String {
+pub(crate) fn link(path: &str, query: &[(&str, &str)]) -> String {
     let query = serde_urlencoded::to_string(query).unwrap_or_default();
     if query.is_empty() {
         path.to_owned()
@@ -98,7 +79,7 @@ fn link(path: &str, query: &[(&str, &str)]) -> String {
 }
 
 /// A form or query field as given, trimmed; `None` when absent or blank.
-fn given(field: &Option<String>) -> Option<&str> {
+pub(crate) fn given(field: &Option<String>) -> Option<&str> {
     field
         .as_deref()
         .map(str::trim)
@@ -106,6 +87,6 @@ fn given(field: &Option<String>) -> Option<&str> {
 }
 
 /// A time as the pages show it: to the second, in UTC.
-fn when(at: DateTime<Utc>) -> String {
+pub(crate) fn when(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }

@@ -90,19 +90,6 @@ fn unavailable(error: &crate::storage::events::EventLogError) -> ApiError {
     )
 }
 
-/// The value of the session cookie among the request's cookies.
-fn cookie(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .find_map(|pair| {
-            let (name, value) = pair.trim().split_once('=')?;
-            (name == COOKIE).then_some(value)
-        })
-}
-
 /// The `Set-Cookie` of a session: sent over HTTPS only (browsers treat
 /// `http://127.0.0.1` and `http://localhost` as secure too), out of reach of
 /// scripts, never on a request another site starts, and only under `/admin`.
@@ -127,7 +114,7 @@ pub(super) fn key(state: &ApiState) -> Result<&KeyRing, ApiError> {
 /// The session of a page request; without one, the way to the login.
 pub(super) async fn require(state: &ApiState, headers: &HeaderMap) -> Result<Session, ApiError> {
     let ring = key(state)?;
-    let Some(token) = cookie(headers) else {
+    let Some(token) = crate::web::cookie(headers, COOKIE) else {
         return Err(ApiError::login());
     };
     let found = state
@@ -190,7 +177,7 @@ mod tests {
             header::COOKIE,
             HeaderValue::from_static("a=1; websub_admin=v.w.x"),
         );
-        assert_eq!(cookie(&headers), Some("v.w.x"));
-        assert_eq!(cookie(&HeaderMap::new()), None);
+        assert_eq!(crate::web::cookie(&headers, COOKIE), Some("v.w.x"));
+        assert_eq!(crate::web::cookie(&HeaderMap::new(), COOKIE), None);
     }
 }

@@ -97,7 +97,7 @@ pub(super) async fn own(
     let user = caller(&state, &headers)?;
     let (topic, callback) = query.pair()?;
     let Json(order) = order.map_err(bad_body)?;
-    let subscription = find_own(&state, &user, &topic, &callback).await?;
+    let subscription = find_own(&state, &user.id, &topic, &callback).await?;
     set(&state, &topic, &callback, order.ordered).await?;
     Ok(Json(SubscriptionView::of(subscription, &state)))
 }

@@ -29,12 +29,13 @@ pub(crate) mod history;
 mod openapi;
 pub(crate) mod operator;
 mod own_deliveries;
+mod portal_links;
 pub(crate) mod redeliver;
 mod requests;
 mod retention;
-mod signing;
+pub(crate) mod signing;
 mod subscriber;
-mod subscription;
+pub(crate) mod subscription;
 mod webhooks;
 
 use std::sync::Arc;
@@ -132,6 +133,7 @@ fn operator_routes() -> openapi::ApiRoutes {
         .route(routes!(retention::purge))
         .merge(admin_sessions::routes())
         .merge(denials::routes())
+        .merge(portal_links::routes())
 }
 
 async fn about() -> &'static str {

@@ -92,14 +92,40 @@ pub(super) async fn own(
             rejection.body_text()
         ))
     })?;
-    let mut subscription = find_own(&state, &user, &topic, &callback).await?;
+    let subscription = find_own(&state, &user.id, &topic, &callback).await?;
+    let (scheme, previous_secret_until) = change(
+        &state,
+        subscription,
+        request.scheme,
+        request.secret,
+        request.overlap_seconds,
+    )
+    .await?;
+    Ok(Json(SigningView {
+        topic,
+        callback,
+        scheme,
+        previous_secret_until,
+    }))
+}
+
+/// Sets `subscription`'s scheme (its current one when `None`) and, given a
+/// new `secret`, keeps the old one signing beside it for `overlap` seconds
+/// (a day when `None`): the scheme now, and until when a previous secret
+/// signs too. The API's and the portal's one way to change signing.
+pub(crate) async fn change(
+    state: &ApiState,
+    mut subscription: websub_store::Subscription,
+    scheme: Option<SigningScheme>,
+    secret: Option<String>,
+    overlap: Option<u64>,
+) -> Result<(SigningScheme, Option<DateTime<Utc>>), ApiError> {
     let now = state.clock.now();
     let current = state.dispatcher.signing_of(&subscription);
-    let scheme = request
-        .scheme
+    let scheme = scheme
         .or(current.as_ref().map(|signing| signing.scheme))
         .unwrap_or_default();
-    let overlap = request.overlap_seconds.unwrap_or(DEFAULT_OVERLAP_SECONDS);
+    let overlap = overlap.unwrap_or(DEFAULT_OVERLAP_SECONDS);
     if overlap > MAX_OVERLAP_SECONDS {
         return Err(bad(format!(
             "overlap_seconds must be at most {MAX_OVERLAP_SECONDS} (a week)"
@@ -108,7 +134,7 @@ pub(super) async fn own(
     let mut previous = current
         .and_then(|signing| signing.previous)
         .filter(|(_, until)| now < *until);
-    if let Some(secret) = &request.secret {
+    if let Some(secret) = &secret {
         if secret.is_empty() || secret.len() > 200 {
             return Err(bad("secret must be 1 to 200 bytes".to_owned()));
         }
@@ -127,22 +153,17 @@ pub(super) async fn own(
     // The setting first: should the new secret not be kept, the old one
     // still signs beside it.
     let signing = Signing {
-        topic: topic.clone(),
-        callback: callback.clone(),
+        topic: subscription.topic.clone(),
+        callback: subscription.callback.clone(),
         scheme,
         previous: previous.clone(),
         since: now,
     };
     state.dispatcher.set_signing(signing).await?;
-    if request.secret.is_some() {
+    if secret.is_some() {
         state.subscriptions.replace(&subscription).await?;
     }
-    Ok(Json(SigningView {
-        topic,
-        callback,
-        scheme,
-        previous_secret_until: previous.map(|(_, until)| until),
-    }))
+    Ok((scheme, previous.map(|(_, until)| until)))
 }
 
 fn bad(reason: String) -> ApiError {

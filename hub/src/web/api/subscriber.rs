@@ -154,7 +154,7 @@ async fn remove(
             "name the subscription with the topic and callback query parameters",
         ));
     };
-    super::subscription::find_own(&state, &user, &topic, &callback).await?;
+    super::subscription::find_own(&state, &user.id, &topic, &callback).await?;
     state.subscriptions.remove(&topic, &callback).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -67,11 +67,11 @@ pub(super) async fn find(
     }
 }
 
-/// The subscription of `callback` to `topic` if `user` holds it; someone
+/// The subscription of `callback` to `topic` if `owner` holds it; someone
 /// else's is as invisible as a missing one (the same 404).
-pub(super) async fn find_own(
+pub(crate) async fn find_own(
     state: &ApiState,
-    user: &crate::web::auth::User,
+    owner: &str,
     topic: &str,
     callback: &str,
 ) -> Result<Subscription, ApiError> {
@@ -82,7 +82,7 @@ pub(super) async fn find_own(
         )
     };
     match find(state, topic, callback).await {
-        Ok(found) if found.owner.as_deref() == Some(user.id.as_str()) => Ok(found),
+        Ok(found) if found.owner.as_deref() == Some(owner) => Ok(found),
         Ok(_) => Err(not_yours()),
         Err(error) if error.status == StatusCode::NOT_FOUND => Err(not_yours()),
         Err(error) => Err(error),

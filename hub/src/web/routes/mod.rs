@@ -162,6 +162,11 @@ pub const ROUTES: &[Route] = &[
         policy: Policy::Protected,
     },
     Route {
+        name: "portal",
+        path: PathMatch::Tree("/portal"),
+        policy: Policy::Public,
+    },
+    Route {
         name: "operator",
         path: PathMatch::Below("/api/v1/operator/"),
         policy: Policy::Internal,
