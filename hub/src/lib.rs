@@ -21,8 +21,8 @@
 //!   [`publish`](intake::publish) (pings, topic fetches, fat pings),
 //!   [`verify`](intake::verify) (verification of intent and the
 //!   subscription workflow), [`lease`](intake::lease),
-//!   [`quota`](intake::quota), and the [`feed`](intake::feed)s that bring
-//!   producers' outbox events in;
+//!   [`quota`](intake::quota), the operator's [`deny`](intake::deny) list,
+//!   and the [`feed`](intake::feed)s that bring producers' outbox events in;
 //! - [`delivery`]: scheduling and delivery: the WebSub scheduler
 //!   ([`websub`](delivery::websub)), the outbox scheduler
 //!   ([`outbox`](delivery::outbox), with the producer side of the
@@ -35,7 +35,8 @@
 //!   sharing one PostgreSQL database;
 //! - [`web`]: the hub over HTTP: the [`routes`](web::routes) with each
 //!   route's policy, the [`api`](web::api) handlers, the
-//!   [`admin`](web::admin) page, [`auth`](web::auth), and the connections
+//!   [`admin`](web::admin) page, the subscriber [`portal`](web::portal),
+//!   [`auth`](web::auth), and the connections
 //!   they are served on under bounds on slow, idle and surplus clients;
 //! - [`protocol`]: parsing and validating WebSub requests, and
 //!   [`signature`]: the HMAC signatures and their header names (the

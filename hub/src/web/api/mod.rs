@@ -13,6 +13,8 @@
 //!   key;
 //! - `/api/v1/openapi.json`: the OpenAPI description of both (`openapi`),
 //!   which is also the only way a route gets under `/api/v1`;
+//! - the admin page (`/admin`) and the subscriber portal (`/portal`) are
+//!   routers of their own, merged beside these by the server;
 //! - `/healthz` (the process answers), `/readyz` (its databases answer and
 //!   are migrated, `health`), `/metrics` (with a metrics key when the hub
 //!   has any).
