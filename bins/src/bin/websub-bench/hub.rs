@@ -288,7 +288,7 @@ pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
     for binary in &binaries {
         println!("websubd ({}): {}", binary.label, binary.path.display());
     }
-    println!(
+    let settings = format!(
         "settings: defaults{}; database: {}",
         if args.hub_args.is_empty() {
             String::new()
@@ -301,8 +301,9 @@ pub(crate) async fn run(args: HubArgs) -> Result<(), Failure> {
             "SQLite"
         }
     );
+    println!("{settings}");
     println!();
-    print_table(&rows);
+    print_table(&rows, vec![settings]);
     Ok(())
 }
 
@@ -1050,35 +1051,63 @@ async fn restart(run: &Run<'_>, nginx: &Nginx, database_url: &str) -> Result<Row
     Ok(row)
 }
 
-fn print_table(rows: &[Row]) {
-    println!(
-        "| scenario | websubd | run | deliveries | elapsed | deliveries/s | % of wrk ceiling | websubd CPU per delivery | websubd peak RSS | details |"
-    );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---|");
-    let dash = || "–".to_owned();
-    for row in rows {
-        println!(
-            "| {} | {} | {} | {} | {} | {:.0} | {} | {} | {} | {} |",
-            row.scenario,
-            row.websubd,
-            row.run,
-            row.deliveries.map_or_else(dash, |count| count.to_string()),
-            row.elapsed
-                .map_or_else(dash, |elapsed| format!("{:.2} s", elapsed.as_secs_f64())),
-            row.rate,
-            row.share
-                .map_or_else(dash, |share| format!("{:.0} %", share * 100.0)),
-            row.cpu_per_delivery
-                .map_or_else(dash, |cpu| format!("{:.1} µs", cpu.as_secs_f64() * 1e6)),
-            row.peak_rss
-                .map_or_else(dash, |bytes| format!("{:.0} MB", bytes as f64 / 1e6)),
-            if row.details.is_empty() {
-                dash()
-            } else {
-                row.details.clone()
-            },
-        );
-    }
+fn print_table(rows: &[Row], notes: Vec<String>) {
+    use crate::report::{Cell, Table};
+    let dash = || Cell::text("–");
+    let table = Table {
+        benchmark: "hub".to_owned(),
+        notes,
+        columns: [
+            "scenario",
+            "websubd",
+            "run",
+            "deliveries",
+            "elapsed",
+            "deliveries/s",
+            "% of wrk ceiling",
+            "websubd CPU per delivery",
+            "websubd peak RSS",
+            "details",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        rows: rows
+            .iter()
+            .map(|row| {
+                vec![
+                    Cell::text(row.scenario),
+                    Cell::text(&row.websubd),
+                    Cell::text(&row.run),
+                    row.deliveries
+                        .map_or_else(dash, |count| Cell::number(count.to_string(), count as f64)),
+                    row.elapsed.map_or_else(dash, |elapsed| {
+                        Cell::number(
+                            format!("{:.2} s", elapsed.as_secs_f64()),
+                            elapsed.as_secs_f64(),
+                        )
+                    }),
+                    Cell::number(format!("{:.0}", row.rate), row.rate),
+                    row.share.map_or_else(dash, |share| {
+                        Cell::number(format!("{:.0} %", share * 100.0), share * 100.0)
+                    }),
+                    row.cpu_per_delivery.map_or_else(dash, |cpu| {
+                        let micros = cpu.as_secs_f64() * 1e6;
+                        Cell::number(format!("{micros:.1} µs"), micros)
+                    }),
+                    row.peak_rss.map_or_else(dash, |bytes| {
+                        let megabytes = bytes as f64 / 1e6;
+                        Cell::number(format!("{megabytes:.0} MB"), megabytes)
+                    }),
+                    if row.details.is_empty() {
+                        dash()
+                    } else {
+                        Cell::text(&row.details)
+                    },
+                ]
+            })
+            .collect(),
+    };
+    crate::report::print(table);
 }
 
 #[cfg(test)]

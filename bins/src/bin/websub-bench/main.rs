@@ -31,6 +31,10 @@
 //!
 //! PostgreSQL and Redis are measured when their URLs are given; each run uses
 //! a throwaway database (PostgreSQL) or key prefix (Redis) and removes it.
+//!
+//! `--json FILE` also writes the tables a run prints as JSON (the `hub`
+//! benchmark's so far), and `websub-bench chart FILE --column C --out
+//! X.svg` draws one of their columns as an SVG bar chart.
 
 mod https;
 mod hub;
@@ -39,6 +43,7 @@ mod nginx;
 mod outbox;
 mod progress;
 mod receiver;
+mod report;
 mod slow;
 mod store;
 mod subscribe;
@@ -55,6 +60,9 @@ use rand::Rng;
 #[derive(Debug, Parser)]
 #[command(name = "websub-bench", about = "Benchmarks of websub-hub", version)]
 struct Cli {
+    /// Also write the tables the run prints to FILE, as JSON.
+    #[arg(long, global = true, value_name = "FILE")]
+    json: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -75,6 +83,8 @@ enum Command {
     Sustained(sustained::SustainedArgs),
     /// The fan-out to HTTPS callbacks against plain HTTP, rounds alternating.
     Tls(tls::TlsArgs),
+    /// Draw one column of a --json report's table as an SVG bar chart.
+    Chart(report::ChartArgs),
 }
 
 pub(crate) type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -90,7 +100,12 @@ async fn main() -> Result<(), Failure> {
         Command::Subscribe(args) => subscribe::run(args).await,
         Command::Sustained(args) => sustained::run(args).await,
         Command::Tls(args) => tls::run(args).await,
+        Command::Chart(args) => report::chart(args),
+    }?;
+    if let Some(path) = &cli.json {
+        report::write(path)?;
     }
+    Ok(())
 }
 
 /// The guard of `mutex`, poisoned or not: a panicking task leaves a count
