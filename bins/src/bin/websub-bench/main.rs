@@ -32,8 +32,8 @@
 //! PostgreSQL and Redis are measured when their URLs are given; each run uses
 //! a throwaway database (PostgreSQL) or key prefix (Redis) and removes it.
 //!
-//! `--json FILE` also writes the tables a run prints as JSON (the `hub`
-//! benchmark's so far), and `websub-bench chart FILE --column C --out
+//! `--json FILE` also writes the tables a run prints as JSON (every
+//! benchmark's but `outbox`'s), and `websub-bench chart FILE --column C --out
 //! X.svg` draws one of their columns as an SVG bar chart.
 
 mod https;

@@ -54,6 +54,23 @@ pub(crate) struct Table {
     pub(crate) rows: Vec<Vec<Cell>>,
 }
 
+impl Table {
+    /// An empty table of `benchmark` with these column headings.
+    pub(crate) fn new(benchmark: &str, columns: &[&str]) -> Self {
+        Self {
+            benchmark: benchmark.to_owned(),
+            notes: Vec::new(),
+            columns: columns.iter().map(|column| (*column).to_owned()).collect(),
+            rows: Vec::new(),
+        }
+    }
+}
+
+/// A cell for an optional number: its text, or a dash.
+pub(crate) fn maybe(value: Option<f64>, text: impl Fn(f64) -> String) -> Cell {
+    value.map_or_else(|| Cell::text("–"), |value| Cell::number(text(value), value))
+}
+
 /// What a run wrote: its command line, when, and its tables.
 #[derive(Debug, Serialize, Deserialize)]
 struct Report {

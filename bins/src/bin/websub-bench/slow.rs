@@ -23,6 +23,7 @@ use websub_hub::delivery::net;
 use crate::Failure;
 use crate::launch::{HubFlags, fat_ping, loopback_client, save_subscriptions};
 use crate::progress::Progress;
+use crate::report::{self, Cell, Table, maybe};
 
 /// The first of the loopback hosts: 127.0.1.1, so that 1 000 hosts end at
 /// 127.0.4.232 and none is 127.0.0.1, where websubd itself listens.
@@ -148,23 +149,44 @@ pub(crate) async fn run(args: SlowArgs) -> Result<(), Failure> {
     std::fs::remove_dir_all(&scratch)?;
 
     let settings = args.hub.settings();
-    println!(
-        "| websubd | subscriptions | hosts | dead hosts | answer after | healthy delivered | time to the last healthy | rate /s | websubd peak RSS | peak open files | websubd CPU per delivery |"
+    let mut table = Table::new(
+        "slow",
+        &[
+            "websubd",
+            "subscriptions",
+            "hosts",
+            "dead hosts",
+            "answer after",
+            "healthy delivered",
+            "time to the last healthy",
+            "rate /s",
+            "websubd peak RSS",
+            "peak open files",
+            "websubd CPU per delivery",
+        ],
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    println!(
-        "| {settings} | {} | {} | {} | {} ms | {healthy} | {:.2} s | {:.0} | {} | {peak_files} | {:.0} µs |",
-        args.subscribers,
-        args.hosts,
-        (0..args.hosts).filter(|host| is_dead(*host)).count(),
-        args.delay_ms,
-        elapsed.as_secs_f64(),
-        healthy as f64 / elapsed.as_secs_f64(),
-        peak_rss
-            .map(|bytes| format!("{:.0} MB", bytes as f64 / 1e6))
-            .unwrap_or_else(|| "–".to_owned()),
-        cpu.as_secs_f64() * 1e6 / healthy as f64,
-    );
+    let dead = (0..args.hosts).filter(|host| is_dead(*host)).count();
+    let rate = healthy as f64 / elapsed.as_secs_f64();
+    let cpu_micros = cpu.as_secs_f64() * 1e6 / healthy as f64;
+    table.rows.push(vec![
+        Cell::text(settings),
+        Cell::number(args.subscribers.to_string(), args.subscribers as f64),
+        Cell::number(args.hosts.to_string(), args.hosts as f64),
+        Cell::number(dead.to_string(), dead as f64),
+        Cell::number(format!("{} ms", args.delay_ms), args.delay_ms as f64),
+        Cell::number(healthy.to_string(), healthy as f64),
+        Cell::number(
+            format!("{:.2} s", elapsed.as_secs_f64()),
+            elapsed.as_secs_f64(),
+        ),
+        Cell::number(format!("{rate:.0}"), rate),
+        maybe(peak_rss.map(|bytes| bytes as f64 / 1e6), |mb| {
+            format!("{mb:.0} MB")
+        }),
+        Cell::number(peak_files.to_string(), peak_files as f64),
+        Cell::number(format!("{cpu_micros:.0} µs"), cpu_micros),
+    ]);
+    report::print(table);
     Ok(())
 }
 

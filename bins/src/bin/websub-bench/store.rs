@@ -13,6 +13,7 @@ use websub_store::redis::RedisStore;
 use websub_store::sqlite::SqliteStore;
 use websub_store::{Subscription, SubscriptionStore};
 
+use crate::report::{self, Cell, Table, maybe};
 use crate::{Failure, ThrowawayDatabase, micros, percentile};
 
 #[derive(Debug, clap::Args)]
@@ -235,25 +236,38 @@ fn resident_bytes() -> Option<u64> {
 }
 
 fn print_table(rows: &[Row]) {
-    println!(
-        "| backend | subscriptions | save/s | list_by_topic p50 | list_by_topic p99 | list_expiring p50 (rows) | RSS per 100k |"
+    let mut table = Table::new(
+        "store",
+        &[
+            "backend",
+            "subscriptions",
+            "save/s",
+            "list_by_topic p50",
+            "list_by_topic p99",
+            "list_expiring p50 (rows)",
+            "RSS per 100k",
+        ],
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let latency = |duration: Duration| Cell::number(micros(duration), duration.as_secs_f64() * 1e6);
     for row in rows {
-        println!(
-            "| {} | {} | {:.0} | {} | {} | {} ({}) | {} |",
-            row.backend,
-            row.subscriptions,
-            row.saves_per_second,
-            micros(row.by_topic_p50),
-            micros(row.by_topic_p99),
-            micros(row.expiring_p50),
-            row.expiring_rows,
-            row.rss_per_100k
-                .map(|bytes| format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0)))
-                .unwrap_or_else(|| "–".to_owned()),
-        );
+        table.rows.push(vec![
+            Cell::text(row.backend),
+            Cell::number(row.subscriptions.to_string(), row.subscriptions as f64),
+            Cell::number(format!("{:.0}", row.saves_per_second), row.saves_per_second),
+            latency(row.by_topic_p50),
+            latency(row.by_topic_p99),
+            Cell::number(
+                format!("{} ({})", micros(row.expiring_p50), row.expiring_rows),
+                row.expiring_p50.as_secs_f64() * 1e6,
+            ),
+            maybe(
+                row.rss_per_100k
+                    .map(|bytes| bytes as f64 / (1024.0 * 1024.0)),
+                |mib| format!("{mib:.1} MiB"),
+            ),
+        ]);
     }
+    report::print(table);
 }
 
 async fn remove_redis_prefix(url: &str, prefix: &str) -> Result<(), Failure> {

@@ -20,6 +20,7 @@ use websub_hub::delivery::net;
 use crate::Failure;
 use crate::launch::{HubFlags, locate_websubd, loopback_client, serve, urlencode};
 use crate::progress::Progress;
+use crate::report::{self, Cell, Table, maybe};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct SubscribeArgs {
@@ -82,27 +83,51 @@ pub(crate) async fn run(args: SubscribeArgs) -> Result<(), Failure> {
         println!("websubd ({label}): {}", websubd.display());
     }
     println!("settings: {}", args.hub.settings());
-    println!(
-        "| websubd | run | subscribe requests | clients | accepted /s | time to all accepted | answered 503 | verified and saved /s | time to all saved | peak waiting | websubd peak RSS |"
+    let mut table = Table::new(
+        "subscribe",
+        &[
+            "websubd",
+            "run",
+            "subscribe requests",
+            "clients",
+            "accepted /s",
+            "time to all accepted",
+            "answered 503",
+            "verified and saved /s",
+            "time to all saved",
+            "peak waiting",
+            "websubd peak RSS",
+        ],
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (label, number, measured) in rows {
-        println!(
-            "| {label} | {number} | {} | {} | {:.0} | {:.2} s | {} | {:.0} | {:.2} s | {} | {} |",
-            args.subscribers,
-            args.clients,
-            args.subscribers as f64 / measured.accepted_in.as_secs_f64(),
-            measured.accepted_in.as_secs_f64(),
-            measured.shed,
-            args.subscribers as f64 / measured.saved_in.as_secs_f64(),
-            measured.saved_in.as_secs_f64(),
-            measured.peak_pending,
-            measured
-                .peak_rss
-                .map(|bytes| format!("{:.0} MB", bytes as f64 / 1e6))
-                .unwrap_or_else(|| "–".to_owned()),
-        );
+        let accepted = args.subscribers as f64 / measured.accepted_in.as_secs_f64();
+        let saved = args.subscribers as f64 / measured.saved_in.as_secs_f64();
+        let seconds = |duration: Duration| {
+            Cell::number(
+                format!("{:.2} s", duration.as_secs_f64()),
+                duration.as_secs_f64(),
+            )
+        };
+        table.rows.push(vec![
+            Cell::text(label),
+            Cell::text(number.to_string()),
+            Cell::number(args.subscribers.to_string(), args.subscribers as f64),
+            Cell::number(args.clients.to_string(), args.clients as f64),
+            Cell::number(format!("{accepted:.0}"), accepted),
+            seconds(measured.accepted_in),
+            Cell::number(measured.shed.to_string(), measured.shed as f64),
+            Cell::number(format!("{saved:.0}"), saved),
+            seconds(measured.saved_in),
+            Cell::number(
+                measured.peak_pending.to_string(),
+                measured.peak_pending as f64,
+            ),
+            maybe(measured.peak_rss.map(|bytes| bytes as f64 / 1e6), |mb| {
+                format!("{mb:.0} MB")
+            }),
+        ]);
     }
+    report::print(table);
     Ok(())
 }
 

@@ -25,6 +25,7 @@ use websub_hub::delivery::net;
 
 use crate::launch::{HubFlags, fat_ping, loopback_client, save_subscriptions, serve_on};
 use crate::progress::Progress;
+use crate::report::{self, Cell, Table, maybe};
 use crate::{Failure, lock, micros, percentile};
 
 #[derive(Debug, clap::Args)]
@@ -189,26 +190,51 @@ pub(crate) async fn run(args: SustainedArgs) -> Result<(), Failure> {
     let mut receipts_taken = std::mem::take(&mut *lock(&receipts.latencies));
     let mut latencies: Vec<Duration> = receipts_taken.iter().map(|(_, latency)| *latency).collect();
     let delivered = latencies.len();
-    println!(
-        "| topics × subscribers | pings/s | publishing | deliveries | refused pings | delivered /s | p50 | p99 | max | database at the end | websubd peak RSS |"
+    let mut table = Table::new(
+        "sustained",
+        &[
+            "topics × subscribers",
+            "pings/s",
+            "publishing",
+            "deliveries",
+            "refused pings",
+            "delivered /s",
+            "p50",
+            "p99",
+            "max",
+            "database at the end",
+            "websubd peak RSS",
+        ],
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    println!(
-        "| {} × {} | {} | {:.1} s | {delivered} | {} | {:.0} | {} | {} | {} | {:.0} MB | {} |",
-        args.topics,
-        args.subscribers,
-        args.rate,
-        published.as_secs_f64(),
-        refused.load(Ordering::Relaxed),
-        delivered as f64 / elapsed.as_secs_f64(),
-        micros(percentile(&mut latencies, 50.0)),
-        micros(percentile(&mut latencies, 99.0)),
-        micros(percentile(&mut latencies, 100.0)),
-        log_bytes as f64 / 1e6,
-        peak_rss
-            .map(|bytes| format!("{:.0} MB", bytes as f64 / 1e6))
-            .unwrap_or_else(|| "–".to_owned()),
-    );
+    let rate = delivered as f64 / elapsed.as_secs_f64();
+    let refused = refused.load(Ordering::Relaxed);
+    let mut latency = |percent: f64| {
+        let at = percentile(&mut latencies, percent);
+        Cell::number(micros(at), at.as_secs_f64() * 1e6)
+    };
+    let (p50, p99, max) = (latency(50.0), latency(99.0), latency(100.0));
+    table.rows.push(vec![
+        Cell::text(format!("{} × {}", args.topics, args.subscribers)),
+        Cell::number(args.rate.to_string(), args.rate as f64),
+        Cell::number(
+            format!("{:.1} s", published.as_secs_f64()),
+            published.as_secs_f64(),
+        ),
+        Cell::number(delivered.to_string(), delivered as f64),
+        Cell::number(refused.to_string(), refused as f64),
+        Cell::number(format!("{rate:.0}"), rate),
+        p50,
+        p99,
+        max,
+        Cell::number(
+            format!("{:.0} MB", log_bytes as f64 / 1e6),
+            log_bytes as f64 / 1e6,
+        ),
+        maybe(peak_rss.map(|bytes| bytes as f64 / 1e6), |mb| {
+            format!("{mb:.0} MB")
+        }),
+    ]);
+    report::print(table);
     if args.window > 0 {
         let from = started.duration_since(receipts.origin);
         print_windows(
@@ -234,8 +260,17 @@ fn print_windows(
         return;
     };
     println!();
-    println!("| window | deliveries | delivered /s | p50 | p99 | database at its end |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    let mut table = Table::new(
+        "sustained",
+        &[
+            "window",
+            "deliveries",
+            "delivered /s",
+            "p50",
+            "p99",
+            "database at its end",
+        ],
+    );
     let mut start = from;
     while start <= last {
         let end = start + window;
@@ -248,25 +283,33 @@ fn print_windows(
             .iter()
             .rev()
             .find(|(at, _)| *at <= end)
-            .map(|(_, bytes)| format!("{:.1} MB", *bytes as f64 / 1e6))
-            .unwrap_or_else(|| "–".to_owned());
+            .map(|(_, bytes)| *bytes as f64 / 1e6);
         let count = latencies.len();
-        let (p50, p99) = if count == 0 {
-            ("–".to_owned(), "–".to_owned())
-        } else {
-            (
-                micros(percentile(&mut latencies, 50.0)),
-                micros(percentile(&mut latencies, 99.0)),
-            )
+        let mut latency = |percent: f64| {
+            if count == 0 {
+                Cell::text("–")
+            } else {
+                let at = percentile(&mut latencies, percent);
+                Cell::number(micros(at), at.as_secs_f64() * 1e6)
+            }
         };
-        println!(
-            "| {:.0}–{:.0} s | {count} | {:.0} | {p50} | {p99} | {size} |",
-            (start - from).as_secs_f64(),
-            (end - from).as_secs_f64(),
-            count as f64 / window.as_secs_f64(),
-        );
+        let (p50, p99) = (latency(50.0), latency(99.0));
+        let rate = count as f64 / window.as_secs_f64();
+        table.rows.push(vec![
+            Cell::text(format!(
+                "{:.0}–{:.0} s",
+                (start - from).as_secs_f64(),
+                (end - from).as_secs_f64()
+            )),
+            Cell::number(count.to_string(), count as f64),
+            Cell::number(format!("{rate:.0}"), rate),
+            p50,
+            p99,
+            maybe(size, |mb| format!("{mb:.1} MB")),
+        ]);
         start = end;
     }
+    report::print(table);
 }
 
 /// Where the size of the hub's database is read: its SQLite files, or the

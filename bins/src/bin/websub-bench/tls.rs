@@ -27,6 +27,7 @@ use crate::launch::{
     Hub, INTERNAL_KEY, cpu_time, fat_ping, locate_websubd, loopback_client, save_subscriptions,
 };
 use crate::receiver::Receiver;
+use crate::report::{self, Cell, Table};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct TlsArgs {
@@ -257,10 +258,18 @@ fn print_tables(samples: &[Sample], args: &TlsArgs, peak_rss: Option<u64>) {
         args.subscribers, args.concurrency, args.body_bytes, args.rounds
     );
     println!();
-    println!(
-        "| round | HTTP /s | HTTPS kept alive /s | HTTPS ÷ HTTP | HTTPS, a connection per delivery /s | handshakes kept alive (full / resumed) | handshakes per delivery (full / resumed) |"
+    let mut rounds = Table::new(
+        "tls",
+        &[
+            "round",
+            "HTTP /s",
+            "HTTPS kept alive /s",
+            "HTTPS ÷ HTTP",
+            "HTTPS, a connection per delivery /s",
+            "handshakes kept alive (full / resumed)",
+            "handshakes per delivery (full / resumed)",
+        ],
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for round in 1..=args.rounds {
         let sample = |kind: Kind| {
             samples
@@ -269,30 +278,40 @@ fn print_tables(samples: &[Sample], args: &TlsArgs, peak_rss: Option<u64>) {
         };
         let rate = |kind: Kind| sample(kind).map_or(f64::NAN, |sample| sample.rate);
         let handshakes = |kind: Kind| {
-            sample(kind).map_or_else(String::new, |sample| {
+            Cell::text(sample(kind).map_or_else(String::new, |sample| {
                 let (full, resumed, failed) = sample.handshakes;
                 if failed > 0 {
                     format!("{full} / {resumed} ({failed} failed)")
                 } else {
                     format!("{full} / {resumed}")
                 }
-            })
+            }))
         };
-        println!(
-            "| {round} | {:.0} | {:.0} | {:.0} % | {:.0} | {} | {} |",
-            rate(Kind::Http),
-            rate(Kind::Https),
-            100.0 * rate(Kind::Https) / rate(Kind::Http),
-            rate(Kind::HttpsReconnecting),
+        let per_second = |kind: Kind| Cell::number(format!("{:.0}", rate(kind)), rate(kind));
+        let share = 100.0 * rate(Kind::Https) / rate(Kind::Http);
+        rounds.rows.push(vec![
+            Cell::number(round.to_string(), round as f64),
+            per_second(Kind::Http),
+            per_second(Kind::Https),
+            Cell::number(format!("{share:.0} %"), share),
+            per_second(Kind::HttpsReconnecting),
             handshakes(Kind::Https),
             handshakes(Kind::HttpsReconnecting),
-        );
+        ]);
     }
+    report::print(rounds);
     println!();
-    println!(
-        "| callbacks | median deliveries/s | % of HTTP | websubd CPU per delivery | receiver CPU per delivery | handshakes, all rounds (full / resumed) |"
+    let mut medians = Table::new(
+        "tls",
+        &[
+            "callbacks",
+            "median deliveries/s",
+            "% of HTTP",
+            "websubd CPU per delivery",
+            "receiver CPU per delivery",
+            "handshakes, all rounds (full / resumed)",
+        ],
     );
-    println!("|---|---:|---:|---:|---:|---:|");
     let http = median(of(Kind::Http).map(|sample| sample.rate).collect());
     for kind in Kind::ALL {
         let rate = median(of(kind).map(|sample| sample.rate).collect());
@@ -306,19 +325,23 @@ fn print_tables(samples: &[Sample], args: &TlsArgs, peak_rss: Option<u64>) {
         let (full, resumed) = of(kind).fold((0, 0), |(full, resumed), sample| {
             (full + sample.handshakes.0, resumed + sample.handshakes.1)
         });
-        println!(
-            "| {} | {rate:.0} | {:.0} % | {:.0} µs | {:.0} µs | {} |",
-            kind.label(),
-            100.0 * rate / http,
-            micros(|sample| sample.hub_cpu),
-            micros(|sample| sample.receiver_cpu),
-            if kind == Kind::Http {
+        let share = 100.0 * rate / http;
+        let hub_cpu = micros(|sample| sample.hub_cpu);
+        let receiver_cpu = micros(|sample| sample.receiver_cpu);
+        medians.rows.push(vec![
+            Cell::text(kind.label()),
+            Cell::number(format!("{rate:.0}"), rate),
+            Cell::number(format!("{share:.0} %"), share),
+            Cell::number(format!("{hub_cpu:.0} µs"), hub_cpu),
+            Cell::number(format!("{receiver_cpu:.0} µs"), receiver_cpu),
+            Cell::text(if kind == Kind::Http {
                 "–".to_owned()
             } else {
                 format!("{full} / {resumed}")
-            },
-        );
+            }),
+        ]);
     }
+    report::print(medians);
     if let Some(bytes) = peak_rss {
         println!();
         println!("websubd peak RSS: {:.0} MB", bytes as f64 / 1e6);
