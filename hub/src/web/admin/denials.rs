@@ -13,8 +13,7 @@ use serde::Deserialize;
 
 use super::session::{self, Session};
 use super::{given, layout, link, when};
-use crate::intake::deny::{PatternError, check_reason, compile};
-use crate::storage::events::denials::MAX_DENIALS;
+use crate::intake::deny::{PatternError, check_reason};
 use crate::storage::events::{Denial, DeniedField};
 use crate::web::api::{ApiError, ApiState};
 
@@ -131,27 +130,9 @@ pub(super) async fn add(
     let field = given(&form.field)
         .and_then(DeniedField::parse)
         .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "field must be topic or callback"))?;
-    let pattern = form.pattern.as_deref().unwrap_or("").trim().to_owned();
-    let reason = given(&form.reason).unwrap_or("").to_owned();
-    compile(&pattern).map_err(bad)?;
-    check_reason(&reason).map_err(bad)?;
-    let denial = Denial {
-        id: hex::encode(rand::random::<[u8; 8]>()),
-        field,
-        pattern,
-        reason,
-        created_at: state.clock.now(),
-    };
-    let Some(listed) = state.events.add_denial(&denial).await? else {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!("the deny list holds {MAX_DENIALS} patterns already; remove one first"),
-        ));
-    };
-    if let Some(denials) = state.subscriptions.denials() {
-        denials.changed();
-    }
-    tracing::info!(id = %listed.id, pattern = %listed.pattern, "denial listed from the admin page");
+    let pattern = form.pattern.as_deref().unwrap_or("").trim();
+    let reason = given(&form.reason).unwrap_or("");
+    let listed = crate::web::api::denials::deny_pattern(&state, field, pattern, reason).await?;
     Ok(Redirect::to(&link(
         "/admin/denials",
         &[("added", &listed.pattern)],
@@ -174,16 +155,7 @@ pub(super) async fn remove(
     session::require_form(&state, &headers, form.csrf.as_deref()).await?;
     let id =
         given(&form.id).ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "id is required"))?;
-    if !state.events.remove_denial(id).await? {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("no denial has the id {id:?}"),
-        ));
-    }
-    if let Some(denials) = state.subscriptions.denials() {
-        denials.changed();
-    }
-    tracing::info!(%id, "denial removed from the admin page");
+    crate::web::api::denials::undeny_pattern(&state, id).await?;
     Ok(Redirect::to(&link(
         "/admin/denials",
         &[("removed", given(&form.pattern).unwrap_or(id))],
@@ -228,14 +200,7 @@ pub(super) async fn deny_subscription(
     };
     let reason = given(&form.reason).unwrap_or("");
     check_reason(reason).map_err(bad)?;
-    if let Err(websub_store::StoreError::UnknownSubscription { .. }) =
-        state.store.get(topic, callback).await
-    {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("{callback} holds no subscription to {topic}"),
-        ));
-    }
+    crate::web::api::subscription::find(&state, topic, callback).await?;
     let notified = state.subscriptions.deny(topic, callback, reason).await?;
     Ok(Redirect::to(&link(
         "/admin/denials",

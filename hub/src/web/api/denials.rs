@@ -92,17 +92,29 @@ pub(super) async fn add(
 ) -> Result<(StatusCode, Json<Denial>), ApiError> {
     authorize_operator(&state, &headers)?;
     let request: NewDenial = json_body(&body, NEW_DENIAL)?;
-    let field = request.field;
+    let listed = deny_pattern(&state, request.field, &request.pattern, &request.reason).await?;
+    Ok((StatusCode::CREATED, Json(listed)))
+}
+
+/// Lists `pattern` for `field` with `reason` once both are checked (400
+/// when not; 409 when the list is full), and has the next subscribe
+/// request read the list again. The API's and the admin page's one way.
+pub(crate) async fn deny_pattern(
+    state: &ApiState,
+    field: DeniedField,
+    pattern: &str,
+    reason: &str,
+) -> Result<Denial, ApiError> {
     let bad = |error: crate::intake::deny::PatternError| {
         ApiError::new(StatusCode::BAD_REQUEST, error.to_string())
     };
-    compile(&request.pattern).map_err(bad)?;
-    check_reason(&request.reason).map_err(bad)?;
+    compile(pattern).map_err(bad)?;
+    check_reason(reason).map_err(bad)?;
     let denial = Denial {
         id: hex::encode(rand::random::<[u8; 8]>()),
         field,
-        pattern: request.pattern,
-        reason: request.reason.trim().to_owned(),
+        pattern: pattern.to_owned(),
+        reason: reason.trim().to_owned(),
         created_at: state.clock.now(),
     };
     let Some(listed) = state.events.add_denial(&denial).await? else {
@@ -115,7 +127,23 @@ pub(super) async fn add(
         denials.changed();
     }
     tracing::info!(id = %listed.id, field = listed.field.as_str(), pattern = %listed.pattern, "denial listed");
-    Ok((StatusCode::CREATED, Json(listed)))
+    Ok(listed)
+}
+
+/// Removes the pattern `id` (404 when there is none) and has the next
+/// subscribe request read the list again.
+pub(crate) async fn undeny_pattern(state: &ApiState, id: &str) -> Result<(), ApiError> {
+    if !state.events.remove_denial(id).await? {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no denial has the id {id:?}"),
+        ));
+    }
+    if let Some(denials) = state.subscriptions.denials() {
+        denials.changed();
+    }
+    tracing::info!(%id, "denial removed");
+    Ok(())
 }
 
 /// Removes a pattern from the deny list.
@@ -141,16 +169,7 @@ pub(super) async fn remove(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     authorize_operator(&state, &headers)?;
-    if !state.events.remove_denial(&id).await? {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("no denial has the id {id:?}"),
-        ));
-    }
-    if let Some(denials) = state.subscriptions.denials() {
-        denials.changed();
-    }
-    tracing::info!(%id, "denial removed");
+    undeny_pattern(&state, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

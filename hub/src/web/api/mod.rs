@@ -22,7 +22,7 @@
 mod admin_sessions;
 mod backlog;
 mod delivery_order;
-mod denials;
+pub(crate) mod denials;
 pub(crate) mod endpoints;
 mod error;
 mod feeds;

@@ -52,7 +52,7 @@ pub(super) struct SubscriptionHealth {
 }
 
 /// The subscription, or the 404 that says it is not there.
-pub(super) async fn find(
+pub(crate) async fn find(
     state: &ApiState,
     topic: &str,
     callback: &str,

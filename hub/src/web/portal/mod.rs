@@ -102,9 +102,9 @@ pub(crate) fn issue(tokens: &UserTokens, sub: &str, expires: DateTime<Utc>) -> S
     format!("{payload}.{mac}")
 }
 
-/// Who `value` lets in at `now`, if it is a value this key signed and it
-/// has not expired.
-fn verify(tokens: &UserTokens, value: &str, now: DateTime<Utc>) -> Option<String> {
+/// Who `value` lets in at `now`, and until when, if it is a value this key
+/// signed and it has not expired.
+fn verify(tokens: &UserTokens, value: &str, now: DateTime<Utc>) -> Option<(String, DateTime<Utc>)> {
     let (payload, mac) = value.split_once('.')?;
     let mac = URL_SAFE_NO_PAD.decode(mac).ok()?;
     let expected = tokens.sign(&[LINK_PURPOSE, payload.as_bytes()].concat());
@@ -115,7 +115,7 @@ fn verify(tokens: &UserTokens, value: &str, now: DateTime<Utc>) -> Option<String
     let expires = DateTime::from_timestamp(claims.exp, 0)?;
     // A value reaching further than a link may was not issued here.
     (now < expires && expires <= now + MAX_LINK_LIFETIME && !claims.sub.is_empty())
-        .then_some(claims.sub)
+        .then_some((claims.sub, expires))
 }
 
 fn csrf_of(tokens: &UserTokens, value: &str) -> String {
@@ -142,7 +142,7 @@ fn to_login() -> ApiError {
 async fn require(state: &ApiState, headers: &HeaderMap) -> Result<Visitor, ApiError> {
     let tokens = tokens(state)?;
     let value = crate::web::cookie(headers, COOKIE).ok_or_else(to_login)?;
-    let id = verify(tokens, value, state.clock.now()).ok_or_else(to_login)?;
+    let (id, _) = verify(tokens, value, state.clock.now()).ok_or_else(to_login)?;
     Ok(Visitor {
         id,
         csrf: csrf_of(tokens, value),
@@ -177,7 +177,10 @@ mod tests {
     fn a_link_lets_its_subscriber_in_until_it_expires() {
         let now = Utc::now();
         let link = issue(&tokens(), "alice", now + chrono::TimeDelta::hours(1));
-        assert_eq!(verify(&tokens(), &link, now).as_deref(), Some("alice"));
+        assert_eq!(
+            verify(&tokens(), &link, now).map(|(sub, _)| sub).as_deref(),
+            Some("alice")
+        );
         assert_eq!(
             verify(&tokens(), &link, now + chrono::TimeDelta::hours(2)),
             None

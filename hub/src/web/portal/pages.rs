@@ -90,7 +90,7 @@ pub(super) async fn enter(
     let tokens = tokens(&state)?;
     let now = state.clock.now();
     let value = given(&enter.link).unwrap_or("");
-    let Some(sub) = verify(tokens, value, now) else {
+    let Some((sub, expires)) = verify(tokens, value, now) else {
         return Ok((
             StatusCode::FORBIDDEN,
             login_page(Some(
@@ -100,18 +100,6 @@ pub(super) async fn enter(
         )
             .into_response());
     };
-    let expires = value
-        .split_once('.')
-        .and_then(|(payload, _)| {
-            use base64::Engine;
-            base64::engine::general_purpose::URL_SAFE_NO_PAD
-                .decode(payload)
-                .ok()
-        })
-        .and_then(|json| serde_json::from_slice::<serde_json::Value>(&json).ok())
-        .and_then(|claims| claims["exp"].as_i64())
-        .and_then(|exp| DateTime::from_timestamp(exp, 0))
-        .unwrap_or(now);
     Ok(open_session(&state, &sub, value, expires))
 }
 
