@@ -86,7 +86,7 @@ impl Shop {
     }
 
     /// websubd's configuration file for a feed of this shop.
-    fn config_file(&self, dir: &Path, webhooks: &Path) -> PathBuf {
+    pub(crate) fn config_file(&self, dir: &Path, webhooks: &Path) -> PathBuf {
         let path = dir.join("websubd.toml");
         let text = format!(
             r#"allow_private_network = true
@@ -111,7 +111,7 @@ visibility_timeout = "3s"
     }
 }
 
-fn write_webhooks(path: &Path, subscriber: &str, url: &str) {
+pub(crate) fn write_webhooks(path: &Path, subscriber: &str, url: &str) {
     let text = format!(
         "[[webhook]]\nevent = \"{EVENT_NAME}\"\nsubscriber = \"{subscriber}\"\nurl = \"{url}\"\n"
     );

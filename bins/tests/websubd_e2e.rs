@@ -26,6 +26,7 @@ mod signing;
 mod subscriber;
 mod systemd_unit;
 mod tls;
+mod traces;
 mod traefik;
 mod unsubscribe_race;
 mod websubd;

@@ -391,7 +391,29 @@ async fn postgres_partitioning_keeps_a_log_written_before_it() {
     let old = PostgresEventLog::from_pool(pool.clone());
     let t0 = base_time();
     let subs = subscribers("legacy", 3);
-    let event = record(&old, &topic(), t0).await;
+    // Written as that schema takes it, without the columns of later
+    // migrations.
+    let event = LoggedEvent {
+        id: Uuid::now_v7(),
+        topic: topic(),
+        content_type: "application/json".to_owned(),
+        body: bytes::Bytes::from_static(b"{\"legacy\":true}"),
+        created_at: t0,
+        original_id: None,
+        trace_context: None,
+    };
+    sqlx::query(
+        "INSERT INTO websub_events (id, topic, content_type, body, created_at) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(event.id)
+    .bind(&event.topic)
+    .bind(&event.content_type)
+    .bind(event.body.as_ref())
+    .bind(event.created_at)
+    .execute(&pool)
+    .await
+    .expect("record an event before 0016");
     old.expand(event.id, &subs, t0).await.expect("expand");
     old.complete(&[completion(event.id, &subs[0], Outcome::Delivered)], t0)
         .await

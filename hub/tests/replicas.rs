@@ -89,6 +89,7 @@ async fn fan_out(log: &PostgresEventLog, topic: &str, subscribers: &[String]) ->
                 topic: topic.to_owned(),
                 content_type: "text/plain".to_owned(),
                 body: bytes::Bytes::from_static(b"x"),
+                trace_context: None,
             },
             now(),
         )
@@ -128,6 +129,7 @@ async fn claim_some(log: &PostgresEventLog, backlog: &PostgresBacklog, host: &st
                 topic: format!("http://{host}/other"),
                 content_type: "text/plain".to_owned(),
                 body: bytes::Bytes::from_static(b"y"),
+                trace_context: None,
             },
             now(),
         )
@@ -141,7 +143,7 @@ async fn claim_some(log: &PostgresEventLog, backlog: &PostgresBacklog, host: &st
     assert_eq!(created, vec![written.clone()]);
 
     backlog
-        .request_fetches(&[format!("http://{host}/feed")], now())
+        .request_fetches(&[format!("http://{host}/feed")], now(), None)
         .await
         .expect("request a fetch");
     assert_eq!(
@@ -295,7 +297,7 @@ async fn replicas_taking_over_at_once_hand_each_claim_back_once() {
         .expect("claim");
     assert_eq!(claimed.len(), 500);
     dead_backlog
-        .request_fetches(&["http://c.example/feed".to_owned()], now())
+        .request_fetches(&["http://c.example/feed".to_owned()], now(), None)
         .await
         .expect("request a fetch");
     dead_backlog

@@ -279,10 +279,13 @@ async fn a_ping_for_a_topic_nobody_subscribes_to_is_not_kept() {
     )
     .expect("assemble");
     hub.intake()
-        .ping(&[
-            subscribed.to_owned(),
-            "http://127.0.0.1:9/topics/nobodys".to_owned(),
-        ])
+        .ping(
+            &[
+                subscribed.to_owned(),
+                "http://127.0.0.1:9/topics/nobodys".to_owned(),
+            ],
+            None,
+        )
         .await
         .expect("ping");
     let kept: Vec<String> = backlog

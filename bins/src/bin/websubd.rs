@@ -40,6 +40,13 @@ async fn main() -> ExitCode {
         }
     };
     log_to_stderr(config.log_format);
+    let traces = match start_traces(&config).await {
+        Ok(traces) => traces,
+        Err(error) => {
+            eprintln!("websubd: {error}");
+            return ExitCode::from(2);
+        }
+    };
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(error) => {
@@ -63,13 +70,33 @@ async fn main() -> ExitCode {
         }
     };
     reload_on_hangup(hub.feed_reloader());
-    match hub.run(listener, shutdown_signal()).await {
+    let ran = hub.run(listener, shutdown_signal()).await;
+    if let Some(traces) = traces {
+        // The exporter blocks while it sends what is queued.
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("websubd: {error}");
             ExitCode::from(1)
         }
     }
+}
+
+/// Traces exported over OTLP when the environment names a collector. The
+/// exporter's client is a blocking one, made (and later dropped) off the
+/// runtime.
+async fn start_traces(
+    config: &websub_hub::HubConfig,
+) -> Result<Option<websub_hub::telemetry::traces::Exporting>, String> {
+    let trust = config.trust().map_err(|error| error.to_string())?;
+    tokio::task::spawn_blocking(move || {
+        websub_hub::telemetry::traces::start_from_env(|name| std::env::var(name).ok(), &trust)
+            .map_err(|error| error.to_string())
+    })
+    .await
+    .map_err(|error| error.to_string())?
 }
 
 /// Log lines go to stderr, filtered by `RUST_LOG` (info by default), as

@@ -49,9 +49,23 @@ impl Websubd {
         filter: &str,
         stderr: Stdio,
     ) -> Self {
+        Self::spawn_with_env(dir, port, extra, filter, stderr, &[])
+    }
+
+    /// Starts websubd as [`Self::spawn_logging`] does, with the variables
+    /// `env` set too.
+    pub(crate) fn spawn_with_env(
+        dir: &PathBuf,
+        port: u16,
+        extra: &[&str],
+        filter: &str,
+        stderr: Stdio,
+        env: &[(&str, &str)],
+    ) -> Self {
         let child = Command::new(env!("CARGO_BIN_EXE_websubd"))
             .current_dir(dir)
             .env("RUST_LOG", filter)
+            .envs(env.iter().copied())
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(extra)
             .stdout(Stdio::null())

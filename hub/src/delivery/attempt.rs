@@ -11,9 +11,12 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body_util::{BodyExt as _, Full};
 use tokio::time::Instant;
 
+use opentelemetry::trace::SpanContext;
+
 use super::direct::{BoxError, DirectClient};
 use crate::signature::{sign, sign_standard};
 use crate::storage::events::RESPONSE_EXCERPT_BYTES;
+use crate::telemetry::traces::AttemptSpan;
 
 /// How much of an answer is read so its connection can be reused; a longer
 /// one is abandoned with its connection (the content means nothing here).
@@ -76,6 +79,11 @@ pub struct Request<'a> {
     /// Headers of the channel or the operator besides those above (WebSub's
     /// `Link`, a webhook's configured headers).
     pub headers: &'a [(HeaderName, HeaderValue)],
+    /// The span this attempt's continues (its event's intake), when tracing
+    /// is on.
+    pub parent: Option<SpanContext>,
+    /// The failed attempts before this one.
+    pub resend_count: u32,
 }
 
 /// What the target's answer means, before the retry policy has its say.
@@ -161,10 +169,39 @@ pub async fn post(
 ) -> Attempted {
     let url = request.url;
     let body = request.body.clone();
-    let headers = match headers_of(request) {
+    let span = AttemptSpan::start(
+        request.parent.as_ref(),
+        url,
+        request.resend_count,
+        &request.event_id,
+    );
+    let mut headers = match headers_of(request) {
         Ok(headers) => headers,
         Err(error) => return Attempted::unanswered(format!("request failed: {error}")),
     };
+    let Some(span) = span else {
+        return exchanged(carrier, url, headers, body, timeout, deadline).await;
+    };
+    span.inject(&mut headers);
+    let attempted = exchanged(carrier, url, headers, body, timeout, deadline).await;
+    let error = match &attempted.answer {
+        Answer::Delivered => None,
+        Answer::Gone => Some("410 Gone"),
+        Answer::Failed(error) | Answer::Local(error) => Some(error.as_str()),
+    };
+    span.end(attempted.status, error);
+    attempted
+}
+
+/// The exchange of [`post`], its answer classified.
+async fn exchanged(
+    carrier: Carrier<'_>,
+    url: &str,
+    headers: HeaderMap,
+    body: Bytes,
+    timeout: Duration,
+    deadline: Option<Instant>,
+) -> Attempted {
     let exchange = tokio::time::timeout(timeout, exchange(carrier, url, headers, body));
     let answered = match deadline {
         None => exchange.await,

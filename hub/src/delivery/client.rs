@@ -360,6 +360,26 @@ pub fn build(
     builder.build().map_err(NetError::Client)
 }
 
+/// The client traces are exported with (`crate::telemetry::traces`): a
+/// blocking one, run on the exporter's own thread, never on the runtime
+/// deliveries share; the collector is the operator's, so neither the
+/// network policy nor redirects apply.
+pub fn collector_client(
+    timeout: Duration,
+    trust: &Trust,
+) -> Result<reqwest::blocking::Client, NetError> {
+    install_crypto_provider();
+    reqwest::blocking::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .no_proxy()
+        .user_agent(super::direct::USER_AGENT)
+        .tls_backend_preconfigured(tls_config(trust, &[b"http/1.1"], 4)?)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(NetError::Client)
+}
+
 /// What every client has: the timeouts, no proxy, the user agent.
 fn common(timeout: Duration) -> reqwest::ClientBuilder {
     reqwest::Client::builder()

@@ -310,6 +310,8 @@ impl Sender {
             secret: Some(&self.key),
             previous_secret: self.previous_key.as_deref(),
             headers: &[],
+            parent: None,
+            resend_count: 0,
         };
         let in_flight = self.judge.attempting();
         let attempted = attempt::post(

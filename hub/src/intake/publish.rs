@@ -29,6 +29,7 @@ use crate::delivery::websub::Distributor;
 use crate::storage::backlog::worker::{self, Job};
 use crate::storage::backlog::{Backlog, BacklogError, ClaimedFetch, FetchResult, Validators};
 use crate::storage::events::{EventIntake, EventLogError, LoggedEvent, NewEvent};
+use crate::telemetry::traces;
 
 /// The Content-Type recorded when a topic answers without one.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
@@ -158,20 +159,26 @@ impl Intake {
         &self.inner.tracker
     }
 
-    /// Records content the publisher sent itself (a fat ping). Returns once
-    /// the event is durable.
+    /// Records content the publisher sent itself (a fat ping) or the hub
+    /// fetched, its intake traced in `span` (see `crate::telemetry::traces`).
+    /// Returns once the event is durable.
     pub async fn record(
         &self,
         topic: String,
         content_type: String,
         body: Bytes,
+        span: Option<traces::Intake>,
     ) -> Result<LoggedEvent, IntakeError> {
         if body.len() > self.inner.max_content_bytes {
-            return Err(IntakeError::TooLarge {
+            let error = IntakeError::TooLarge {
                 limit: self.inner.max_content_bytes,
-            });
+            };
+            if let Some(span) = span {
+                span.failed(&error);
+            }
+            return Err(error);
         }
-        let event = self
+        let recorded = self
             .inner
             .events
             .record(
@@ -179,10 +186,18 @@ impl Intake {
                     topic,
                     content_type,
                     body,
+                    trace_context: span.as_ref().map(traces::Intake::kept),
                 },
                 self.inner.clock.now(),
             )
-            .await?;
+            .await;
+        if let Some(span) = span {
+            match &recorded {
+                Ok(event) => span.recorded(event.id, event.body.len()),
+                Err(error) => span.failed(error),
+            }
+        }
+        let event = recorded?;
         metrics::counter!(EVENTS_RECORDED_TOTAL).increment(1);
         self.inner.dispatcher.wake();
         Ok(event)
@@ -193,7 +208,29 @@ impl Intake {
     /// Fetchers take it from there. A topic nobody is subscribed to has
     /// nothing to deliver and is not written: pings cannot grow the backlog
     /// past one row per subscribed topic.
-    pub async fn ping(&self, topics: &[String]) -> Result<(), IntakeError> {
+    ///
+    /// The ping's intake is traced in `span`, whose context the fetches keep.
+    pub async fn ping(
+        &self,
+        topics: &[String],
+        span: Option<traces::Intake>,
+    ) -> Result<(), IntakeError> {
+        let kept = span.as_ref().map(traces::Intake::kept);
+        let pinged = self.request_fetches(topics, kept.as_deref()).await;
+        if let Some(span) = span {
+            match &pinged {
+                Ok(()) => span.accepted(),
+                Err(error) => span.failed(error),
+            }
+        }
+        pinged
+    }
+
+    async fn request_fetches(
+        &self,
+        topics: &[String],
+        kept: Option<&str>,
+    ) -> Result<(), IntakeError> {
         let mut wanted = Vec::with_capacity(topics.len());
         for topic in topics {
             if self.has_audience(topic).await? {
@@ -208,7 +245,7 @@ impl Intake {
         }
         self.inner
             .backlog
-            .request_fetches(&wanted, self.inner.clock.now())
+            .request_fetches(&wanted, self.inner.clock.now(), kept)
             .await?;
         self.inner.written.notify_one();
         Ok(())
@@ -239,7 +276,11 @@ impl Intake {
     async fn fetch_claimed(&self, claimed: ClaimedFetch) {
         let span = info_span!("fetch", topic = %claimed.topic, attempt = claimed.attempts + 1);
         let outcome = self
-            .fetch(&claimed.topic, &claimed.validators)
+            .fetch(
+                &claimed.topic,
+                &claimed.validators,
+                claimed.trace_context.as_deref(),
+            )
             .instrument(span.clone())
             .await;
         let _entered = span.enter();
@@ -311,8 +352,14 @@ impl Intake {
     /// `known`) and records its content when it changed. A topic nobody
     /// subscribes to is not fetched, unless a subscribe to it is waiting
     /// for its verification: that subscription receives what this fetch
-    /// records once it is saved.
-    pub async fn fetch(&self, topic: &str, known: &Validators) -> Result<Fetched, IntakeError> {
+    /// records once it is saved. The content's intake continues the trace
+    /// of the ping that asked for it (`kept`).
+    pub async fn fetch(
+        &self,
+        topic: &str,
+        known: &Validators,
+        kept: Option<&str>,
+    ) -> Result<Fetched, IntakeError> {
         if !self.has_audience(topic).await? {
             return Ok(Fetched::NoSubscribers);
         }
@@ -367,7 +414,10 @@ impl Intake {
                 },
                 ReadError::Failed(reason) => fetch_error(reason),
             })?;
-        let event = self.record(topic.to_owned(), content_type, body).await?;
+        let span = traces::Intake::continuing(kept, "fetch", topic);
+        let event = self
+            .record(topic.to_owned(), content_type, body, span)
+            .await?;
         Ok(Fetched::Recorded(event, fresh))
     }
 

@@ -81,7 +81,7 @@ pub fn owned_by(owner: Option<&str>, request: SubscriptionRequest) -> Subscripti
 
 pub async fn ping(backlog: &dyn Backlog, topics: &[String], now: DateTime<Utc>) {
     backlog
-        .request_fetches(topics, now)
+        .request_fetches(topics, now, None)
         .await
         .expect("request fetches");
 }

@@ -43,6 +43,7 @@ pub async fn record(log: &dyn EventLog, topic: &str, now: DateTime<Utc>) -> Logg
             topic: topic.to_owned(),
             content_type: "application/json".to_owned(),
             body: Bytes::from_static(b"{\"hello\":\"world\"}"),
+            trace_context: None,
         },
         now,
     )

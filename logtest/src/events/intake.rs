@@ -19,9 +19,13 @@ pub async fn record_round_trip(log: &dyn EventLog) {
         topic: format!("{}?q=ü&x=%20", topic()),
         content_type: "application/atom+xml; charset=\"utf-8\"; type=feed".to_owned(),
         body: Bytes::from(body),
+        trace_context: Some(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\nvendor=value".to_owned(),
+        ),
     };
     let recorded = log.record(new.clone(), now).await.expect("record");
     assert_eq!(recorded.topic, new.topic);
+    assert_eq!(recorded.trace_context, new.trace_context);
     assert_eq!(recorded.content_type, new.content_type);
     assert_eq!(recorded.body, new.body);
     assert_eq!(recorded.created_at, now - TimeDelta::nanoseconds(789));
@@ -36,6 +40,7 @@ pub async fn record_round_trip(log: &dyn EventLog) {
                 topic: topic(),
                 content_type: "text/plain".to_owned(),
                 body: Bytes::new(),
+                trace_context: None,
             },
             now,
         )
@@ -62,6 +67,7 @@ pub async fn record_once_records_an_id_once(log: &dyn EventLog) {
         topic: topic(),
         content_type: "application/json".to_owned(),
         body: Bytes::from_static(b"{\"first\":true}"),
+        trace_context: None,
     };
     let recorded = log
         .record_once(id, first.clone(), now)
@@ -82,6 +88,7 @@ pub async fn record_once_records_an_id_once(log: &dyn EventLog) {
         topic: topic(),
         content_type: "text/plain".to_owned(),
         body: Bytes::from_static(b"second"),
+        trace_context: None,
     };
     let repeated = log
         .record_once(id, again.clone(), now + secs(5))
@@ -113,6 +120,7 @@ pub async fn record_once_records_an_id_once(log: &dyn EventLog) {
             topic: format!("{}/{n}", topic()),
             content_type: "text/plain".to_owned(),
             body: Bytes::from(format!("call {n}")),
+            trace_context: None,
         };
         log.record_once(racing, event, now)
     });

@@ -15,6 +15,7 @@ use tracing::{debug, warn};
 use websub_store::{Subscription, SubscriptionStore};
 
 use crate::storage::events::LoggedEvent;
+use crate::telemetry::traces;
 
 use super::cache::{ByCallback, Outgoing};
 use super::lanes::Job;
@@ -79,6 +80,7 @@ impl Distributor {
         pipeline: &Pipeline,
         shutdown: &CancellationToken,
     ) -> Result<Option<u64>, DispatchError> {
+        let started = std::time::SystemTime::now();
         let outgoing = Arc::new(Outgoing::new(event, &self.inner.hub_url));
         self.inner.bodies.insert(outgoing.clone());
         let id = outgoing.event.id;
@@ -107,6 +109,14 @@ impl Distributor {
                 .await?;
         }
         let created = expanded?;
+        if let Some(created) = created {
+            traces::websub_expansion(
+                outgoing.event.trace_context.as_deref(),
+                &outgoing.event.topic,
+                created,
+                started,
+            );
+        }
         debug!(event = %id, topic = %outgoing.event.topic, ?created, holding, "expanded");
         Ok(created)
     }

@@ -332,6 +332,7 @@ mod tests {
                 body: bytes::Bytes::from_static(b"hello"),
                 created_at: chrono::Utc::now(),
                 original_id: None,
+                trace_context: None,
             },
             "https://hub.example/",
         ))

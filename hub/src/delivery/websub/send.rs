@@ -21,6 +21,7 @@ use crate::delivery::health::{Breaker, Gate, SKIPPED_REASON, Tried};
 use crate::delivery::limit::Reply;
 use crate::signature::standard_key;
 use crate::storage::events::{Attempt, Completion, Outcome, SigningScheme};
+use crate::telemetry::traces;
 
 impl Distributor {
     /// Makes one attempt of `job`. Returns its completion, how the host
@@ -108,6 +109,12 @@ impl Distributor {
                     secret,
                     previous_secret,
                     headers: &headers.link,
+                    parent: outgoing
+                        .event
+                        .trace_context
+                        .as_deref()
+                        .and_then(traces::kept_parent),
+                    resend_count: retry_count,
                 };
                 let at = self.inner.clock.now();
                 let in_flight = self.inner.judge.attempting();

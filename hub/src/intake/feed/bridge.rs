@@ -84,6 +84,7 @@ impl Handler for WebSubBridge {
             topic: self.topic(envelope),
             content_type: ENVELOPE_CONTENT_TYPE.to_owned(),
             body: Bytes::from(envelope.to_json()),
+            trace_context: crate::telemetry::traces::outbox_kept(envelope.event_id),
         };
         let id = envelope.event_id;
         let now = SystemClock.now();

@@ -61,6 +61,9 @@ pub struct ClaimedFetch {
     pub generation: i64,
     /// Failed attempts so far.
     pub attempts: u32,
+    /// The trace of the latest ping for it (`crate::telemetry::traces`),
+    /// which its content's intake continues.
+    pub trace_context: Option<String>,
     /// What the topic answered last time.
     pub validators: Validators,
 }
@@ -255,6 +258,7 @@ pub trait Backlog: Send + Sync + std::fmt::Debug {
         &self,
         topics: &[String],
         now: DateTime<Utc>,
+        trace_context: Option<&str>,
     ) -> Result<(), BacklogError>;
 
     /// Claims up to `limit` due fetches, with the topic's stored validators.

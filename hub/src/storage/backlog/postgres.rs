@@ -27,13 +27,14 @@ use crate::protocol::SubscriptionRequest;
 /// single short statements.
 const POOL_SIZE: u32 = 8;
 
-const REQUEST_FETCHES: &str = "INSERT INTO websub_fetches (topic, requested_at, next_attempt_at) \
-     SELECT topic, $2, $2 FROM unnest($1::text[]) AS topic \
+const REQUEST_FETCHES: &str = "INSERT INTO websub_fetches (topic, requested_at, next_attempt_at, trace_context) \
+     SELECT topic, $2, $2, $3 FROM unnest($1::text[]) AS topic \
      ON CONFLICT (topic) DO UPDATE SET \
          requested_at = excluded.requested_at, \
          generation = websub_fetches.generation + 1, \
          attempts = 0, \
-         next_attempt_at = excluded.next_attempt_at";
+         next_attempt_at = excluded.next_attempt_at, \
+         trace_context = excluded.trace_context";
 
 const CLAIM_FETCHES: &str = "UPDATE websub_fetches AS pending \
      SET processing_since = $1, claimed_by = $4 \
@@ -45,6 +46,7 @@ const CLAIM_FETCHES: &str = "UPDATE websub_fetches AS pending \
      LEFT JOIN websub_topic_validators AS known ON known.topic = due.topic \
      WHERE pending.topic = due.topic \
      RETURNING pending.topic, pending.requested_at, pending.generation, pending.attempts, \
+         pending.trace_context, \
          known.etag, known.last_modified";
 
 const FETCHES: &str = "SELECT topic, requested_at, attempts, next_attempt_at, last_error \
@@ -145,6 +147,7 @@ impl Backlog for PostgresBacklog {
         &self,
         topics: &[String],
         now: DateTime<Utc>,
+        trace_context: Option<&str>,
     ) -> Result<(), BacklogError> {
         let mut topics = topics.to_vec();
         // Sorted and once each: one statement may not touch a row twice, and
@@ -154,6 +157,7 @@ impl Backlog for PostgresBacklog {
         sqlx::query(REQUEST_FETCHES)
             .bind(&topics)
             .bind(now)
+            .bind(trace_context)
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -179,6 +183,7 @@ impl Backlog for PostgresBacklog {
                     requested_at: row.try_get("requested_at")?,
                     generation: row.try_get("generation")?,
                     attempts: attempts(row)?,
+                    trace_context: row.try_get("trace_context")?,
                     validators: Validators {
                         etag: row.try_get("etag")?,
                         last_modified: row.try_get("last_modified")?,

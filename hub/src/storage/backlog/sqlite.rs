@@ -26,13 +26,14 @@ use crate::protocol::SubscriptionRequest;
 
 // `WHERE true` is SQLite's required disambiguation between an upsert's ON and
 // a join's ON after INSERT … SELECT.
-const REQUEST_FETCHES: &str = "INSERT INTO websub_fetches (topic, requested_at, next_attempt_at) \
-     SELECT DISTINCT value, $2, $2 FROM json_each($1) WHERE true \
+const REQUEST_FETCHES: &str = "INSERT INTO websub_fetches (topic, requested_at, next_attempt_at, trace_context) \
+     SELECT DISTINCT value, $2, $2, $3 FROM json_each($1) WHERE true \
      ON CONFLICT (topic) DO UPDATE SET \
          requested_at = excluded.requested_at, \
          generation = websub_fetches.generation + 1, \
          attempts = 0, \
-         next_attempt_at = excluded.next_attempt_at";
+         next_attempt_at = excluded.next_attempt_at, \
+         trace_context = excluded.trace_context";
 
 // RETURNING may read only the updated table, so the validators come from
 // scalar subqueries (primary-key lookups). The limit is CAST so that a
@@ -44,7 +45,7 @@ const CLAIM_FETCHES: &str = "UPDATE websub_fetches SET processing_since = $1 \
          WHERE next_attempt_at <= $1 \
            AND (processing_since IS NULL OR processing_since < $2) \
          ORDER BY next_attempt_at LIMIT CAST($3 AS INTEGER)) \
-     RETURNING topic, requested_at, generation, attempts, \
+     RETURNING topic, requested_at, generation, attempts, trace_context, \
          (SELECT etag FROM websub_topic_validators AS known \
           WHERE known.topic = websub_fetches.topic) AS etag, \
          (SELECT last_modified FROM websub_topic_validators AS known \
@@ -149,10 +150,12 @@ impl Backlog for SqliteBacklog {
         &self,
         topics: &[String],
         now: DateTime<Utc>,
+        trace_context: Option<&str>,
     ) -> Result<(), BacklogError> {
         sqlx::query(REQUEST_FETCHES)
             .bind(json(topics))
             .bind(now.timestamp_micros())
+            .bind(trace_context)
             .execute(&mut *self.writer.lock().await?)
             .await?;
         Ok(())
@@ -177,6 +180,7 @@ impl Backlog for SqliteBacklog {
                     requested_at: time(row.try_get("requested_at")?)?,
                     generation: row.try_get("generation")?,
                     attempts: attempts(row)?,
+                    trace_context: row.try_get("trace_context")?,
                     validators: Validators {
                         etag: row.try_get("etag")?,
                         last_modified: row.try_get("last_modified")?,

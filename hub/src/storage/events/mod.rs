@@ -52,6 +52,9 @@ pub struct NewEvent {
     pub content_type: String,
     /// The content, byte for byte.
     pub body: Bytes,
+    /// The trace its spans continue (`crate::telemetry::traces`), kept
+    /// while tracing is on.
+    pub trace_context: Option<String>,
 }
 
 /// A recorded event.
@@ -73,6 +76,9 @@ pub struct LoggedEvent {
     /// For a redelivery ([`DeliveryOperations::redeliver`], [`DeliveryOperations::replay`]): the
     /// event it sends again, whose id its deliveries carry.
     pub original_id: Option<Uuid>,
+    /// The trace its expansion and attempts continue: the `traceparent`
+    /// (and `tracestate`) of its intake, kept while tracing is on.
+    pub trace_context: Option<String>,
 }
 
 impl LoggedEvent {

@@ -6,15 +6,15 @@
 /// The table the hub's migrations are recorded in; see the log's module doc.
 pub(super) const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
 
-pub(super) const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at) \
-     VALUES ($1, $2, $3, $4, $5)";
+pub(super) const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at, trace_context) \
+     VALUES ($1, $2, $3, $4, $5, $6)";
 
 // On PostgreSQL a concurrent insert of the same id makes this one wait for
 // its commit, then do nothing (or insert, had it rolled back): at READ
 // COMMITTED the next statement sees whichever row is there. SQLite has one
 // writer at a time.
 pub(super) const INSERT_EVENT_ONCE: &str = "INSERT INTO websub_events \
-     (id, topic, content_type, body, created_at) VALUES ($1, $2, $3, $4, $5) \
+     (id, topic, content_type, body, created_at, trace_context) VALUES ($1, $2, $3, $4, $5, $6) \
      ON CONFLICT (id) DO NOTHING";
 
 pub(super) const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_events WHERE id = $1)";
@@ -22,10 +22,10 @@ pub(super) const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_event
 pub(super) const HAS_RECORDS: &str =
     "SELECT EXISTS (SELECT 1 FROM websub_deliveries WHERE event_id = $1)";
 
-pub(super) const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
+pub(super) const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id, trace_context FROM websub_events \
      WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT $1";
 
-pub(super) const EVENT: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
+pub(super) const EVENT: &str = "SELECT id, topic, content_type, body, created_at, original_id, trace_context FROM websub_events \
      WHERE id = $1";
 
 // The attempts' rows and the successful attempt its record keeps.
@@ -59,7 +59,7 @@ pub(super) const DELIVERIES: &str = "SELECT event_id, subscriber, processed_at, 
      processing_since, next_attempt_at, outcome FROM websub_deliveries \
      WHERE event_id = $1 ORDER BY subscriber";
 
-pub(super) const LATEST: &str = "SELECT id, topic, content_type, body, created_at, original_id FROM websub_events \
+pub(super) const LATEST: &str = "SELECT id, topic, content_type, body, created_at, original_id, trace_context FROM websub_events \
      WHERE topic = $1 AND original_id IS NULL ORDER BY created_at DESC, id DESC LIMIT 1";
 
 // The pending index's entries with a `next_attempt_at`: everything not

@@ -58,6 +58,7 @@ use crate::intake::verify::Subscriptions;
 use crate::protocol::{self, HubRequest, Mode, SubscriptionRequest};
 use crate::storage::backlog::Admission;
 use crate::storage::events::EventLog;
+use crate::telemetry::traces;
 use crate::web::auth::{AuthError, KeyRing, KeyRings, Role, User, UserTokens};
 use websub_store::SubscriptionStore;
 
@@ -243,7 +244,11 @@ async fn hub_endpoint(
                     .await
                     .map_err(|error| ApiError::new(StatusCode::BAD_REQUEST, error.to_string()))?;
             }
-            match state.intake.ping(&request.topics).await {
+            let span = request
+                .topics
+                .first()
+                .and_then(|topic| traces::Intake::start(&headers, "publish", topic));
+            match state.intake.ping(&request.topics, span).await {
                 Ok(()) => Ok((StatusCode::ACCEPTED, "publish accepted\n").into_response()),
                 Err(error) => Err(error.into()),
             }
@@ -298,7 +303,16 @@ async fn fat_ping(
         .and_then(|value| value.to_str().ok())
         .unwrap_or(DEFAULT_CONTENT_TYPE)
         .to_owned();
-    match state.intake.record(topic, content_type, body).await {
+    match state
+        .intake
+        .record(
+            topic.clone(),
+            content_type,
+            body,
+            traces::Intake::start(headers, "publish", &topic),
+        )
+        .await
+    {
         Ok(event) => Ok((
             StatusCode::ACCEPTED,
             format!("recorded event {}\n", event.id),

@@ -26,6 +26,7 @@ use crate::delivery::outbox::{WebhookFormat, cloudevents};
 use crate::delivery::recorder::{Batching, OutcomeStore};
 use crate::delivery::{Verdict, error_chain};
 use crate::storage::events::Attempt;
+use crate::telemetry::traces;
 use websub_outbox::{ENVELOPE_CONTENT_TYPE, Envelope};
 
 impl Dispatcher {
@@ -103,7 +104,13 @@ impl Dispatcher {
             let at = chrono::Utc::now();
             let attempted = inner.webhooks.attempting();
             let answered = self
-                .post(&row.subscriber, subscriber, prepared, deadline)
+                .post(
+                    &row.subscriber,
+                    subscriber,
+                    prepared,
+                    retry_count_of(row),
+                    deadline,
+                )
                 .await;
             let took = attempted.elapsed();
             self.observe(
@@ -263,6 +270,7 @@ impl Dispatcher {
         name: &str,
         subscriber: &WebhookSubscriber,
         prepared: &Prepared,
+        resend_count: u32,
         deadline: Instant,
     ) -> Attempted {
         let client = match &subscriber.identity {
@@ -312,6 +320,8 @@ impl Dispatcher {
             secret: self.inner.signing_key.as_deref(),
             previous_secret: self.inner.previous_key.as_deref(),
             headers: &headers,
+            parent: traces::outbox_parent(prepared.envelope.event_id),
+            resend_count,
         };
         attempt::post(
             attempt::Carrier::Reqwest(&client),
@@ -321,6 +331,11 @@ impl Dispatcher {
         )
         .await
     }
+}
+
+/// The failed attempts a claimed row has behind it.
+fn retry_count_of(row: &ClaimedRow) -> u32 {
+    u32::try_from(row.retry_count).unwrap_or(0)
 }
 
 /// An event ready to deliver: its envelope and the exact body, built once

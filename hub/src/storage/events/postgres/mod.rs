@@ -254,6 +254,7 @@ impl EventIntake for PostgresEventLog {
             body: event.body,
             created_at: websub_store::to_micros(now),
             original_id: None,
+            trace_context: event.trace_context,
         };
         // Durable before the hub says "accepted", whatever the session's
         // synchronous_commit (see `connect`).
@@ -267,6 +268,7 @@ impl EventIntake for PostgresEventLog {
             .bind(&event.content_type)
             .bind(event.body.as_ref())
             .bind(event.created_at)
+            .bind(event.trace_context.as_deref())
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
@@ -286,6 +288,7 @@ impl EventIntake for PostgresEventLog {
             body: event.body,
             created_at: websub_store::to_micros(now),
             original_id: None,
+            trace_context: event.trace_context,
         };
         // An event found there can be purged before it is read back; the
         // next round then records it again.
@@ -300,6 +303,7 @@ impl EventIntake for PostgresEventLog {
                 .bind(&event.content_type)
                 .bind(event.body.as_ref())
                 .bind(event.created_at)
+                .bind(event.trace_context.as_deref())
                 .execute(&mut *tx)
                 .await?
                 .rows_affected()

@@ -233,6 +233,7 @@ impl EventIntake for SqliteEventLog {
             body: event.body,
             created_at: websub_store::to_micros(now),
             original_id: None,
+            trace_context: event.trace_context,
         };
         let mut writer = self.writer().await?;
         sqlx::query(INSERT_EVENT)
@@ -241,6 +242,7 @@ impl EventIntake for SqliteEventLog {
             .bind(&event.content_type)
             .bind(event.body.as_ref())
             .bind(event.created_at.timestamp_micros())
+            .bind(event.trace_context.as_deref())
             .execute(&mut *writer)
             .await?;
         Ok(event)
@@ -259,6 +261,7 @@ impl EventIntake for SqliteEventLog {
             body: event.body,
             created_at: websub_store::to_micros(now),
             original_id: None,
+            trace_context: event.trace_context,
         };
         let mut writer = self.writer().await?;
         // One transaction under the write lock: an event found there stays
@@ -270,6 +273,7 @@ impl EventIntake for SqliteEventLog {
             .bind(&event.content_type)
             .bind(event.body.as_ref())
             .bind(event.created_at.timestamp_micros())
+            .bind(event.trace_context.as_deref())
             .execute(&mut *tx)
             .await?
             .rows_affected()

@@ -44,6 +44,9 @@ pub(super) fn event_from_row(row: &SqliteRow) -> Result<LoggedEvent, EventLogErr
         ),
         created_at: from_micros(row.try_get("created_at").map_err(super::super::invalid)?)?,
         original_id: row.try_get("original_id").map_err(super::super::invalid)?,
+        trace_context: row
+            .try_get("trace_context")
+            .map_err(super::super::invalid)?,
     })
 }
 

@@ -3,6 +3,8 @@
 //! `/metrics` has `# HELP` and `# TYPE` for each), the histogram buckets,
 //! and the gauges sampled from the databases.
 
+pub mod traces;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,6 +48,12 @@ pub enum Kind {
 
 /// Every metric the hub exports: name, kind, help.
 pub const METRICS: &[(&str, Kind, &str)] = &[
+    (
+        traces::SPANS_DROPPED_TOTAL,
+        Kind::Counter,
+        "Trace spans dropped because the export queue was full (the OTLP collector slow or \
+         unreachable): deliveries never wait for the collector.",
+    ),
     (
         DELIVERIES_TOTAL,
         Kind::Counter,
