@@ -37,6 +37,7 @@ use websub_hub::delivery::outbox::{Event, Outbox, OutboxTables, ddl, scan_index_
 use websub_hub::signature::MESSAGING_EVENT_ID_HEADER;
 
 use crate::launch::{Hub, locate_websubd};
+use crate::report::{self, Cell, Table};
 use crate::{Failure, ThrowawayDatabase, lock, micros, percentile};
 
 #[derive(Debug, clap::Args)]
@@ -178,11 +179,14 @@ pub(crate) async fn run(args: OutboxArgs) -> Result<(), Failure> {
     .map_err(|error| format!("measurement thread: {error}"))?;
     database.drop_it().await?;
     let table = result?;
-    println!("{table}");
+    for note in &table.notes {
+        println!("{note}\n");
+    }
+    report::print(table);
     Ok(())
 }
 
-async fn measure(args: &OutboxArgs, websubd: &PathBuf, url: &str) -> Result<String, Failure> {
+async fn measure(args: &OutboxArgs, websubd: &PathBuf, url: &str) -> Result<Table, Failure> {
     let pool = PgPoolOptions::new()
         .max_connections(u32::try_from(args.producers + 2).unwrap_or(u32::MAX))
         .connect(url)
@@ -231,42 +235,78 @@ async fn measure(args: &OutboxArgs, websubd: &PathBuf, url: &str) -> Result<Stri
     } else {
         "without the index on `created_at`"
     };
-    let mut table = format!("Producers: {}; outbox {index}.\n\n", producer.describe());
-    table.push_str(
-        "| measurement | events | time | rate /s | % of producers | p50 | p99 | backlog at last commit | drained after last commit |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    let note = format!("Producers: {}; outbox {index}.", producer.describe());
+    let mut table = Table::new(
+        "outbox",
+        &[
+            "measurement",
+            "events",
+            "time",
+            "rate /s",
+            "% of producers",
+            "p50",
+            "p99",
+            "backlog at last commit",
+            "drained after last commit",
+        ],
     );
-    for (when, elapsed) in solo {
-        table.push_str(&format!(
-            "| producers alone ({when} end to end): commits/s, {} connections | {} | {:.2} s | {:.0} | – | – | – | – | – |\n",
-            args.producers,
-            args.events,
+    table.notes.push(note);
+    let dash = || Cell::text("–");
+    let seconds = |elapsed: Duration| {
+        Cell::number(
+            format!("{:.2} s", elapsed.as_secs_f64()),
             elapsed.as_secs_f64(),
-            rate(elapsed)
-        ));
+        )
+    };
+    let per_second = |rate: f64| Cell::number(format!("{rate:.0}"), rate);
+    let events = Cell::number(args.events.to_string(), args.events as f64);
+    for (when, elapsed) in solo {
+        table.rows.push(vec![
+            Cell::text(format!(
+                "producers alone ({when} end to end): commits/s, {} connections",
+                args.producers
+            )),
+            events.clone(),
+            seconds(elapsed),
+            per_second(rate(elapsed)),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+            dash(),
+        ]);
     }
-    table.push_str(&format!(
-        "| claim ceiling: rows/s, 100 per claim + mark processed | {} | {:.2} s | {:.0} | – | – | – | – | – |\n",
-        claimed,
-        claim_elapsed.as_secs_f64(),
-        claim_rate
-    ));
+    table.rows.push(vec![
+        Cell::text("claim ceiling: rows/s, 100 per claim + mark processed"),
+        Cell::number(claimed.to_string(), claimed as f64),
+        seconds(claim_elapsed),
+        per_second(claim_rate),
+        dash(),
+        dash(),
+        dash(),
+        dash(),
+        dash(),
+    ]);
     let mut latencies = end_to_end.latencies;
     let path = match producer {
         Producer::Library(_) => "NOTIFY path",
         Producer::Bare { .. } => "bare NOTIFY path",
     };
-    table.push_str(&format!(
-        "| end to end: delivered events/s ({path}), % of the producers' median | {} | {:.2} s | {:.0} | {:.0} % | {} | {} | {} | {} |",
-        args.events,
-        end_to_end.elapsed.as_secs_f64(),
-        end_to_end.rate,
-        100.0 * end_to_end.rate / solo_rate,
-        micros(percentile(&mut latencies, 50.0)),
-        micros(percentile(&mut latencies, 99.0)),
-        end_to_end.backlog,
-        micros(end_to_end.drained),
-    ));
+    let latency = |duration: Duration| Cell::number(micros(duration), duration.as_secs_f64() * 1e6);
+    let share = 100.0 * end_to_end.rate / solo_rate;
+    table.rows.push(vec![
+        Cell::text(format!(
+            "end to end: delivered events/s ({path}), % of the producers' median"
+        )),
+        events,
+        seconds(end_to_end.elapsed),
+        per_second(end_to_end.rate),
+        Cell::number(format!("{share:.0} %"), share),
+        latency(percentile(&mut latencies, 50.0)),
+        latency(percentile(&mut latencies, 99.0)),
+        Cell::number(end_to_end.backlog.to_string(), end_to_end.backlog as f64),
+        latency(end_to_end.drained),
+    ]);
     Ok(table)
 }
 
