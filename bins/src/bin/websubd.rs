@@ -14,8 +14,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::process::ExitCode;
 
+use metrics_exporter_prometheus::PrometheusHandle;
 use tracing_subscriber::EnvFilter;
 use websub_hub::config::{CommandLine, LoadError, LogFormat};
+use websub_hub::telemetry;
 
 /// The bare command: its name, version and about; the settings are added by
 /// [`CommandLine::load`].
@@ -40,8 +42,8 @@ async fn main() -> ExitCode {
         }
     };
     log_to_stderr(config.log_format);
-    let traces = match start_traces(&config).await {
-        Ok(traces) => traces,
+    let (metrics, exports) = match start_exports(&config).await {
+        Ok(started) => started,
         Err(error) => {
             eprintln!("websubd: {error}");
             return ExitCode::from(2);
@@ -54,7 +56,6 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let metrics = websub_hub::telemetry::prometheus().install_recorder();
     let hub = match websub_hub::server::Hub::open(config).await {
         Ok(hub) => hub,
         Err(error) => {
@@ -62,19 +63,11 @@ async fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let hub = match metrics {
-        Ok(handle) => hub.with_metrics(handle),
-        Err(error) => {
-            tracing::warn!(%error, "metrics are disabled");
-            hub
-        }
-    };
+    let hub = hub.with_metrics(metrics);
     reload_on_hangup(hub.feed_reloader());
     let ran = hub.run(listener, shutdown_signal()).await;
-    if let Some(traces) = traces {
-        // The exporter blocks while it sends what is queued.
-        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
-    }
+    // The exporters block while they send what is left.
+    let _ = tokio::task::spawn_blocking(move || exports.shutdown()).await;
     match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -84,16 +77,37 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Traces exported over OTLP when the environment names a collector. The
-/// exporter's client is a blocking one, made (and later dropped) off the
-/// runtime.
-async fn start_traces(
+/// What websubd exports over OTLP when the environment names a collector.
+struct Exports {
+    traces: Option<telemetry::traces::Exporting>,
+    metrics: Option<telemetry::meters::Exporting>,
+}
+
+impl Exports {
+    fn shutdown(self) {
+        if let Some(traces) = self.traces {
+            traces.shutdown();
+        }
+        if let Some(metrics) = self.metrics {
+            metrics.shutdown();
+        }
+    }
+}
+
+/// The metrics recorder, and the traces and metrics exported over OTLP
+/// when the environment names a collector. The exporters' client is a
+/// blocking one, made (and later dropped) off the runtime.
+async fn start_exports(
     config: &websub_hub::HubConfig,
-) -> Result<Option<websub_hub::telemetry::traces::Exporting>, String> {
+) -> Result<(PrometheusHandle, Exports), String> {
     let trust = config.trust().map_err(|error| error.to_string())?;
     tokio::task::spawn_blocking(move || {
-        websub_hub::telemetry::traces::start_from_env(|name| std::env::var(name).ok(), &trust)
-            .map_err(|error| error.to_string())
+        let var = |name: &str| std::env::var(name).ok();
+        let traces =
+            telemetry::traces::start_from_env(&var, &trust).map_err(|error| error.to_string())?;
+        let (handle, metrics) =
+            telemetry::meters::install(&var, &trust).map_err(|error| error.to_string())?;
+        Ok((handle, Exports { traces, metrics }))
     })
     .await
     .map_err(|error| error.to_string())?

@@ -3,7 +3,11 @@
 //! `/metrics` has `# HELP` and `# TYPE` for each), the histogram buckets,
 //! and the gauges sampled from the databases.
 
+pub mod meters;
+mod otlp;
 pub mod traces;
+
+pub use otlp::OtlpError;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -239,16 +243,28 @@ pub fn prometheus() -> PrometheusBuilder {
         .filter(|(_, kind, _)| *kind == Kind::Histogram);
     let mut builder = PrometheusBuilder::new();
     for (name, _, _) in histograms {
-        let buckets = if *name == DELIVERY_LATENCY_SECONDS {
-            LATENCY_BUCKETS
-        } else {
-            SHORT_BUCKETS
-        };
         builder = builder
-            .set_buckets_for_metric(Matcher::Full((*name).to_owned()), buckets)
+            .set_buckets_for_metric(Matcher::Full((*name).to_owned()), buckets(name))
             .unwrap_or_else(|_| unreachable!("the bucket lists are not empty"));
     }
     builder
+}
+
+/// The buckets of the histogram `name`.
+fn buckets(name: &str) -> &'static [f64] {
+    if name == DELIVERY_LATENCY_SECONDS {
+        LATENCY_BUCKETS
+    } else {
+        SHORT_BUCKETS
+    }
+}
+
+/// The help text of the metric `name`, if it is one of [`METRICS`].
+fn help(name: &str) -> Option<&'static str> {
+    METRICS
+        .iter()
+        .find(|(known, _, _)| *known == name)
+        .map(|(_, _, help)| *help)
 }
 
 /// Gives every metric its help text, on the recorder installed now.

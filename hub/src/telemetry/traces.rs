@@ -43,6 +43,7 @@ use opentelemetry_sdk::trace::{
 use sha2::{Digest as _, Sha256};
 use uuid::Uuid;
 
+use super::otlp::{self, OtlpError};
 use crate::delivery::client::Trust;
 
 /// Spans that did not fit in the export queue (the collector slow or
@@ -55,9 +56,6 @@ const QUEUED_AT_MOST: usize = 2048;
 
 /// The queue sizes `OTEL_BSP_MAX_QUEUE_SIZE` may choose.
 const QUEUE_LIMITS: std::ops::RangeInclusive<usize> = 1..=65_536;
-
-/// How long one export may take, unless `OTEL_EXPORTER_OTLP_TIMEOUT` says.
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The `messaging.system` of WebSub events and of outbox events.
 const WEBSUB: &str = "websub";
@@ -72,28 +70,6 @@ fn tracer() -> Option<&'static SdkTracer> {
 /// Whether spans are being made and exported.
 pub fn enabled() -> bool {
     TRACER.get().is_some()
-}
-
-/// Why tracing could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum TracesError {
-    /// A protocol other than http/protobuf was asked for.
-    #[error("{name}={value}: websubd exports OTLP over http/protobuf only")]
-    Protocol {
-        /// The variable.
-        name: &'static str,
-        /// Its value.
-        value: String,
-    },
-    /// `OTEL_BSP_MAX_QUEUE_SIZE` is not a size the hub takes.
-    #[error("OTEL_BSP_MAX_QUEUE_SIZE={0}: expected a number of spans from 1 to 65536")]
-    QueueSize(String),
-    /// The exporter or its client could not be built.
-    #[error("cannot export traces: {0}")]
-    Exporter(String),
-    /// Tracing was started already in this process.
-    #[error("tracing was started already")]
-    Started,
 }
 
 /// The exporting side, kept by whoever started it: shutting it down sends
@@ -123,47 +99,30 @@ impl Exporting {
 /// Call it off the async runtime (`spawn_blocking`): the exporter's client
 /// is a blocking one, with a runtime of its own.
 pub fn start_from_env(
-    var: impl Fn(&str) -> Option<String>,
+    var: &dyn Fn(&str) -> Option<String>,
     trust: &Trust,
-) -> Result<Option<Exporting>, TracesError> {
-    let set = |name: &str| var(name).filter(|value| !value.trim().is_empty());
-    let disabled = set("OTEL_SDK_DISABLED").is_some_and(|value| value.eq_ignore_ascii_case("true"))
-        || set("OTEL_TRACES_EXPORTER").is_some_and(|value| value.eq_ignore_ascii_case("none"));
-    let endpoint =
-        set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"));
-    if disabled || endpoint.is_none() {
+) -> Result<Option<Exporting>, OtlpError> {
+    let Some(collector) = otlp::collector(var, "TRACES", trust)? else {
         return Ok(None);
-    }
-    for name in [
-        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_PROTOCOL",
-    ] {
-        if let Some(value) = set(name)
-            && value != "http/protobuf"
-        {
-            return Err(TracesError::Protocol { name, value });
-        }
-    }
-    let timeout = set("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
-        .or_else(|| set("OTEL_EXPORTER_OTLP_TIMEOUT"))
-        .and_then(|millis| millis.parse().ok())
-        .map_or(EXPORT_TIMEOUT, Duration::from_millis);
-    let client = crate::delivery::client::collector_client(timeout, trust)
-        .map_err(|error| TracesError::Exporter(error.to_string()))?;
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(client)
-        .with_timeout(timeout)
-        .build()
-        .map_err(|error| TracesError::Exporter(error.to_string()))?;
-    let capacity = match set("OTEL_BSP_MAX_QUEUE_SIZE") {
+    };
+    let capacity = match otlp::set(var, "OTEL_BSP_MAX_QUEUE_SIZE") {
         None => QUEUED_AT_MOST,
         Some(value) => value
             .parse()
             .ok()
             .filter(|size| QUEUE_LIMITS.contains(size))
-            .ok_or(TracesError::QueueSize(value))?,
+            .ok_or(OtlpError::Invalid {
+                name: "OTEL_BSP_MAX_QUEUE_SIZE",
+                value,
+                expected: "a number of spans from 1 to 65536",
+            })?,
     };
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(collector.client)
+        .with_timeout(collector.timeout)
+        .build()
+        .map_err(|error| OtlpError::Exporter(error.to_string()))?;
     let queued = Arc::new(AtomicUsize::new(0));
     let batches = BatchSpanProcessor::builder(Counted {
         exporter,
@@ -175,10 +134,6 @@ pub fn start_from_env(
             .build(),
     )
     .build();
-    let mut resource = Resource::builder();
-    if set("OTEL_SERVICE_NAME").is_none() {
-        resource = resource.with_service_name("websubd");
-    }
     let provider = SdkTracerProvider::builder()
         .with_span_processor(Bounded {
             batches,
@@ -186,11 +141,11 @@ pub fn start_from_env(
             capacity,
         })
         .with_id_generator(ChosenIds::default())
-        .with_resource(resource.build())
+        .with_resource(otlp::resource(var))
         .build();
     TRACER
         .set(provider.tracer("websub-hub"))
-        .map_err(|_| TracesError::Started)?;
+        .map_err(|_| OtlpError::Started)?;
     Ok(Some(Exporting { provider }))
 }
 

@@ -1,10 +1,12 @@
-//! Traces from the real `websubd`, exported over OTLP (http/protobuf) to a
-//! collector made here that decodes the real protobuf: one fat ping's
-//! intake, expansion and every attempt of every subscription in the
-//! publisher's trace, each receiver given the `traceparent` of its attempt;
-//! an outbox event's trace starting at its intake, with the webhook's
-//! attempt under it; and a collector that never answers neither slowing a
-//! delivery nor holding more spans than the queue, the rest counted.
+//! Traces and metrics from the real `websubd`, exported over OTLP
+//! (http/protobuf) to a collector made here that decodes the real protobuf:
+//! one fat ping's intake, expansion and every attempt of every subscription
+//! in the publisher's trace, each receiver given the `traceparent` of its
+//! attempt; a ping's trace going on through its fetch; an outbox event's
+//! trace starting at its intake, with the webhook's attempt under it; a
+//! collector that never answers neither slowing a delivery nor holding more
+//! spans than the queue, the rest counted; and the metrics of `/metrics`
+//! exported as OTLP sums, gauges and histograms with their help texts.
 
 use crate::common;
 
@@ -18,6 +20,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
 use common::{Websubd, free_port, prometheus, scratch_dir};
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
@@ -48,21 +51,78 @@ impl Exported {
     }
 }
 
-/// An OTLP/HTTP collector on loopback, keeping every span it is sent.
+/// One metric's data point as the collector received it: its name,
+/// description, labels, and its value (a sum's or gauge's, or a
+/// histogram's count).
+#[derive(Debug, Clone)]
+struct Point {
+    name: String,
+    description: String,
+    kind: &'static str,
+    attributes: HashMap<String, String>,
+    value: f64,
+}
+
+/// What the collector was sent.
+#[derive(Debug, Default)]
+struct Received {
+    spans: Vec<Exported>,
+    points: Vec<Point>,
+}
+
+/// An OTLP/HTTP collector on loopback, keeping every span and data point
+/// it is sent.
 struct Collector {
     server: LoopbackServer,
-    spans: Arc<Mutex<Vec<Exported>>>,
+    received: Arc<Mutex<Received>>,
 }
 
 impl Collector {
     async fn start() -> Self {
-        let spans = Arc::new(Mutex::new(Vec::new()));
+        let received = Arc::new(Mutex::new(Received::default()));
         let app = Router::new()
             .route("/v1/traces", post(collect))
-            .with_state(spans.clone());
+            .route("/v1/metrics", post(collect_metrics))
+            .with_state(received.clone());
         Self {
             server: serve_on_loopback(app).await,
-            spans,
+            received,
+        }
+    }
+
+    /// Waits until a data point of `name` with every label of `labels`
+    /// has a value that is `enough`, and returns it.
+    async fn wait_for_point(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+        enough: impl Fn(f64) -> bool,
+    ) -> Point {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let found = self
+                .received
+                .lock()
+                .expect("the points")
+                .points
+                .iter()
+                .rev()
+                .find(|point| {
+                    point.name == name
+                        && enough(point.value)
+                        && labels.iter().all(|(key, value)| {
+                            point.attributes.get(*key).map(String::as_str) == Some(*value)
+                        })
+                })
+                .cloned();
+            if let Some(point) = found {
+                return point;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no point of {name} {labels:?} with the value waited for"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -71,9 +131,10 @@ impl Collector {
     }
 
     fn spans_of(&self, trace: &str) -> Vec<Exported> {
-        self.spans
+        self.received
             .lock()
             .expect("the spans")
+            .spans
             .iter()
             .filter(|span| span.trace == trace)
             .cloned()
@@ -97,9 +158,61 @@ impl Collector {
     }
 }
 
-async fn collect(State(spans): State<Arc<Mutex<Vec<Exported>>>>, body: Bytes) -> &'static str {
+async fn collect_metrics(
+    State(received): State<Arc<Mutex<Received>>>,
+    body: Bytes,
+) -> &'static str {
+    use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point};
+    let request = ExportMetricsServiceRequest::decode(body).expect("an OTLP metrics export");
+    let mut kept = received.lock().expect("the points");
+    let labels = |attributes: &[opentelemetry_proto::tonic::common::v1::KeyValue]| {
+        attributes
+            .iter()
+            .map(|attribute| (attribute.key.clone(), text(attribute.value.as_ref())))
+            .collect::<HashMap<_, _>>()
+    };
+    let number = |value: Option<number_data_point::Value>| match value {
+        Some(number_data_point::Value::AsDouble(value)) => value,
+        Some(number_data_point::Value::AsInt(value)) => value as f64,
+        None => f64::NAN,
+    };
+    for resource in request.resource_metrics {
+        for scope in resource.scope_metrics {
+            for metric in scope.metrics {
+                let point = |kind, attributes, value| Point {
+                    name: metric.name.clone(),
+                    description: metric.description.clone(),
+                    kind,
+                    attributes,
+                    value,
+                };
+                match &metric.data {
+                    Some(Data::Sum(sum)) => kept.points.extend(
+                        sum.data_points
+                            .iter()
+                            .map(|data| point("sum", labels(&data.attributes), number(data.value))),
+                    ),
+                    Some(Data::Gauge(gauge)) => {
+                        kept.points.extend(gauge.data_points.iter().map(|data| {
+                            point("gauge", labels(&data.attributes), number(data.value))
+                        }))
+                    }
+                    Some(Data::Histogram(histogram)) => {
+                        kept.points.extend(histogram.data_points.iter().map(|data| {
+                            point("histogram", labels(&data.attributes), data.count as f64)
+                        }));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    ""
+}
+
+async fn collect(State(received): State<Arc<Mutex<Received>>>, body: Bytes) -> &'static str {
     let request = ExportTraceServiceRequest::decode(body).expect("an OTLP trace export");
-    let mut kept = spans.lock().expect("the spans");
+    let mut kept = received.lock().expect("the spans");
     for resource in request.resource_spans {
         let service = resource
             .resource
@@ -110,7 +223,7 @@ async fn collect(State(spans): State<Arc<Mutex<Vec<Exported>>>>, body: Bytes) ->
             .unwrap_or_default();
         for scope in resource.scope_spans {
             for span in scope.spans {
-                kept.push(Exported {
+                kept.spans.push(Exported {
                     trace: hex(&span.trace_id),
                     id: hex(&span.span_id),
                     parent: hex(&span.parent_span_id),
@@ -567,4 +680,79 @@ async fn a_collector_that_never_answers_slows_no_delivery() {
     // one batch in the exporter's hands.
     assert!(dropped >= 150.0 - 16.0, "only {dropped} spans were dropped");
     held.abort();
+}
+
+#[tokio::test]
+async fn the_metrics_go_to_the_collector_too() {
+    let dir = scratch_dir("otlp-metrics");
+    let collector = Collector::start().await;
+    let endpoint = collector.endpoint();
+    let subscriber = TestSubscriber::start().await;
+    let database = format!("sqlite:{}", dir.join("hub.db").display());
+    let hub = traced_hub(
+        &dir,
+        &[
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                &format!("{endpoint}/v1/metrics"),
+            ),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+        ],
+    )
+    .await;
+    common::save_subscriptions(&database, TOPIC, vec![subscriber.callback("counted")]).await;
+    assert_eq!(hub.fat_ping(TOPIC, r#"{"counted":true}"#).await, 202);
+    subscriber.wait_for_deliveries("counted", 1, WAIT).await;
+
+    let delivered = collector
+        .wait_for_point(
+            "websub_deliveries_total",
+            &[("channel", "websub"), ("outcome", "delivered")],
+            |count| count >= 1.0,
+        )
+        .await;
+    assert_eq!(delivered.kind, "sum");
+    assert!(
+        delivered
+            .description
+            .starts_with("Delivery attempts by channel"),
+        "the help text of /metrics: {}",
+        delivered.description
+    );
+    let attempts = collector
+        .wait_for_point(
+            "websub_delivery_attempt_seconds",
+            &[("channel", "websub")],
+            |count| count >= 1.0,
+        )
+        .await;
+    assert_eq!(attempts.kind, "histogram");
+    // Nothing in flight once delivered: the gauge went up and down.
+    let in_flight = collector
+        .wait_for_point(
+            "websub_deliveries_in_flight",
+            &[("channel", "websub")],
+            |now| now.abs() < f64::EPSILON,
+        )
+        .await;
+    assert_eq!(in_flight.kind, "gauge");
+    // Only metrics were asked for: no span was made.
+    assert!(
+        collector
+            .received
+            .lock()
+            .expect("the spans")
+            .spans
+            .is_empty()
+    );
+    // /metrics is as it was.
+    let families = prometheus::scrape(&hub).await;
+    assert!(
+        prometheus::value(
+            &families,
+            "websub_deliveries_total",
+            "websub_deliveries_total",
+            &["outcome=\"delivered\""],
+        ) >= 1.0
+    );
 }
