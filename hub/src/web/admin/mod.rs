@@ -12,12 +12,14 @@
 //! be ended). Without an operator key configured, every page answers 403,
 //! as the operator API does.
 
+mod charts;
 mod deliveries;
 mod denials;
 mod endpoints;
 pub(crate) mod layout;
 mod login;
 mod overview;
+mod paging;
 mod records;
 mod resend;
 mod session;
