@@ -16,7 +16,6 @@ use super::charts::{self, LineChart, Ranked, Series};
 use super::endpoints;
 use super::session;
 use super::{layout, link, when};
-use crate::intake::feed::FeedStatus;
 use crate::storage::events::{Activity, ActivityWindow, FailedFilter};
 use crate::web::api::{ApiError, ApiState};
 
@@ -161,7 +160,7 @@ async fn figures(state: &ApiState) -> Result<Markup, ApiError> {
             }
         }
         (endpoints(state).await?)
-        (feeds(&state.feeds.statuses()))
+        (super::feeds::table(&state.feeds.statuses()))
     })
 }
 
@@ -223,47 +222,6 @@ async fn endpoints(state: &ApiState) -> Result<Markup, ApiError> {
             p { a href="/admin/endpoints" { "Every failing and disabled endpoint" } }
         }
     })
-}
-
-/// The outbox feeds: how far behind their producers they are, and whether
-/// their listeners are connected, as each feed's dispatcher last saw it.
-fn feeds(statuses: &[FeedStatus]) -> Markup {
-    html! {
-        section #feeds {
-            h2 { "Outbox feeds: lag and listener state" }
-            @if statuses.is_empty() {
-                p { "No outbox feeds." }
-            } @else {
-                table #feed-status {
-                    thead {
-                        tr {
-                            th { "Outbox table" } th { "Deliveries table" } th { "Backlog" }
-                            th { "Oldest undelivered" } th { "Listener connected" } th { "Sampled" }
-                        }
-                    }
-                    tbody {
-                        @for feed in statuses {
-                            tr.feed {
-                                td { (feed.outbox_table) }
-                                td { (feed.deliveries_table) }
-                                td.number {
-                                    (feed.backlog.map(|backlog| backlog.to_string())
-                                        .unwrap_or_else(|| "not sampled yet".to_owned()))
-                                }
-                                td.number {
-                                    (feed.oldest_undelivered_seconds
-                                        .map(|seconds| format!("{seconds:.1} s"))
-                                        .unwrap_or_default())
-                                }
-                                td { (if feed.listener_connected { "yes" } else { "no (polling)" }) }
-                                td { (feed.sampled_at.map(when).unwrap_or_default()) }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// A window of `buckets` buckets of `bucket` each, the last one holding
