@@ -79,25 +79,31 @@ pub(super) fn point(index: usize, count: usize, value: f64, top: f64) -> (f64, f
     (x, y)
 }
 
-/// The polyline of a series' present values; a gap where a value is
-/// missing starts another run.
-fn runs(values: &[Option<f64>], top: f64) -> Vec<String> {
+/// The runs of a series' present values, as points of the drawing: a
+/// missing value (no attempt to take a percentile of) ends a run rather
+/// than drop to zero.
+fn runs(values: &[Option<f64>], top: f64) -> Vec<Vec<(f64, f64)>> {
     let mut runs = Vec::new();
-    let mut run: Vec<String> = Vec::new();
+    let mut run = Vec::new();
     for (index, value) in values.iter().enumerate() {
         match value {
-            Some(value) => {
-                let (x, y) = point(index, values.len(), *value, top);
-                run.push(format!("{x:.1},{y:.1}"));
-            }
-            None if !run.is_empty() => runs.push(std::mem::take(&mut run).join(" ")),
+            Some(value) => run.push(point(index, values.len(), *value, top)),
+            None if !run.is_empty() => runs.push(std::mem::take(&mut run)),
             None => {}
         }
     }
     if !run.is_empty() {
-        runs.push(run.join(" "));
+        runs.push(run);
     }
     runs
+}
+
+/// A run's points as a polyline's `points`.
+fn points(run: &[(f64, f64)]) -> String {
+    run.iter()
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A number as the charts print it: whole when it is, else to one place.
@@ -175,8 +181,15 @@ impl LineChart<'_> {
                     } @else {
                         @for series in &self.series {
                             @for run in runs(&series.values, top) {
-                                polyline.series points=(run) fill="none" stroke=(series.colour)
-                                    stroke-width="2" stroke-linejoin="round" {}
+                                @if let [(x, y)] = run.as_slice() {
+                                    // A line of one point does not show.
+                                    circle.series cx=(format!("{x:.1}")) cy=(format!("{y:.1}"))
+                                        r="3" fill=(series.colour) {}
+                                } @else {
+                                    polyline.series points=(points(&run)) fill="none"
+                                        stroke=(series.colour) stroke-width="2"
+                                        stroke-linejoin="round" {}
+                                }
                             }
                         }
                     }
@@ -373,7 +386,8 @@ mod tests {
             let (_, high) = point(index, 3, p99[index].unwrap_or_default(), top);
             assert!(high <= median, "bucket {index}: {high} below {median}");
         }
-        // A bucket without attempts breaks the line rather than drop to 0.
+        // A bucket without attempts breaks the line rather than drop to 0;
+        // a value alone is a dot.
         assert_eq!(runs(&p50, top).len(), 2);
         let markup = chart(vec![
             Series {
@@ -390,6 +404,8 @@ mod tests {
         .render(false)
         .into_string();
         assert!(markup.contains("p50 12, p99 40"), "{markup}");
+        assert_eq!(markup.matches("<circle").count(), 4, "{markup}");
+        assert!(!markup.contains("<polyline"), "{markup}");
     }
 
     #[test]

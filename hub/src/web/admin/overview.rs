@@ -287,9 +287,9 @@ async fn glance(state: &ApiState, now: DateTime<Utc>) -> Result<Markup, ApiError
                 (latency_chart("hour-latency", "Attempt latency per minute, last hour (ms)",
                     &hour, "%H:%M"))
                 (counts_chart("day-deliveries",
-                    "Deliveries and failures per 15 minutes, last 24 hours", &day, "%d %H:%M"))
+                    "Deliveries and failures per 15 minutes, last 24 hours", &day, "%b %d %H:%M"))
                 (latency_chart("day-latency",
-                    "Attempt latency per 15 minutes, last 24 hours (ms)", &day, "%d %H:%M"))
+                    "Attempt latency per 15 minutes, last 24 hours (ms)", &day, "%b %d %H:%M"))
                 (charts::bar_list("busiest", "Busiest endpoints, last 24 hours (deliveries)",
                     DELIVERED_COLOUR, "No delivery in the last 24 hours.", &busiest))
                 (charts::bar_list("failing", "Failing endpoints, last 24 hours (failed attempts)",
