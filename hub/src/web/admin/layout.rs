@@ -9,7 +9,7 @@ use super::session::{CSRF_FIELD, Session};
 /// A little style so tables read as tables; no external resource is loaded.
 const STYLE: &str = "
 body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #1d1d1f; }
-nav { display: flex; flex-wrap: wrap; gap: 1rem; align-items: center; margin-bottom: 1rem; }
+nav { display: flex; flex-wrap: wrap; gap: 0.25rem 0.7rem; align-items: center; margin-bottom: 1rem; }
 nav form { margin-left: auto; }
 table { border-collapse: collapse; margin: 0.5rem 0 1rem; }
 th, td { border: 1px solid #c8c8cc; padding: 0.25rem 0.5rem; text-align: left;
