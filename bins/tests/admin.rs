@@ -23,11 +23,11 @@ use reqwest::header;
 use websub_store::Subscription;
 use websub_tests::{Answer, INTERNAL_KEY, TestSubscriber, http_client};
 
-const TOPIC: &str = "https://publisher.example/news";
+pub(crate) const TOPIC: &str = "https://publisher.example/news";
 
 /// A hub on SQLite in `dir` with the tests' internal key, whose deliveries
 /// give up after one quick retry.
-async fn start_hub(dir: &std::path::Path, extra: &[&str]) -> Websubd {
+pub(crate) async fn start_hub(dir: &std::path::Path, extra: &[&str]) -> Websubd {
     let database = format!("sqlite:{}", dir.join("hub.db").display());
     let mut arguments = vec![
         "--database-url",
@@ -51,7 +51,7 @@ async fn start_hub(dir: &std::path::Path, extra: &[&str]) -> Websubd {
 }
 
 /// Saves subscriptions of [`TOPIC`] where `hub` keeps them.
-async fn subscribe(dir: &std::path::Path, callbacks: &[String]) {
+pub(crate) async fn subscribe(dir: &std::path::Path, callbacks: &[String]) {
     let database = format!("sqlite:{}", dir.join("hub.db").display());
     let store = websub_hub::server::open_store(&database)
         .await
@@ -68,7 +68,7 @@ async fn subscribe(dir: &std::path::Path, callbacks: &[String]) {
 }
 
 /// The failed deliveries to `callback`, by the operator API.
-async fn failed_to(hub: &Websubd, callback: &str) -> Vec<serde_json::Value> {
+pub(crate) async fn failed_to(hub: &Websubd, callback: &str) -> Vec<serde_json::Value> {
     http_client()
         .get(format!(
             "{}api/v1/operator/deliveries/failed?{}",
@@ -85,7 +85,7 @@ async fn failed_to(hub: &Websubd, callback: &str) -> Vec<serde_json::Value> {
 }
 
 /// A client that shows redirects instead of following them.
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     http_client();
     reqwest::Client::builder()
         .no_proxy()
@@ -95,7 +95,11 @@ fn client() -> reqwest::Client {
 }
 
 /// A form POST to `url`, with the session `cookie` when given.
-async fn post_form(url: String, cookie: Option<&str>, form: &[(&str, &str)]) -> reqwest::Response {
+pub(crate) async fn post_form(
+    url: String,
+    cookie: Option<&str>,
+    form: &[(&str, &str)],
+) -> reqwest::Response {
     let mut request = client()
         .post(url)
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
@@ -107,7 +111,7 @@ async fn post_form(url: String, cookie: Option<&str>, form: &[(&str, &str)]) -> 
 }
 
 /// Logs in with `key`; the answer.
-async fn log_in(hub: &Websubd, key: &str) -> reqwest::Response {
+pub(crate) async fn log_in(hub: &Websubd, key: &str) -> reqwest::Response {
     post_form(format!("{}admin/login", hub.url), None, &[("key", key)]).await
 }
 
@@ -252,7 +256,7 @@ async fn disabled_endpoints(hub: &Websubd) -> Vec<String> {
 }
 
 /// Logs the browser in with the tests' key; it lands on the overview.
-async fn log_in_browser(browser: &Browser, hub: &Websubd) {
+pub(crate) async fn log_in_browser(browser: &Browser, hub: &Websubd) {
     browser.goto(&format!("{}admin/login", hub.url)).await;
     browser.type_into("#key", INTERNAL_KEY).await;
     browser.click("form button[type=submit]").await;

@@ -6,6 +6,7 @@
 mod common;
 
 mod admin;
+mod admin_glance;
 mod cloudevents;
 mod denial;
 mod faults;

@@ -90,6 +90,7 @@ macro_rules! __event_log_checks {
             the_history_is_bounded_and_purged_by_age,
             health_failed_and_retry_failed,
             deliveries_are_listed_by_state_topic_subscriber_and_time,
+            activity_is_counted_per_bucket_and_endpoint,
             a_redelivery_is_a_copy_with_records_of_its_own,
             a_replay_sends_a_topics_originals_since_a_time,
             a_catch_up_owes_each_subscription_its_topics_events_since_its_request,

@@ -365,4 +365,18 @@ pub async fn fetch_listing_is_newest_first_within_its_limit(backlog: &dyn Backlo
         listed,
         vec![topic("listing-4"), topic("listing-3"), topic("listing-2")]
     );
+    let searched: Vec<String> = backlog
+        .fetches(
+            Listing {
+                search: Some(&topic("listing-1")),
+                ..Listing::default()
+            },
+            3,
+        )
+        .await
+        .expect("search")
+        .into_iter()
+        .map(|state| state.topic)
+        .collect();
+    assert_eq!(searched, vec![topic("listing-1")]);
 }

@@ -470,8 +470,8 @@ pub async fn outcomes_are_finished_in_one_group(backlog: &dyn Backlog) {
     );
 }
 
-/// The intent listing filters by owner and by state, newest first, within
-/// its limit.
+/// The intent listing filters by owner, by state and by text in the topic
+/// or callback, newest first, within its limit.
 pub async fn intent_listing_filters_by_owner_and_state(backlog: &dyn Backlog) {
     let t = topic("listing");
     let owners = [
@@ -520,6 +520,7 @@ pub async fn intent_listing_filters_by_owner_and_state(backlog: &dyn Backlog) {
     let alice = Listing {
         failed: None,
         owner: Some("alice"),
+        search: None,
     };
     assert_eq!(
         callbacks(intent_states(backlog, alice).await),
@@ -528,6 +529,7 @@ pub async fn intent_listing_filters_by_owner_and_state(backlog: &dyn Backlog) {
     let bob_failed = Listing {
         failed: Some(true),
         owner: Some("bob"),
+        search: None,
     };
     let listed = intent_states(backlog, bob_failed).await;
     assert_eq!(callbacks(listed.clone()), nth(&[3]));
@@ -536,6 +538,7 @@ pub async fn intent_listing_filters_by_owner_and_state(backlog: &dyn Backlog) {
     let bob_waiting = Listing {
         failed: Some(false),
         owner: Some("bob"),
+        search: None,
     };
     assert_eq!(
         callbacks(intent_states(backlog, bob_waiting).await),
@@ -548,8 +551,35 @@ pub async fn intent_listing_filters_by_owner_and_state(backlog: &dyn Backlog) {
     let nobody = Listing {
         failed: None,
         owner: Some("carol"),
+        search: None,
     };
     assert_eq!(intent_states(backlog, nobody).await, vec![]);
+    // A search finds text in the callback or the topic, with the other
+    // filters.
+    fn found<'a>(search: &'a str, owner: Option<&'a str>) -> Listing<'a> {
+        Listing {
+            failed: None,
+            owner,
+            search: Some(search),
+        }
+    }
+    let fourth = admitted[4].request.callback.clone();
+    assert_eq!(
+        callbacks(intent_states(backlog, found(&fourth, None)).await),
+        nth(&[4])
+    );
+    assert_eq!(
+        callbacks(intent_states(backlog, found("listing-", Some("alice"))).await),
+        nth(&[4, 2, 0])
+    );
+    assert_eq!(
+        callbacks(intent_states(backlog, found(&t, Some("bob"))).await),
+        nth(&[3, 1])
+    );
+    assert_eq!(
+        intent_states(backlog, found("no such text", None)).await,
+        vec![]
+    );
     assert_eq!(
         callbacks(backlog.intents(all(), 2).await.expect("list")),
         nth(&[5, 4])

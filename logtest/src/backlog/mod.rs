@@ -125,6 +125,7 @@ pub async fn fetch_states(backlog: &dyn Backlog, failed: Option<bool>) -> Vec<Fe
             Listing {
                 failed,
                 owner: None,
+                search: None,
             },
             100,
         )
@@ -185,6 +186,7 @@ pub fn failed(failed: bool) -> Listing<'static> {
     Listing {
         failed: Some(failed),
         owner: None,
+        search: None,
     }
 }
 

@@ -5,7 +5,8 @@
 
 use uuid::Uuid;
 use websub_hub::storage::events::{
-    DeliveryFilter, DeliveryHealth, DeliveryState, EventLog, FailedFilter, Outcome, Owed,
+    ActivityWindow, DeliveryFilter, DeliveryHealth, DeliveryState, EventLog, FailedFilter, Outcome,
+    Owed,
 };
 
 use super::helpers::{
@@ -516,4 +517,181 @@ pub async fn a_catch_up_owes_each_subscription_its_topics_events_since_its_reque
         log.deliver_since(&[], later).await.expect("nothing owed"),
         0
     );
+}
+
+/// An attempt at `at` lasting `micros`, answered `status`, coming to
+/// `outcome`.
+fn attempted(
+    event_id: Uuid,
+    subscriber: &str,
+    at: chrono::DateTime<chrono::Utc>,
+    micros: i64,
+    status: u16,
+    outcome: Outcome,
+) -> websub_hub::storage::events::Completion {
+    websub_hub::storage::events::Completion {
+        attempt: Some(websub_hub::storage::events::Attempt {
+            at,
+            duration_micros: micros,
+            status: Some(status),
+            error: outcome.error().map(str::to_owned),
+            response: bytes::Bytes::new(),
+        }),
+        ..completion(event_id, subscriber, outcome)
+    }
+}
+
+/// The charts' read: attempts counted per bucket of the window (delivered
+/// ones from their records, failed ones from their rows), the median and
+/// the 99th percentile of their durations by nearest rank, every bucket
+/// returned, empty ones too; only events recorded in the window, and
+/// attempts in it; the endpoints ranked by deliveries and by failures,
+/// within their limit.
+pub async fn activity_is_counted_per_bucket_and_endpoint(log: &dyn EventLog) {
+    let t0 = base_time();
+    let window = ActivityWindow {
+        since: t0,
+        bucket: secs(60),
+        buckets: 3,
+        endpoints: 5,
+    };
+    let empty = log.activity(window).await.expect("activity");
+    assert_eq!(empty.buckets.len(), 3);
+    assert!(
+        empty.buckets.iter().all(|bucket| bucket.delivered == 0
+            && bucket.failed == 0
+            && bucket.p50_micros.is_none())
+    );
+    assert!(empty.busiest.is_empty() && empty.failing.is_empty());
+    assert_eq!(empty.buckets[1].start, t0 + secs(60));
+
+    let subs = subscribers("activity", 3);
+    let (a, b, c) = (subs[0].as_str(), subs[1].as_str(), subs[2].as_str());
+    let event = record(log, &topic(), t0).await;
+    log.expand(event.id, &subs, t0).await.expect("expand");
+    let retry = |at| Outcome::Retry {
+        error: "HTTP 500".to_owned(),
+        next_attempt_at: at + secs(60),
+    };
+    claim_own(log, event.id, t0).await;
+    log.complete(
+        &[
+            attempted(event.id, a, t0 + secs(1), 1_000, 500, retry(t0 + secs(1))),
+            attempted(event.id, b, t0 + secs(2), 3_000, 204, Outcome::Delivered),
+            attempted(event.id, c, t0 + secs(3), 1_000, 500, retry(t0 + secs(3))),
+        ],
+        t0 + secs(3),
+    )
+    .await
+    .expect("complete");
+    claim_own(log, event.id, t0 + secs(70)).await;
+    log.complete(
+        &[
+            attempted(event.id, a, t0 + secs(70), 5_000, 200, Outcome::Delivered),
+            attempted(
+                event.id,
+                c,
+                t0 + secs(65),
+                9_000,
+                500,
+                Outcome::Exhausted {
+                    error: "HTTP 500".to_owned(),
+                },
+            ),
+        ],
+        t0 + secs(70),
+    )
+    .await
+    .expect("complete again");
+    // Recorded before the window: its attempt in the window is not counted.
+    let older = record(log, &topic(), t0 - secs(10)).await;
+    log.expand(older.id, &subs[..1], t0 - secs(10))
+        .await
+        .expect("expand");
+    claim_own(log, older.id, t0 + secs(5)).await;
+    log.complete(
+        &[attempted(
+            older.id,
+            a,
+            t0 + secs(5),
+            7,
+            200,
+            Outcome::Delivered,
+        )],
+        t0 + secs(5),
+    )
+    .await
+    .expect("complete the older");
+    // After the window: not counted.
+    let later = record(log, &topic(), t0 + secs(190)).await;
+    log.expand(later.id, &subs[..1], t0 + secs(190))
+        .await
+        .expect("expand");
+    claim_own(log, later.id, t0 + secs(190)).await;
+    log.complete(
+        &[attempted(
+            later.id,
+            a,
+            t0 + secs(190),
+            7,
+            200,
+            Outcome::Delivered,
+        )],
+        t0 + secs(190),
+    )
+    .await
+    .expect("complete the later");
+
+    let activity = log.activity(window).await.expect("activity");
+    let counts: Vec<_> = activity
+        .buckets
+        .iter()
+        .map(|bucket| {
+            (
+                bucket.delivered,
+                bucket.failed,
+                bucket.p50_micros,
+                bucket.p99_micros,
+            )
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        vec![
+            (1, 2, Some(1_000), Some(3_000)),
+            (1, 1, Some(5_000), Some(9_000)),
+            (0, 0, None, None),
+        ],
+        "{}",
+        super::helpers::backend(log)
+    );
+    let ranked = |endpoints: &[websub_hub::storage::events::EndpointActivity]| {
+        endpoints
+            .iter()
+            .map(|endpoint| {
+                (
+                    endpoint.endpoint.clone(),
+                    endpoint.delivered,
+                    endpoint.failed,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut tied = vec![(a.to_owned(), 1, 1), (b.to_owned(), 1, 0)];
+    tied.sort();
+    assert_eq!(ranked(&activity.busiest), tied);
+    assert_eq!(
+        ranked(&activity.failing),
+        vec![(c.to_owned(), 0, 2), (a.to_owned(), 1, 1)]
+    );
+
+    let one = log
+        .activity(ActivityWindow {
+            endpoints: 1,
+            ..window
+        })
+        .await
+        .expect("activity");
+    assert_eq!(ranked(&one.failing), vec![(c.to_owned(), 0, 2)]);
+    assert_eq!(one.busiest.len(), 1);
 }

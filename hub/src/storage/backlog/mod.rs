@@ -203,6 +203,9 @@ pub struct Listing<'a> {
     pub failed: Option<bool>,
     /// Only intents of this owner.
     pub owner: Option<&'a str>,
+    /// Only rows whose topic (or an intent's callback) contains this text,
+    /// as it is (case counts).
+    pub search: Option<&'a str>,
 }
 
 /// Each of `intents`' admission once those in `written` were written:

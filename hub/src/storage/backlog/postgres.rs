@@ -51,7 +51,8 @@ const CLAIM_FETCHES: &str = "UPDATE websub_fetches AS pending \
 
 const FETCHES: &str = "SELECT topic, requested_at, attempts, next_attempt_at, last_error \
      FROM websub_fetches \
-     WHERE $1::boolean IS NULL OR (next_attempt_at IS NULL) = $1 \
+     WHERE ($1::boolean IS NULL OR (next_attempt_at IS NULL) = $1) \
+       AND ($3::text IS NULL OR strpos(topic, $3) > 0) \
      ORDER BY requested_at DESC LIMIT $2";
 
 // One row per element of the arrays, in order: the first $9 − waiting are
@@ -94,6 +95,7 @@ const INTENTS: &str = "SELECT mode, topic, callback, owner, requested_at, attemp
      FROM websub_verifications \
      WHERE ($1::text IS NULL OR owner = $1) \
        AND ($2::boolean IS NULL OR (next_attempt_at IS NULL) = $2) \
+       AND ($4::text IS NULL OR strpos(topic, $4) > 0 OR strpos(callback, $4) > 0) \
      ORDER BY requested_at DESC LIMIT $3";
 
 /// The backlog in a PostgreSQL database.
@@ -248,6 +250,7 @@ impl Backlog for PostgresBacklog {
         let rows = sqlx::query(FETCHES)
             .bind(listing.failed)
             .bind(limit(limit_to))
+            .bind(listing.search)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
@@ -390,6 +393,7 @@ impl Backlog for PostgresBacklog {
             .bind(listing.owner)
             .bind(listing.failed)
             .bind(limit(limit_to))
+            .bind(listing.search)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()

@@ -53,7 +53,8 @@ const CLAIM_FETCHES: &str = "UPDATE websub_fetches SET processing_since = $1 \
 
 const FETCHES: &str = "SELECT topic, requested_at, attempts, next_attempt_at, last_error \
      FROM websub_fetches \
-     WHERE $1 IS NULL OR (next_attempt_at IS NULL) = $1 \
+     WHERE ($1 IS NULL OR (next_attempt_at IS NULL) = $1) \
+       AND ($3 IS NULL OR instr(topic, $3) > 0) \
      ORDER BY requested_at DESC LIMIT $2";
 
 // $1 is a JSON array of [topic, callback, id (hex), mode, secret,
@@ -93,6 +94,7 @@ const INTENTS: &str = "SELECT mode, topic, callback, owner, requested_at, attemp
      FROM websub_verifications \
      WHERE ($1 IS NULL OR owner = $1) \
        AND ($2 IS NULL OR (next_attempt_at IS NULL) = $2) \
+       AND ($4 IS NULL OR instr(topic, $4) > 0 OR instr(callback, $4) > 0) \
      ORDER BY requested_at DESC LIMIT $3";
 
 /// The backlog in a SQLite file.
@@ -258,6 +260,7 @@ impl Backlog for SqliteBacklog {
         let rows = sqlx::query(FETCHES)
             .bind(listing.failed)
             .bind(limit(limit_to))
+            .bind(listing.search)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()
@@ -404,6 +407,7 @@ impl Backlog for SqliteBacklog {
             .bind(listing.owner)
             .bind(listing.failed)
             .bind(limit(limit_to))
+            .bind(listing.search)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()

@@ -8,10 +8,10 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{
-    AdminSessions, Attempt, Claimed, Completion, DeliveryFilter, DeliveryHealth, DeliveryRecord,
-    DeliverySummary, DenyList, EndpointChanges, EndpointRecord, EventLogError, Exhaustion,
-    FailedDelivery, FailedFilter, LoggedEvent, NewEvent, OrderedSubscription, Recorded, Replayed,
-    SubscriptionSigning, Undelivered, WebhookAttempt,
+    Activity, ActivityWindow, AdminSessions, Attempt, Claimed, Completion, DeliveryFilter,
+    DeliveryHealth, DeliveryRecord, DeliverySummary, DenyList, EndpointChanges, EndpointRecord,
+    EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent, NewEvent,
+    OrderedSubscription, Recorded, Replayed, SubscriptionSigning, Undelivered, WebhookAttempt,
 };
 
 /// Where the hub records events and delivery outcomes: nine parts by
@@ -495,6 +495,17 @@ pub trait DeliveryOperations: Send + Sync + std::fmt::Debug {
     /// read through the events' time index in work bounded by the window
     /// (an older event's late delivery is not counted).
     async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError>;
+
+    /// The attempts of WebSub deliveries made in `window` (at or after its
+    /// start, before its end), counting only events recorded in it, as
+    /// [`DeliveryOperations::delivered_since`] does: per bucket, how many
+    /// were answered 2xx and how many failed, and the durations at the 50th
+    /// and 99th percentiles (nearest rank, so the 99th is never below the
+    /// median); and the endpoints with the most of each, at most
+    /// `window.endpoints` of each. Every bucket is returned, empty ones
+    /// included. One aggregated read per part, bounded by the window
+    /// through the events' time index; outbox webhooks are not in it.
+    async fn activity(&self, window: ActivityWindow) -> Result<Activity, EventLogError>;
 }
 
 /// Upkeep: retention and the schema's migrations.

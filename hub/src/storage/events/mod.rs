@@ -26,8 +26,8 @@ pub use contract::{
     LogUpkeep, Owed, partition_span,
 };
 pub use operate::{
-    DeliveryFilter, DeliveryState, DeliverySummary, EndpointRecord, Exhaustion, Replayed,
-    WebhookAttempt,
+    Activity, ActivityBucket, ActivityWindow, DeliveryFilter, DeliveryState, DeliverySummary,
+    EndpointActivity, EndpointRecord, Exhaustion, Replayed, WebhookAttempt,
 };
 
 pub use denials::{Denial, DeniedField, DenyList};

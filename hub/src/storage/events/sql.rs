@@ -151,3 +151,68 @@ pub(super) mod operate {
     pub(in crate::storage::events) const ENABLE: &str =
         "DELETE FROM websub_endpoints WHERE channel = $2 AND endpoint = $1";
 }
+
+/// The attempts of a window of time, for the admin page's charts: `$1` its
+/// start, `$2` its end. Written once but for one piece, the number of
+/// microseconds from `$1` to an attempt, which each dialect spells its own
+/// way (times are integers on SQLite, `TIMESTAMPTZ` on PostgreSQL).
+pub(super) mod activity {
+    // Successful attempts are kept in the records they closed, failed ones
+    // are rows of their own; an attempt row without an error is a success
+    // from before records kept them. As in DELIVERED_SINCE, the events'
+    // time index bounds the work to the window: an older event's late
+    // attempts are not counted.
+    const ATTEMPTS: &str = "WITH attempts AS ( \
+         SELECT d.subscriber AS subscriber, d.delivered_attempt_at AS at, \
+                COALESCE(d.delivered_duration_us, 0) AS duration_us, 1 AS ok \
+         FROM websub_events AS e JOIN websub_deliveries AS d ON d.event_id = e.id \
+         WHERE e.created_at >= $1 AND e.created_at < $2 \
+           AND d.delivered_attempt_at >= $1 AND d.delivered_attempt_at < $2 \
+         UNION ALL \
+         SELECT a.subscriber, a.attempted_at, a.duration_us, \
+                CASE WHEN a.error IS NULL THEN 1 ELSE 0 END \
+         FROM websub_events AS e JOIN websub_attempts AS a ON a.event_id = e.id \
+         WHERE e.created_at >= $1 AND e.created_at < $2 \
+           AND a.attempted_at >= $1 AND a.attempted_at < $2)";
+
+    /// Per bucket of `$3` microseconds: attempts delivered and failed, and
+    /// the durations at the 50th and 99th percentiles by nearest rank
+    /// (the rank is ceil(p × n / 100), in integers both dialects divide
+    /// alike), so that the 99th is never below the median. `micros_since`
+    /// is the dialect's spelling of the microseconds from `$1` to `at`.
+    pub(in crate::storage::events) fn buckets(micros_since: &str) -> String {
+        format!(
+            "{ATTEMPTS}, \
+             ranked AS ( \
+                 SELECT {micros_since} / $3 AS bucket, ok, duration_us, \
+                        row_number() OVER (PARTITION BY {micros_since} / $3 \
+                                           ORDER BY duration_us) AS place, \
+                        count(*) OVER (PARTITION BY {micros_since} / $3) AS total \
+                 FROM attempts) \
+             SELECT bucket, sum(ok) AS delivered, count(*) - sum(ok) AS failed, \
+                    max(CASE WHEN place = (total * 50 + 99) / 100 THEN duration_us END) AS p50, \
+                    max(CASE WHEN place = (total * 99 + 99) / 100 THEN duration_us END) AS p99 \
+             FROM ranked GROUP BY bucket ORDER BY bucket"
+        )
+    }
+
+    /// The `$3` endpoints with the most attempts answered 2xx.
+    pub(in crate::storage::events) fn busiest() -> String {
+        format!(
+            "{ATTEMPTS} \
+             SELECT subscriber, sum(ok) AS delivered, count(*) - sum(ok) AS failed \
+             FROM attempts GROUP BY subscriber HAVING sum(ok) > 0 \
+             ORDER BY delivered DESC, subscriber LIMIT $3"
+        )
+    }
+
+    /// The `$3` endpoints with the most failed attempts.
+    pub(in crate::storage::events) fn failing() -> String {
+        format!(
+            "{ATTEMPTS} \
+             SELECT subscriber, sum(ok) AS delivered, count(*) - sum(ok) AS failed \
+             FROM attempts GROUP BY subscriber HAVING count(*) - sum(ok) > 0 \
+             ORDER BY failed DESC, subscriber LIMIT $3"
+        )
+    }
+}

@@ -1,6 +1,7 @@
 //! Deliveries on the admin page: one delivery with its attempts
 //! (`/admin/delivery`) and a button to send it again ([`super::resend`]),
-//! the deliveries that ran out of retries (`/admin/failed`), and retrying
+//! the deliveries that ran out of retries (`/admin/failed`, by event id,
+//! topic and subscriber, a page at a time), and retrying
 //! them (`POST /admin/retry`), one or all of a subscriber's, as the operator
 //! API's retry does.
 
@@ -13,8 +14,9 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::layout::Field;
+use super::paging::{self, Page};
 use super::session::{self, Session};
-use super::{ROWS_SHOWN, layout, link, when};
+use super::{layout, link, when};
 use crate::storage::events::DeliveryState;
 use crate::storage::events::{Attempt, DeliveryRecord, FailedDelivery, FailedFilter};
 use crate::web::api::history;
@@ -36,6 +38,11 @@ pub(super) struct DeliveryQuery {
 
 fn bad_request(reason: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, reason)
+}
+
+/// The event id a search field names, if any.
+pub(super) fn parse_event_id(text: Option<&str>) -> Result<Option<Uuid>, ApiError> {
+    text.map(|text| event_id(Some(text))).transpose()
 }
 
 fn event_id(text: Option<&str>) -> Result<Uuid, ApiError> {
@@ -167,9 +174,11 @@ fn delivery_body(
 /// Which failed deliveries to list.
 #[derive(Debug, Deserialize)]
 pub(super) struct FailedQuery {
+    event_id: Option<String>,
     topic: Option<String>,
     subscriber: Option<String>,
     retried: Option<u64>,
+    page: Option<String>,
 }
 
 pub(super) async fn failed(
@@ -178,21 +187,27 @@ pub(super) async fn failed(
     Query(query): Query<FailedQuery>,
 ) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers).await?;
-    let topic = query.topic.as_deref().filter(|topic| !topic.is_empty());
-    let subscriber = query.subscriber.as_deref().filter(|text| !text.is_empty());
+    let page = Page::parse(query.page.as_deref())?;
+    let event_text = paging::search("event_id", &query.event_id)?;
+    let topic = paging::search("topic", &query.topic)?;
+    let subscriber = paging::search("subscriber", &query.subscriber)?;
     let filter = FailedFilter {
         topic,
         subscriber,
-        event_id: None,
+        event_id: parse_event_id(event_text)?,
     };
-    let mut failed = state.events.failed(filter, ROWS_SHOWN + 1).await?;
-    let more = failed.len() > ROWS_SHOWN;
-    failed.truncate(ROWS_SHOWN);
+    let failed = state.events.failed(filter, page.limit()).await?;
+    let (failed, more) = page.cut(failed);
+    let mut filters = vec![];
+    filters.extend(event_text.map(|id| ("event_id", id)));
+    filters.extend(topic.map(|topic| ("topic", topic)));
+    filters.extend(subscriber.map(|subscriber| ("subscriber", subscriber)));
     let body = html! {
         @if let Some(retried) = query.retried {
             p.notice role="status" { "Retry requested: " (retried) " failed deliveries re-opened." }
         }
         (layout::filter_form("/admin/failed", &[
+            Field { name: "event_id", label: "Event id", kind: "search", value: event_text },
             Field { name: "topic", label: "Topic", kind: "url", value: topic },
             Field {
                 name: "subscriber",
@@ -205,7 +220,7 @@ pub(super) async fn failed(
             p { "No failed delivery." }
         } @else {
             (failed_table(&session, &failed))
-            (layout::cut_short(more, ROWS_SHOWN))
+            (paging::pager("/admin/failed", &filters, page, more))
             h2 { "By subscriber" }
             (subscribers_table(&session, &failed))
         }

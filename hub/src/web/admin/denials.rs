@@ -1,5 +1,6 @@
 //! Saying no from the admin page: the deny list at `/admin/denials` (its
-//! patterns with a button to remove each, and a form to add one), and the
+//! patterns with a button to remove each, searched by text in the pattern
+//! and shown a page at a time, and a form to add one), and the
 //! **Deny** form of each subscription on the subscriptions page, which
 //! removes it and tells its callback why. The same rules as the operator
 //! API's (`crate::web::api`'s `denials`).
@@ -11,6 +12,8 @@ use axum::response::Redirect;
 use maud::{Markup, html};
 use serde::Deserialize;
 
+use super::layout::Field;
+use super::paging::{self, Page};
 use super::session::{self, Session};
 use super::{given, layout, link, when};
 use crate::intake::deny::{PatternError, check_reason};
@@ -24,6 +27,9 @@ pub(super) struct Outcome {
     removed: Option<String>,
     denied: Option<String>,
     notified: Option<String>,
+    /// Only patterns containing this text.
+    search: Option<String>,
+    page: Option<String>,
 }
 
 pub(super) async fn page(
@@ -32,7 +38,14 @@ pub(super) async fn page(
     Query(outcome): Query<Outcome>,
 ) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers).await?;
-    let denials = state.events.denials().await?;
+    let page = Page::parse(outcome.page.as_deref())?;
+    let search = paging::search("search", &outcome.search)?;
+    // The deny list is bounded (`DenyList`), and read whole every few
+    // seconds by the hub itself: searched here.
+    let mut denials = state.events.denials().await?;
+    denials.retain(|denial| search.is_none_or(|text| denial.pattern.contains(text)));
+    let (denials, more) = page.cut(denials);
+    let filters: Vec<(&str, &str)> = search.map(|text| ("search", text)).into_iter().collect();
     let body = html! {
         @if let Some(pattern) = given(&outcome.added) {
             p.notice role="status" { "Denying subscriptions matching " code { (pattern) } "." }
@@ -55,13 +68,19 @@ pub(super) async fn page(
             "its callback is sent " code { "hub.mode=denied" } " with the reason. "
             code { "*" } " matches any run of characters; the rest matches itself, case aside."
         }
+        (layout::filter_form("/admin/denials", &[
+            Field { name: "search", label: "Pattern contains", kind: "search", value: search },
+        ]))
         table #denials {
             thead { tr { th { "Field" } th { "Pattern" } th { "Reason" } th { "Added" } th {} } }
             tbody {
                 @for denial in &denials { (row(&session, denial)) }
             }
         }
-        @if denials.is_empty() { p { "The deny list is empty." } }
+        @if denials.is_empty() {
+            p { @if search.is_some() { "No pattern matches." } @else { "The deny list is empty." } }
+        }
+        (paging::pager("/admin/denials", &filters, page, more))
         (add_form(&session))
     };
     Ok(layout::page("Deny list", &session, body))

@@ -3,7 +3,9 @@
 //! again (`POST /admin/endpoints/enable`) and disabling one by hand
 //! (`POST /admin/endpoints/disable`), as the operator API does; and the
 //! history of their state changes, every endpoint's or
-//! (`?endpoint=…&channel=…`) one's. The decisions are the delivery core's
+//! (`?endpoint=…&channel=…`) one's, with that endpoint's state now. The
+//! list is searched by text in the endpoint (`?search=`) and shown a page
+//! at a time. The decisions are the delivery core's
 //! ([`crate::delivery::health`], [`crate::delivery::changes`]).
 
 use axum::Form;
@@ -13,8 +15,10 @@ use axum::response::Redirect;
 use maud::{Markup, html};
 use serde::Deserialize;
 
+use super::layout::Field;
+use super::paging::{self, Page};
 use super::session::{self, Session};
-use super::{ROWS_SHOWN, given, layout, link, when};
+use super::{given, layout, link, when};
 use crate::delivery::Channel;
 use crate::storage::events::{ChangeFilter, DeliveryState, EndpointChange, EndpointRecord};
 use crate::web::api::endpoints::{endpoints_of, parse_channel};
@@ -52,7 +56,14 @@ pub(super) struct Done {
     endpoint: Option<String>,
     /// Only this channel's changes.
     channel: Option<String>,
+    /// Only endpoints containing this text.
+    search: Option<String>,
+    page: Option<String>,
 }
+
+/// The most troubled endpoints of each channel a search reads: the table
+/// holds only endpoints failing or disabled, which are few.
+const SEARCHED: usize = 10_000;
 
 /// The most changes the page shows.
 const CHANGES_SHOWN: usize = 50;
@@ -63,12 +74,20 @@ pub(super) async fn page(
     Query(done): Query<Done>,
 ) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers).await?;
-    let (troubled, more) = troubled(&state, ROWS_SHOWN).await?;
-    let endpoint = given(&done.endpoint);
-    let filter = ChangeFilter {
-        channel: given(&done.channel),
-        endpoint,
+    let page = Page::parse(done.page.as_deref())?;
+    let search = paging::search("search", &done.search)?;
+    let endpoint = paging::search("endpoint", &done.endpoint)?;
+    let channel = given(&done.channel);
+    let (mut troubled, searched_all) = match search {
+        Some(_) => {
+            let (found, more) = troubled(&state, SEARCHED).await?;
+            (found, !more)
+        }
+        None => (troubled(&state, page.limit()).await?.0, true),
     };
+    troubled.retain(|record| search.is_none_or(|text| record.endpoint.contains(text)));
+    let (troubled, more) = page.cut(troubled);
+    let filter = ChangeFilter { channel, endpoint };
     let mut changes = state
         .events
         .changes()
@@ -89,12 +108,25 @@ pub(super) async fn page(
                 "Disabled " (endpoint) ": its new deliveries are skipped until it is enabled."
             }
         }
+        @if let Some(endpoint) = endpoint {
+            (one_state(&state, endpoint, channel, &changes).await?)
+        }
+        (layout::filter_form("/admin/endpoints", &[
+            Field { name: "search", label: "Endpoint contains", kind: "search", value: search },
+        ]))
+        @if !searched_all {
+            p.note { "The search read the first " (SEARCHED) " troubled endpoints of each channel." }
+        }
         @if troubled.is_empty() {
-            p { "No endpoint is failing or disabled." }
+            p {
+                @if search.is_some() { "No failing or disabled endpoint matches." }
+                @else { "No endpoint is failing or disabled." }
+            }
         } @else {
             (table(&session, &troubled))
-            (layout::cut_short(more, ROWS_SHOWN))
         }
+        (paging::pager("/admin/endpoints",
+            &search.map(|text| ("search", text)).into_iter().collect::<Vec<_>>(), page, more))
         h2 #changes {
             @if let Some(endpoint) = endpoint {
                 "Changes of " (endpoint)
@@ -115,6 +147,70 @@ pub(super) async fn page(
         (disable_form(&session))
     };
     Ok(layout::page("Endpoints", &session, body))
+}
+
+/// One endpoint's state now: disabled, failing (its deliveries running
+/// out of retries) or, in this process, held by its open breaker; else
+/// healthy; with its latest change among `changes` (newest first).
+async fn one_state(
+    state: &ApiState,
+    endpoint: &str,
+    channel: Option<&str>,
+    changes: &[EndpointChange],
+) -> Result<Markup, ApiError> {
+    let channel = parse_channel(channel)?.unwrap_or(Channel::WebSub);
+    let record = endpoints_of(state, channel)
+        .list(SEARCHED)
+        .await?
+        .into_iter()
+        .find(|record| record.endpoint == endpoint);
+    let open = channel == Channel::WebSub && state.dispatcher.endpoints().is_open(endpoint);
+    let latest = changes.iter().find(|change| change.endpoint == endpoint);
+    let now = match (&record, open) {
+        (Some(record), _) if record.disabled_at.is_some() => "disabled",
+        (_, true) => "open",
+        (Some(record), false) if record.failures > 0 => "failing",
+        _ => "healthy",
+    };
+    Ok(html! {
+        section #endpoint-state {
+            h2 { "State of " (endpoint) }
+            dl.figures {
+                dt { "Channel" } dd { (channel.label()) }
+                dt { "Now" } dd #state-now { (now) }
+                @if let Some(record) = &record {
+                    dt { "Failures in a row" } dd { (record.failures) }
+                    dt { "Last failure" } dd {
+                        (record.last_failure_at.map(when).unwrap_or_default())
+                        @if let Some(error) = &record.last_error { " " span.error { (error) } }
+                    }
+                    @if let Some(at) = record.disabled_at {
+                        dt { "Disabled since" } dd {
+                            (when(at)) ": " (record.disabled_reason.as_deref().unwrap_or(""))
+                        }
+                    }
+                }
+                dt { "Last change" } dd #last-change {
+                    @if let Some(change) = latest {
+                        (change.to.as_str()) " at " (when(change.at))
+                    } @else {
+                        "none kept"
+                    }
+                }
+            }
+            @if channel == Channel::WebSub {
+                p {
+                    a href=(link("/admin/deliveries", &[("subscriber", endpoint)])) {
+                        "Its deliveries"
+                    }
+                    " · "
+                    a href=(link("/admin/failed", &[("subscriber", endpoint)])) {
+                        "its failed deliveries"
+                    }
+                }
+            }
+        }
+    })
 }
 
 fn table(session: &Session, troubled: &[EndpointRecord]) -> Markup {

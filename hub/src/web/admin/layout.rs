@@ -9,7 +9,7 @@ use super::session::{CSRF_FIELD, Session};
 /// A little style so tables read as tables; no external resource is loaded.
 const STYLE: &str = "
 body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #1d1d1f; }
-nav { display: flex; gap: 1rem; align-items: center; margin-bottom: 1rem; }
+nav { display: flex; flex-wrap: wrap; gap: 0.25rem 0.7rem; align-items: center; margin-bottom: 1rem; }
 nav form { margin-left: auto; }
 table { border-collapse: collapse; margin: 0.5rem 0 1rem; }
 th, td { border: 1px solid #c8c8cc; padding: 0.25rem 0.5rem; text-align: left;
@@ -24,12 +24,29 @@ section { margin-bottom: 1.5rem; }
 dl.figures { display: grid; grid-template-columns: max-content max-content; gap: 0.25rem 1rem; }
 dl.figures dt { font-weight: 600; }
 dl.figures dd { margin: 0; }
+div.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(30rem, 1fr)); gap: 1rem; }
+figure.chart { margin: 0; }
+figure.chart p.legend { margin: 0.25rem 0; font-size: 0.9rem; }
+table.bars td.name { max-width: 24rem; word-break: break-all; }
+nav.pages { display: flex; gap: 1rem; margin: 0.5rem 0; }
 ";
 
 /// A page of a logged-in session.
 pub(super) fn page(title: &str, session: &Session, body: Markup) -> Markup {
-    bare(
+    page_refreshing(title, session, None, body)
+}
+
+/// A page of a logged-in session that the browser reloads every
+/// `refresh` seconds, when given: a live view without script.
+pub(super) fn page_refreshing(
+    title: &str,
+    session: &Session,
+    refresh: Option<u32>,
+    body: Markup,
+) -> Markup {
+    document(
         title,
+        refresh,
         html! {
             nav {
                 strong { "WebSub hub" }
@@ -41,6 +58,9 @@ pub(super) fn page(title: &str, session: &Session, body: Markup) -> Markup {
                 a href="/admin/failed" { "Failed deliveries" }
                 a href="/admin/endpoints" { "Endpoints" }
                 a href="/admin/denials" { "Deny list" }
+                a href="/admin/verifications" { "Verifications" }
+                a href="/admin/fetches" { "Fetches" }
+                a href="/admin/feeds" { "Feeds" }
                 form method="post" action="/admin/logout" {
                     (csrf(session))
                     button type="submit" { "Log out" }
@@ -54,6 +74,10 @@ pub(super) fn page(title: &str, session: &Session, body: Markup) -> Markup {
 
 /// A page without the navigation (the login).
 pub(crate) fn bare(title: &str, body: Markup) -> Markup {
+    document(title, None, body)
+}
+
+fn document(title: &str, refresh: Option<u32>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -61,6 +85,9 @@ pub(crate) fn bare(title: &str, body: Markup) -> Markup {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 meta name="referrer" content="no-referrer";
+                @if let Some(seconds) = refresh {
+                    meta http-equiv="refresh" content=(seconds);
+                }
                 title { (title) " · WebSub hub admin" }
                 style { (PreEscaped(STYLE)) }
             }

@@ -1,9 +1,12 @@
 //! The admin page under `/admin`: server-rendered HTML for an operator with
 //! an operator key, over the same state as the HTTP API. It shows what
-//! the hub is doing (recent deliveries, the backlog, failures), what it
-//! holds (topics, subscriptions and their delivery health), one delivery
-//! with its attempts, delivery records by state (the skipped ones among
-//! them), and the endpoints failing or disabled; it retries failed
+//! the hub is doing (recent deliveries, failures and latency as charts,
+//! the backlog, failures), what it holds (topics, subscriptions and their
+//! delivery health), one delivery with its attempts, delivery records by
+//! state (the skipped ones among them), the endpoints failing or disabled
+//! and each one's history, the verifications and topic fetches waiting or
+//! failed, and the outbox feeds; every list a page at a time, with a
+//! search; it retries failed
 //! deliveries, sends events again, replays a subscription, disables or
 //! enables an endpoint, denies a subscription, and keeps the deny list.
 //!
@@ -12,12 +15,16 @@
 //! be ended). Without an operator key configured, every page answers 403,
 //! as the operator API does.
 
+mod backlog;
+mod charts;
 mod deliveries;
 mod denials;
 mod endpoints;
+mod feeds;
 pub(crate) mod layout;
 mod login;
 mod overview;
+mod paging;
 mod records;
 mod resend;
 mod session;
@@ -57,6 +64,9 @@ pub fn router(state: ApiState) -> Router {
         .route("/admin/endpoints/enable", post(endpoints::enable))
         .route("/admin/endpoints/disable", post(endpoints::disable))
         .route("/admin/denials", get(denials::page))
+        .route("/admin/verifications", get(backlog::verifications))
+        .route("/admin/fetches", get(backlog::fetches))
+        .route("/admin/feeds", get(feeds::page))
         .route("/admin/denials/add", post(denials::add))
         .route("/admin/denials/remove", post(denials::remove))
         .route(

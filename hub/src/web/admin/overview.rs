@@ -1,17 +1,33 @@
 //! The overview at `/admin`: how many deliveries succeeded recently, what
 //! is waiting to be delivered, what failed, and how much the hub holds; the
-//! endpoints failing or disabled, and the outbox feeds' lag and listeners.
+//! WebSub deliveries and failures per minute over the last hour and per
+//! quarter hour over the last day, their attempts' latency, and the
+//! busiest and the failing endpoints, as charts ([`super::charts`]) drawn
+//! from the event log; the endpoints failing or disabled, and the outbox
+//! feeds' lag and listeners. `?refresh=N` reloads it every N seconds.
 
-use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use maud::{Markup, html};
+use serde::Deserialize;
 
+use super::charts::{self, LineChart, Ranked, Series};
 use super::endpoints;
 use super::session;
-use super::{layout, when};
-use crate::intake::feed::FeedStatus;
-use crate::storage::events::FailedFilter;
+use super::{layout, link, when};
+use crate::storage::events::{Activity, ActivityWindow, FailedFilter};
 use crate::web::api::{ApiError, ApiState};
+
+/// The reload intervals `?refresh=` takes, in seconds: often enough to
+/// watch an incident, never so often that the page loads the database.
+const REFRESH_SECONDS: std::ops::RangeInclusive<u32> = 5..=300;
+
+/// The interval the overview's link offers.
+const REFRESH_OFFERED: u32 = 10;
+
+/// The endpoints each ranking lists.
+const ENDPOINTS_RANKED: usize = 10;
 
 /// The most failed deliveries counted; past it the page says "at least".
 const FAILED_COUNTED: usize = 1000;
@@ -43,12 +59,53 @@ impl Bounded {
     }
 }
 
+/// What the overview takes: how often it reloads, if at all.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Options {
+    refresh: Option<String>,
+}
+
+/// The reload interval `text` asks for, within [`REFRESH_SECONDS`].
+fn refresh(text: Option<&str>) -> Result<Option<u32>, ApiError> {
+    let Some(text) = text.map(str::trim).filter(|text| !text.is_empty()) else {
+        return Ok(None);
+    };
+    text.parse::<u32>()
+        .ok()
+        .filter(|seconds| REFRESH_SECONDS.contains(seconds))
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "refresh must be a number of seconds from {} to {}",
+                    REFRESH_SECONDS.start(),
+                    REFRESH_SECONDS.end()
+                ),
+            )
+        })
+}
+
 pub(super) async fn page(
     State(state): State<ApiState>,
     headers: HeaderMap,
+    Query(options): Query<Options>,
 ) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers).await?;
-    Ok(layout::page("Overview", &session, figures(&state).await?))
+    let refresh = refresh(options.refresh.as_deref())?;
+    let body = html! {
+        p #refresh {
+            @if let Some(seconds) = refresh {
+                "Reloading every " (seconds) " s. " a href="/admin" { "Stop reloading" }
+            } @else {
+                a href=(link("/admin", &[("refresh", &REFRESH_OFFERED.to_string())])) {
+                    "Refresh every " (REFRESH_OFFERED) " s"
+                }
+            }
+        }
+        (figures(&state).await?)
+    };
+    Ok(layout::page_refreshing("Overview", &session, refresh, body))
 }
 
 async fn figures(state: &ApiState) -> Result<Markup, ApiError> {
@@ -92,6 +149,7 @@ async fn figures(state: &ApiState) -> Result<Markup, ApiError> {
                 "the window."
             }
         }
+        (glance(state, now).await?)
         section #holdings {
             h2 { "Held" }
             dl.figures {
@@ -102,7 +160,7 @@ async fn figures(state: &ApiState) -> Result<Markup, ApiError> {
             }
         }
         (endpoints(state).await?)
-        (feeds(&state.feeds.statuses()))
+        (super::feeds::table(&state.feeds.statuses()))
     })
 }
 
@@ -166,43 +224,149 @@ async fn endpoints(state: &ApiState) -> Result<Markup, ApiError> {
     })
 }
 
-/// The outbox feeds: how far behind their producers they are, and whether
-/// their listeners are connected, as each feed's dispatcher last saw it.
-fn feeds(statuses: &[FeedStatus]) -> Markup {
-    html! {
-        section #feeds {
-            h2 { "Outbox feeds: lag and listener state" }
-            @if statuses.is_empty() {
-                p { "No outbox feeds." }
-            } @else {
-                table #feed-status {
-                    thead {
-                        tr {
-                            th { "Outbox table" } th { "Deliveries table" } th { "Backlog" }
-                            th { "Oldest undelivered" } th { "Listener connected" } th { "Sampled" }
-                        }
-                    }
-                    tbody {
-                        @for feed in statuses {
-                            tr.feed {
-                                td { (feed.outbox_table) }
-                                td { (feed.deliveries_table) }
-                                td.number {
-                                    (feed.backlog.map(|backlog| backlog.to_string())
-                                        .unwrap_or_else(|| "not sampled yet".to_owned()))
-                                }
-                                td.number {
-                                    (feed.oldest_undelivered_seconds
-                                        .map(|seconds| format!("{seconds:.1} s"))
-                                        .unwrap_or_default())
-                                }
-                                td { (if feed.listener_connected { "yes" } else { "no (polling)" }) }
-                                td { (feed.sampled_at.map(when).unwrap_or_default()) }
-                            }
-                        }
-                    }
-                }
+/// A window of `buckets` buckets of `bucket` each, the last one holding
+/// `now`.
+fn window_to(now: DateTime<Utc>, bucket: TimeDelta, buckets: usize) -> ActivityWindow {
+    let current = now.duration_trunc(bucket).unwrap_or(now);
+    ActivityWindow {
+        since: current - bucket * (i32::try_from(buckets).unwrap_or(i32::MAX) - 1),
+        bucket,
+        buckets,
+        endpoints: ENDPOINTS_RANKED,
+    }
+}
+
+/// The charts of the last hour (per minute) and the last day (per quarter
+/// hour): deliveries and failures, the attempts' latency; and the busiest
+/// and failing endpoints of the day.
+async fn glance(state: &ApiState, now: DateTime<Utc>) -> Result<Markup, ApiError> {
+    let hour = state
+        .events
+        .activity(window_to(now, TimeDelta::minutes(1), 60))
+        .await?;
+    let day = state
+        .events
+        .activity(window_to(now, TimeDelta::minutes(15), 96))
+        .await?;
+    let busiest: Vec<Ranked<'_>> = day
+        .busiest
+        .iter()
+        .map(|endpoint| Ranked {
+            name: &endpoint.endpoint,
+            href: link("/admin/deliveries", &[("subscriber", &endpoint.endpoint)]),
+            count: endpoint.delivered,
+        })
+        .collect();
+    let failing: Vec<Ranked<'_>> = day
+        .failing
+        .iter()
+        .map(|endpoint| Ranked {
+            name: &endpoint.endpoint,
+            href: format!(
+                "{}#changes",
+                link(
+                    "/admin/endpoints",
+                    &[("endpoint", &endpoint.endpoint), ("channel", "websub")]
+                )
+            ),
+            count: endpoint.failed,
+        })
+        .collect();
+    Ok(html! {
+        section #charts {
+            h2 { "At a glance" }
+            p.note {
+                "WebSub deliveries, from the hub's event log: attempts made in each span to "
+                "events recorded in the window (a retry of an older event is not counted). "
+                "Outbox webhooks are counted in their producers' deliveries tables, not here: "
+                "see the feeds below."
+            }
+            div.charts {
+                (counts_chart("hour-deliveries", "Deliveries and failures per minute, last hour",
+                    &hour, "%H:%M"))
+                (latency_chart("hour-latency", "Attempt latency per minute, last hour (ms)",
+                    &hour, "%H:%M"))
+                (counts_chart("day-deliveries",
+                    "Deliveries and failures per 15 minutes, last 24 hours", &day, "%b %d %H:%M"))
+                (latency_chart("day-latency",
+                    "Attempt latency per 15 minutes, last 24 hours (ms)", &day, "%b %d %H:%M"))
+                (charts::bar_list("busiest", "Busiest endpoints, last 24 hours (deliveries)",
+                    DELIVERED_COLOUR, "No delivery in the last 24 hours.", &busiest))
+                (charts::bar_list("failing", "Failing endpoints, last 24 hours (failed attempts)",
+                    FAILED_COLOUR, "No failed attempt in the last 24 hours.", &failing))
             }
         }
+    })
+}
+
+const DELIVERED_COLOUR: &str = "#2e7d32";
+const FAILED_COLOUR: &str = "#c62828";
+
+/// The buckets' labels: their start, in UTC, as `format` spells it.
+fn labels(activity: &Activity, format: &str) -> Vec<String> {
+    activity
+        .buckets
+        .iter()
+        .map(|bucket| bucket.start.format(format).to_string())
+        .collect()
+}
+
+fn counts_chart(id: &str, title: &str, activity: &Activity, format: &str) -> Markup {
+    let series = |pick: fn(&crate::storage::events::ActivityBucket) -> u64| {
+        activity
+            .buckets
+            .iter()
+            .map(|bucket| Some(pick(bucket) as f64))
+            .collect()
+    };
+    LineChart {
+        id,
+        title,
+        unit: "",
+        empty: "no deliveries",
+        labels: labels(activity, format),
+        series: vec![
+            Series {
+                label: "delivered",
+                colour: DELIVERED_COLOUR,
+                values: series(|bucket| bucket.delivered),
+            },
+            Series {
+                label: "failed",
+                colour: FAILED_COLOUR,
+                values: series(|bucket| bucket.failed),
+            },
+        ],
     }
+    .render(true)
+}
+
+fn latency_chart(id: &str, title: &str, activity: &Activity, format: &str) -> Markup {
+    let series = |pick: fn(&crate::storage::events::ActivityBucket) -> Option<i64>| {
+        activity
+            .buckets
+            .iter()
+            .map(|bucket| pick(bucket).map(|micros| micros as f64 / 1000.0))
+            .collect()
+    };
+    LineChart {
+        id,
+        title,
+        unit: " ms",
+        empty: "no attempts",
+        labels: labels(activity, format),
+        series: vec![
+            Series {
+                label: "p50",
+                colour: "#1565c0",
+                values: series(|bucket| bucket.p50_micros),
+            },
+            Series {
+                label: "p99",
+                colour: "#ef6c00",
+                values: series(|bucket| bucket.p99_micros),
+            },
+        ],
+    }
+    .render(false)
 }

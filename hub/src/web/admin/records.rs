@@ -1,6 +1,6 @@
-//! The deliveries page at `/admin/deliveries`: delivery records by topic,
-//! subscriber and state, newest event first, as the operator API lists
-//! them; the skipped ones (endpoint disabled, to replay) are its
+//! The deliveries page at `/admin/deliveries`: delivery records by event
+//! id, topic, subscriber and state, newest event first, a page at a time,
+//! as the operator API lists them; the skipped ones (endpoint disabled, to replay) are its
 //! `state=skipped`. A replay from the subscriptions page lands here.
 
 use axum::extract::{Query, State};
@@ -9,8 +9,9 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::layout::Field;
+use super::paging::{self, Page};
 use super::session;
-use super::{ROWS_SHOWN, given, layout, link, when};
+use super::{given, layout, link, when};
 use crate::storage::events::{DeliveryFilter, DeliveryState, DeliverySummary};
 use crate::web::api::history::parse_state;
 use crate::web::api::{ApiError, ApiState};
@@ -18,11 +19,13 @@ use crate::web::api::{ApiError, ApiState};
 /// The filters, and what a replay that led here did.
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct Filter {
+    event_id: Option<String>,
     topic: Option<String>,
     subscriber: Option<String>,
     state: Option<String>,
     replayed: Option<usize>,
     resume_since: Option<String>,
+    page: Option<String>,
 }
 
 pub(super) async fn page(
@@ -31,35 +34,44 @@ pub(super) async fn page(
     Query(filter): Query<Filter>,
 ) -> Result<Markup, ApiError> {
     let session = session::require(&state, &headers).await?;
-    let topic = given(&filter.topic);
-    let subscriber = given(&filter.subscriber);
+    let page = Page::parse(filter.page.as_deref())?;
+    let event_text = paging::search("event_id", &filter.event_id)?;
+    let event_id = super::deliveries::parse_event_id(event_text)?;
+    let topic = paging::search("topic", &filter.topic)?;
+    let subscriber = paging::search("subscriber", &filter.subscriber)?;
     let state_text = given(&filter.state);
     let wanted = parse_state(state_text)?;
-    let mut records = state
+    let records = state
         .events
         .list(
             DeliveryFilter {
+                event_id,
                 topic,
                 subscriber,
                 state: wanted,
                 ..DeliveryFilter::default()
             },
-            ROWS_SHOWN + 1,
+            page.limit(),
         )
         .await?;
-    let more = records.len() > ROWS_SHOWN;
-    records.truncate(ROWS_SHOWN);
+    let (records, more) = page.cut(records);
     let title = match wanted {
         Some(DeliveryState::Skipped) => "Skipped deliveries",
         _ => "Deliveries",
     };
     let by_state = |state: Option<DeliveryState>| {
         let mut query = vec![];
+        query.extend(event_text.map(|id| ("event_id", id)));
         query.extend(topic.map(|topic| ("topic", topic)));
         query.extend(subscriber.map(|subscriber| ("subscriber", subscriber)));
         query.extend(state.map(|state| ("state", state.as_str())));
         link("/admin/deliveries", &query)
     };
+    let mut filters = vec![];
+    filters.extend(event_text.map(|id| ("event_id", id)));
+    filters.extend(topic.map(|topic| ("topic", topic)));
+    filters.extend(subscriber.map(|subscriber| ("subscriber", subscriber)));
+    filters.extend(wanted.map(|state| ("state", state.as_str())));
     let body = html! {
         @if let Some(replayed) = filter.replayed {
             p.notice role="status" {
@@ -70,6 +82,7 @@ pub(super) async fn page(
             }
         }
         (layout::filter_form("/admin/deliveries", &[
+            Field { name: "event_id", label: "Event id", kind: "search", value: event_text },
             Field { name: "topic", label: "Topic", kind: "url", value: topic },
             Field { name: "subscriber", label: "Subscriber", kind: "url", value: subscriber },
             Field { name: "state", label: "State", kind: "text", value: state_text },
@@ -90,7 +103,7 @@ pub(super) async fn page(
         }
         p { "Listed: " span #count { (records.len()) } }
         @if !records.is_empty() { (table(&records)) }
-        (layout::cut_short(more, ROWS_SHOWN))
+        (paging::pager("/admin/deliveries", &filters, page, more))
     };
     Ok(layout::page(title, &session, body))
 }

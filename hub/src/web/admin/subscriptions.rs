@@ -1,5 +1,5 @@
 //! The subscriptions page at `/admin/subscriptions`: subscriptions by topic
-//! and by callback text, each with its delivery health, linking to its
+//! and by callback text, a page at a time, each with its delivery health, linking to its
 //! deliveries; with a button to disable its callback (or a link to the
 //! endpoints page, when disabled), a form to replay its topic's events
 //! since a time ([`super::resend`]), and one to deny it ([`super::denials`]).
@@ -13,6 +13,7 @@ use websub_store::Subscription;
 use super::denials::deny_form;
 use super::endpoints::action_form;
 use super::layout::Field;
+use super::paging::{self, Page};
 use super::session::{self, Session};
 use super::{ROWS_SHOWN, layout, link, when};
 use crate::delivery::Channel;
@@ -35,6 +36,7 @@ pub(super) struct Filter {
     topic: Option<String>,
     /// Only callbacks containing this text.
     callback: Option<String>,
+    page: Option<String>,
 }
 
 /// A subscription as listed.
@@ -60,9 +62,14 @@ async fn subscriptions(
     session: &Session,
     filter: Filter,
 ) -> Result<Markup, ApiError> {
-    let topic = filter.topic.as_deref().filter(|topic| !topic.is_empty());
-    let callback = filter.callback.as_deref().filter(|text| !text.is_empty());
-    let (found, more, searched_all) = find(state, topic, callback).await?;
+    let page = Page::parse(filter.page.as_deref())?;
+    let topic = paging::search("topic", &filter.topic)?;
+    let callback = paging::search("callback", &filter.callback)?;
+    let (found, searched_all) = find(state, topic, callback, page.limit()).await?;
+    let (found, more) = page.cut(found);
+    let mut filters = vec![];
+    filters.extend(topic.map(|topic| ("topic", topic)));
+    filters.extend(callback.map(|callback| ("callback", callback)));
     let mut rows = Vec::with_capacity(found.len());
     for subscription in found {
         let health = state
@@ -110,18 +117,18 @@ async fn subscriptions(
             }
         }
         @if rows.is_empty() { p { "No subscription matches." } }
-        (layout::cut_short(more, ROWS_SHOWN))
+        (paging::pager("/admin/subscriptions", &filters, page, more))
     })
 }
 
-/// Up to [`ROWS_SHOWN`] subscriptions matching the filters, in topic then
-/// callback order; whether there were more; whether every topic was
-/// searched.
+/// Up to `limit` subscriptions matching the filters, in topic then
+/// callback order; and whether every topic was searched.
 async fn find(
     state: &ApiState,
     topic: Option<&str>,
     callback: Option<&str>,
-) -> Result<(Vec<Subscription>, bool, bool), ApiError> {
+    limit: usize,
+) -> Result<(Vec<Subscription>, bool), ApiError> {
     let mut topics = match topic {
         Some(topic) => vec![topic.to_owned()],
         None => state.store.topics().await?,
@@ -144,21 +151,21 @@ async fn find(
             after = page.last().map(|last| last.callback.clone());
             for subscription in page {
                 if callback.is_none_or(|text| subscription.callback.contains(text)) {
-                    if found.len() == ROWS_SHOWN {
-                        return Ok((found, true, searched_all));
-                    }
                     found.push(subscription);
+                    if found.len() == limit {
+                        return Ok((found, searched_all));
+                    }
                 }
             }
             if last_page {
                 break;
             }
             if scanned >= SUBSCRIPTIONS_SEARCHED {
-                return Ok((found, false, false));
+                return Ok((found, false));
             }
         }
     }
-    Ok((found, false, searched_all))
+    Ok((found, searched_all))
 }
 
 fn render(session: &Session, row: &Row) -> Markup {

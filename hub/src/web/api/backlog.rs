@@ -177,6 +177,7 @@ async fn list_intents(
     let listing = Listing {
         failed: query.failed()?,
         owner,
+        search: None,
     };
     let limit = parse_limit(query.limit.as_deref())?;
     let intents = state
@@ -268,6 +269,7 @@ pub(super) async fn fetches(
     let listing = Listing {
         failed: query.failed()?,
         owner: None,
+        search: None,
     };
     let limit = parse_limit(query.limit.as_deref())?;
     let fetches = state.intake.backlog().fetches(listing, limit).await?;

@@ -202,6 +202,7 @@ pub(super) async fn overview(
     let listing = Listing {
         failed: None,
         owner: Some(&visitor.id),
+        search: None,
     };
     let requests = state
         .subscriptions

@@ -2,18 +2,20 @@
 //! records, redeliveries and replays, and the endpoints' tally; and the
 //! log's [`DeliveryOperations`], which call them.
 
+use std::sync::LazyLock;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use uuid::Uuid;
 
-use super::super::operate::STATE_SQL;
+use super::super::operate::{BucketRow, STATE_SQL, endpoint_activity, fill_buckets};
 use super::super::sql::operate::{DISABLE, DISABLE_TALLIED, ENABLE};
 use super::super::{
-    DeliveryFilter, DeliveryHealth, DeliveryOperations, DeliveryRecord, DeliveryState,
-    DeliverySummary, EndpointRecord, EventLogError, Exhaustion, FailedDelivery, FailedFilter,
-    Replayed, Undelivered, WebhookAttempt, invalid,
+    Activity, ActivityWindow, DeliveryFilter, DeliveryHealth, DeliveryOperations, DeliveryRecord,
+    DeliveryState, DeliverySummary, EndpointRecord, EventLogError, Exhaustion, FailedDelivery,
+    FailedFilter, Replayed, Undelivered, WebhookAttempt, invalid,
 };
 use super::rows::{delivery_from_row, retry_count};
 use super::statements::{
@@ -347,8 +349,48 @@ pub(super) async fn keep_webhook_attempts(
     Ok(())
 }
 
+// The distance from a TIMESTAMPTZ is an interval; its seconds, in
+// microseconds, are exact at the precision PostgreSQL keeps.
+static ACTIVITY_BUCKETS: LazyLock<String> = LazyLock::new(|| {
+    super::super::sql::activity::buckets("(extract(epoch FROM at - $1) * 1000000)::BIGINT")
+});
+static BUSIEST: LazyLock<String> = LazyLock::new(super::super::sql::activity::busiest);
+static FAILING: LazyLock<String> = LazyLock::new(super::super::sql::activity::failing);
+
+async fn activity(pool: &PgPool, window: ActivityWindow) -> Result<Activity, EventLogError> {
+    let until = window.until();
+    let rows: Vec<BucketRow> = sqlx::query_as(AssertSqlSafe(ACTIVITY_BUCKETS.as_str()))
+        .bind(window.since)
+        .bind(until)
+        .bind(window.bucket_micros())
+        .fetch_all(pool)
+        .await?;
+    let endpoints = i64::try_from(window.endpoints).unwrap_or(i64::MAX);
+    let mut ranked = Vec::with_capacity(2);
+    for statement in [&*BUSIEST, &*FAILING] {
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(AssertSqlSafe(statement.as_str()))
+            .bind(window.since)
+            .bind(until)
+            .bind(endpoints)
+            .fetch_all(pool)
+            .await?;
+        ranked.push(endpoint_activity(rows)?);
+    }
+    let failing = ranked.pop().unwrap_or_default();
+    let busiest = ranked.pop().unwrap_or_default();
+    Ok(Activity {
+        buckets: fill_buckets(&window, &rows)?,
+        busiest,
+        failing,
+    })
+}
+
 #[async_trait]
 impl DeliveryOperations for PostgresEventLog {
+    async fn activity(&self, window: ActivityWindow) -> Result<Activity, EventLogError> {
+        activity(&self.pool, window).await
+    }
+
     async fn delivery(
         &self,
         event_id: Uuid,

@@ -4,6 +4,7 @@
 //! write connection, in one transaction each.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -11,12 +12,14 @@ use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
 use sqlx::{AssertSqlSafe, Connection, Row};
 use uuid::Uuid;
 
-use super::super::operate::{STATE_SQL, disabled_after};
+use super::super::operate::{
+    BucketRow, STATE_SQL, disabled_after, endpoint_activity, fill_buckets,
+};
 use super::super::sql::operate::{DISABLE, DISABLE_TALLIED, ENABLE};
 use super::super::{
-    DeliveryFilter, DeliveryHealth, DeliveryOperations, DeliveryRecord, DeliveryState,
-    DeliverySummary, EndpointRecord, EventLogError, Exhaustion, FailedDelivery, FailedFilter,
-    Replayed, Undelivered, WebhookAttempt, invalid,
+    Activity, ActivityWindow, DeliveryFilter, DeliveryHealth, DeliveryOperations, DeliveryRecord,
+    DeliveryState, DeliverySummary, EndpointRecord, EventLogError, Exhaustion, FailedDelivery,
+    FailedFilter, Replayed, Undelivered, WebhookAttempt, invalid,
 };
 use super::SqliteEventLog;
 use super::rows::{delivery_from_row, from_micros, hex, optional_time, retry_count};
@@ -335,8 +338,47 @@ pub(super) async fn keep_webhook_attempts(
     Ok(())
 }
 
+// Times are microseconds here: the distance is a subtraction.
+static ACTIVITY_BUCKETS: LazyLock<String> =
+    LazyLock::new(|| super::super::sql::activity::buckets("(at - $1)"));
+static BUSIEST: LazyLock<String> = LazyLock::new(super::super::sql::activity::busiest);
+static FAILING: LazyLock<String> = LazyLock::new(super::super::sql::activity::failing);
+
+async fn activity(pool: &SqlitePool, window: ActivityWindow) -> Result<Activity, EventLogError> {
+    let since = window.since.timestamp_micros();
+    let until = window.until().timestamp_micros();
+    let rows: Vec<BucketRow> = sqlx::query_as(AssertSqlSafe(ACTIVITY_BUCKETS.as_str()))
+        .bind(since)
+        .bind(until)
+        .bind(window.bucket_micros())
+        .fetch_all(pool)
+        .await?;
+    let endpoints = i64::try_from(window.endpoints).unwrap_or(i64::MAX);
+    let mut ranked = Vec::with_capacity(2);
+    for statement in [&*BUSIEST, &*FAILING] {
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(AssertSqlSafe(statement.as_str()))
+            .bind(since)
+            .bind(until)
+            .bind(endpoints)
+            .fetch_all(pool)
+            .await?;
+        ranked.push(endpoint_activity(rows)?);
+    }
+    let failing = ranked.pop().unwrap_or_default();
+    let busiest = ranked.pop().unwrap_or_default();
+    Ok(Activity {
+        buckets: fill_buckets(&window, &rows)?,
+        busiest,
+        failing,
+    })
+}
+
 #[async_trait]
 impl DeliveryOperations for SqliteEventLog {
+    async fn activity(&self, window: ActivityWindow) -> Result<Activity, EventLogError> {
+        activity(&self.pool, window).await
+    }
+
     async fn delivery(
         &self,
         event_id: Uuid,
