@@ -223,11 +223,18 @@ fn escape(text: &str) -> String {
 
 /// Horizontal bars, one per row, scaled to the largest value.
 fn svg(title: &str, bars: &[(String, f64, String)]) -> String {
-    const LABEL: f64 = 300.0;
+    // The label column fits the longest label (about 7 units a character
+    // at this font size), so that no label runs off the left edge.
+    let longest = bars
+        .iter()
+        .map(|(label, _, _)| label.chars().count())
+        .max()
+        .unwrap_or(0);
+    let label_width = (longest as f64 * 7.0 + 24.0).clamp(120.0, 600.0);
     const BAR: f64 = 420.0;
     const ROW: f64 = 26.0;
     const TOP: f64 = 40.0;
-    let width = LABEL + BAR + 120.0;
+    let width = label_width + BAR + 120.0;
     let height = TOP + ROW * bars.len() as f64 + 12.0;
     let largest = bars
         .iter()
@@ -254,20 +261,20 @@ fn svg(title: &str, bars: &[(String, f64, String)]) -> String {
         let _ = writeln!(
             out,
             r##"<text x="{x}" y="{ty}" text-anchor="end" fill="#1d1d1f">{label}</text>"##,
-            x = LABEL - 8.0,
+            x = label_width - 8.0,
             ty = y + 15.0,
             label = escape(label)
         );
         let _ = writeln!(
             out,
-            r##"<rect x="{LABEL}" y="{ry}" width="{length:.1}" height="{h}" fill="#4a78c2"/>"##,
+            r##"<rect x="{label_width}" y="{ry}" width="{length:.1}" height="{h}" fill="#4a78c2"/>"##,
             ry = y + 3.0,
             h = ROW - 8.0
         );
         let _ = writeln!(
             out,
             r##"<text x="{x:.1}" y="{ty}" fill="#1d1d1f">{text}</text>"##,
-            x = LABEL + length + 6.0,
+            x = label_width + length + 6.0,
             ty = y + 15.0,
             text = escape(text)
         );
