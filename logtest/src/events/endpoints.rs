@@ -98,6 +98,19 @@ pub async fn endpoints_are_disabled_after_failures_in_a_row(log: &dyn EventLog) 
         record.failures, 4,
         "a delivery does not clear a disabled endpoint"
     );
+    assert_eq!(
+        log.endpoint("websub", &dead)
+            .await
+            .expect("one endpoint")
+            .as_ref(),
+        Some(record),
+        "one endpoint read alone is as the list has it"
+    );
+    assert_eq!(
+        log.endpoint("webhook", &dead).await.expect("one endpoint"),
+        None,
+        "an endpoint is its channel's"
+    );
     assert_eq!(ours(listed), vec![(dead.clone(), 4, true)]);
 
     assert!(

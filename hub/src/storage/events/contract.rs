@@ -372,6 +372,14 @@ pub trait EndpointStates: Send + Sync + std::fmt::Debug {
         limit: usize,
     ) -> Result<Vec<EndpointRecord>, EventLogError>;
 
+    /// One endpoint of `channel` as [`EndpointStates::endpoints`] lists it,
+    /// if it failed since its last delivery or is disabled.
+    async fn endpoint(
+        &self,
+        channel: &str,
+        endpoint: &str,
+    ) -> Result<Option<EndpointRecord>, EventLogError>;
+
     /// Counts outcomes against their endpoints: each exhaustion is one more
     /// failure in a row, and an endpoint that reaches `disable_after` (when
     /// not 0) is disabled at `now`; a delivery to an enabled endpoint clears

@@ -556,10 +556,11 @@ pub(super) async fn resume(
     let subscription = acting(&state, &headers, &action).await?;
     let paused_at = state
         .events
-        .endpoints(crate::delivery::Channel::WebSub.label(), 10_000)
+        .endpoint(
+            crate::delivery::Channel::WebSub.label(),
+            &subscription.callback,
+        )
         .await?
-        .into_iter()
-        .find(|record| record.endpoint == subscription.callback)
         .and_then(|record| record.disabled_at);
     let now = state.clock.now();
     state

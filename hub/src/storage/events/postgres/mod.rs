@@ -616,6 +616,14 @@ impl EndpointStates for PostgresEventLog {
         operate::endpoints(&self.pool, channel, limit).await
     }
 
+    async fn endpoint(
+        &self,
+        channel: &str,
+        endpoint: &str,
+    ) -> Result<Option<EndpointRecord>, EventLogError> {
+        operate::endpoint(&self.pool, channel, endpoint).await
+    }
+
     async fn tally_endpoints(
         &self,
         channel: &str,

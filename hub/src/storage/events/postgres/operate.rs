@@ -196,18 +196,39 @@ pub(super) async fn endpoints(
         .fetch_all(pool)
         .await?
         .iter()
-        .map(|row| {
-            Ok(EndpointRecord {
-                channel: row.try_get("channel").map_err(invalid)?,
-                endpoint: row.try_get("endpoint").map_err(invalid)?,
-                failures: retry_count(row.try_get("failures").map_err(invalid)?)?,
-                last_failure_at: row.try_get("last_failure_at").map_err(invalid)?,
-                last_error: row.try_get("last_error").map_err(invalid)?,
-                disabled_at: row.try_get("disabled_at").map_err(invalid)?,
-                disabled_reason: row.try_get("disabled_reason").map_err(invalid)?,
-            })
-        })
+        .map(endpoint_from_row)
         .collect()
+}
+
+const ENDPOINT: &str = "SELECT channel, endpoint::TEXT AS endpoint, failures, last_failure_at, \
+     last_error, disabled_at, disabled_reason FROM websub_endpoints \
+     WHERE channel = $1 AND endpoint = $2";
+
+pub(super) async fn endpoint(
+    pool: &PgPool,
+    channel: &str,
+    endpoint: &str,
+) -> Result<Option<EndpointRecord>, EventLogError> {
+    sqlx::query(ENDPOINT)
+        .bind(channel)
+        .bind(endpoint)
+        .fetch_optional(pool)
+        .await?
+        .as_ref()
+        .map(endpoint_from_row)
+        .transpose()
+}
+
+fn endpoint_from_row(row: &sqlx::postgres::PgRow) -> Result<EndpointRecord, EventLogError> {
+    Ok(EndpointRecord {
+        channel: row.try_get("channel").map_err(invalid)?,
+        endpoint: row.try_get("endpoint").map_err(invalid)?,
+        failures: retry_count(row.try_get("failures").map_err(invalid)?)?,
+        last_failure_at: row.try_get("last_failure_at").map_err(invalid)?,
+        last_error: row.try_get("last_error").map_err(invalid)?,
+        disabled_at: row.try_get("disabled_at").map_err(invalid)?,
+        disabled_reason: row.try_get("disabled_reason").map_err(invalid)?,
+    })
 }
 
 // One row per exhaustion; several for one endpoint add up. The last error

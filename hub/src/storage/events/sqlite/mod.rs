@@ -617,6 +617,14 @@ impl EndpointStates for SqliteEventLog {
         operate::endpoints(&self.pool, channel, limit).await
     }
 
+    async fn endpoint(
+        &self,
+        channel: &str,
+        endpoint: &str,
+    ) -> Result<Option<EndpointRecord>, EventLogError> {
+        operate::endpoint(&self.pool, channel, endpoint).await
+    }
+
     async fn tally_endpoints(
         &self,
         channel: &str,

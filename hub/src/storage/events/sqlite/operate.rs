@@ -196,20 +196,41 @@ pub(super) async fn endpoints(
         .fetch_all(pool)
         .await?
         .iter()
-        .map(|row| {
-            let failures: i64 = row.try_get("failures").map_err(invalid)?;
-            Ok(EndpointRecord {
-                channel: row.try_get("channel").map_err(invalid)?,
-                endpoint: row.try_get("endpoint").map_err(invalid)?,
-                failures: u32::try_from(failures)
-                    .map_err(|_| EventLogError::Invalid(format!("failures {failures}")))?,
-                last_failure_at: optional_time(row, "last_failure_at")?,
-                last_error: row.try_get("last_error").map_err(invalid)?,
-                disabled_at: optional_time(row, "disabled_at")?,
-                disabled_reason: row.try_get("disabled_reason").map_err(invalid)?,
-            })
-        })
+        .map(endpoint_from_row)
         .collect()
+}
+
+const ENDPOINT: &str = "SELECT channel, endpoint, failures, last_failure_at, last_error, \
+     disabled_at, disabled_reason FROM websub_endpoints \
+     WHERE channel = $1 AND endpoint = $2";
+
+pub(super) async fn endpoint(
+    pool: &SqlitePool,
+    channel: &str,
+    endpoint: &str,
+) -> Result<Option<EndpointRecord>, EventLogError> {
+    sqlx::query(ENDPOINT)
+        .bind(channel)
+        .bind(endpoint)
+        .fetch_optional(pool)
+        .await?
+        .as_ref()
+        .map(endpoint_from_row)
+        .transpose()
+}
+
+fn endpoint_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EndpointRecord, EventLogError> {
+    let failures: i64 = row.try_get("failures").map_err(invalid)?;
+    Ok(EndpointRecord {
+        channel: row.try_get("channel").map_err(invalid)?,
+        endpoint: row.try_get("endpoint").map_err(invalid)?,
+        failures: u32::try_from(failures)
+            .map_err(|_| EventLogError::Invalid(format!("failures {failures}")))?,
+        last_failure_at: optional_time(row, "last_failure_at")?,
+        last_error: row.try_get("last_error").map_err(invalid)?,
+        disabled_at: optional_time(row, "disabled_at")?,
+        disabled_reason: row.try_get("disabled_reason").map_err(invalid)?,
+    })
 }
 
 const TALLY_EXHAUSTED: &str = "INSERT INTO websub_endpoints AS w \
