@@ -150,6 +150,14 @@ pub(super) mod operate {
 
     pub(in crate::storage::events) const ENABLE: &str =
         "DELETE FROM websub_endpoints WHERE channel = $2 AND endpoint = $1";
+
+    // The endpoints failing or disabled, disabled first; and one of them.
+    pub(in crate::storage::events) const ENDPOINTS: &str = "SELECT channel, endpoint, failures, last_failure_at, last_error, \
+         disabled_at, disabled_reason FROM websub_endpoints WHERE channel = $1 \
+         ORDER BY disabled_at IS NULL, failures DESC, endpoint LIMIT $2";
+
+    pub(in crate::storage::events) const ENDPOINT: &str = "SELECT channel, endpoint, failures, last_failure_at, last_error, \
+         disabled_at, disabled_reason FROM websub_endpoints WHERE channel = $1 AND endpoint = $2";
 }
 
 /// The attempts of a window of time, for the admin page's charts: `$1` its

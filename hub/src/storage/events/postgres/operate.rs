@@ -11,7 +11,7 @@ use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use super::super::operate::{BucketRow, STATE_SQL, endpoint_activity, fill_buckets};
-use super::super::sql::operate::{DISABLE, DISABLE_TALLIED, ENABLE};
+use super::super::sql::operate::{DISABLE, DISABLE_TALLIED, ENABLE, ENDPOINT, ENDPOINTS};
 use super::super::{
     Activity, ActivityWindow, DeliveryFilter, DeliveryHealth, DeliveryOperations, DeliveryRecord,
     DeliveryState, DeliverySummary, EndpointRecord, EventLogError, Exhaustion, FailedDelivery,
@@ -181,10 +181,6 @@ pub(super) async fn replay(
     })
 }
 
-const ENDPOINTS: &str = "SELECT channel, endpoint::TEXT AS endpoint, failures, last_failure_at, \
-     last_error, disabled_at, disabled_reason FROM websub_endpoints WHERE channel = $1 \
-     ORDER BY disabled_at IS NULL, failures DESC, endpoint LIMIT $2";
-
 pub(super) async fn endpoints(
     pool: &PgPool,
     channel: &str,
@@ -199,10 +195,6 @@ pub(super) async fn endpoints(
         .map(endpoint_from_row)
         .collect()
 }
-
-const ENDPOINT: &str = "SELECT channel, endpoint::TEXT AS endpoint, failures, last_failure_at, \
-     last_error, disabled_at, disabled_reason FROM websub_endpoints \
-     WHERE channel = $1 AND endpoint = $2";
 
 pub(super) async fn endpoint(
     pool: &PgPool,

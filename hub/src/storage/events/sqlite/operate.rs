@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::super::operate::{
     BucketRow, STATE_SQL, disabled_after, endpoint_activity, fill_buckets,
 };
-use super::super::sql::operate::{DISABLE, DISABLE_TALLIED, ENABLE};
+use super::super::sql::operate::{DISABLE, DISABLE_TALLIED, ENABLE, ENDPOINT, ENDPOINTS};
 use super::super::{
     Activity, ActivityWindow, DeliveryFilter, DeliveryHealth, DeliveryOperations, DeliveryRecord,
     DeliveryState, DeliverySummary, EndpointRecord, EventLogError, Exhaustion, FailedDelivery,
@@ -181,10 +181,6 @@ pub(super) async fn replay(
     })
 }
 
-const ENDPOINTS: &str = "SELECT channel, endpoint, failures, last_failure_at, last_error, \
-     disabled_at, disabled_reason FROM websub_endpoints WHERE channel = $1 \
-     ORDER BY disabled_at IS NULL, failures DESC, endpoint LIMIT $2";
-
 pub(super) async fn endpoints(
     pool: &SqlitePool,
     channel: &str,
@@ -199,10 +195,6 @@ pub(super) async fn endpoints(
         .map(endpoint_from_row)
         .collect()
 }
-
-const ENDPOINT: &str = "SELECT channel, endpoint, failures, last_failure_at, last_error, \
-     disabled_at, disabled_reason FROM websub_endpoints \
-     WHERE channel = $1 AND endpoint = $2";
 
 pub(super) async fn endpoint(
     pool: &SqlitePool,
