@@ -115,21 +115,21 @@ pub(crate) async fn log_in(hub: &Websubd, key: &str) -> reqwest::Response {
     post_form(format!("{}admin/login", hub.url), None, &[("key", key)]).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_retries_a_failed_delivery_in_the_browser() {
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
-    let dir = scratch_dir("admin-browser");
-    let subscriber = TestSubscriber::start().await;
+/// A hub on SQLite in `dir` (with the tests' internal key) whose topic has
+/// two subscriptions of `subscriber`: `steady`, which takes the three
+/// events published, and `broken`, which answers `broken_answer` until
+/// each of its three deliveries has failed. Returns the hub and the two
+/// callbacks, broken first.
+pub(crate) async fn three_events_one_broken(
+    dir: &std::path::Path,
+    subscriber: &TestSubscriber,
+    broken_answer: Answer,
+) -> (Websubd, String, String) {
     let broken = subscriber.callback("broken");
     let steady = subscriber.callback("steady");
-    subscriber.answer_delivery(
-        "broken",
-        Answer::status(500).with_body("<b>down</b> for now"),
-    );
-    subscribe(&dir, &[broken.clone(), steady.clone()]).await;
-    let hub = start_hub(&dir, &["--internal-api-key", INTERNAL_KEY]).await;
+    subscriber.answer_delivery("broken", broken_answer);
+    subscribe(dir, &[broken.clone(), steady.clone()]).await;
+    let hub = start_hub(dir, &["--internal-api-key", INTERNAL_KEY]).await;
     for number in 0..3 {
         let status = hub
             .fat_ping(TOPIC, &format!("{{\"number\":{number}}}"))
@@ -147,6 +147,22 @@ async fn an_operator_retries_a_failed_delivery_in_the_browser() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    (hub, broken, steady)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_retries_a_failed_delivery_in_the_browser() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let dir = scratch_dir("admin-browser");
+    let subscriber = TestSubscriber::start().await;
+    let (hub, broken, steady) = three_events_one_broken(
+        &dir,
+        &subscriber,
+        Answer::status(500).with_body("<b>down</b> for now"),
+    )
+    .await;
 
     // Without a session the page leads to the login; a wrong key is
     // refused there.

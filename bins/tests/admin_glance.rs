@@ -17,12 +17,14 @@ use std::time::Duration;
 
 use fantoccini::Locator;
 use reqwest::header;
-use websub_tests::{Answer, INTERNAL_KEY, TestSubscriber, http_client};
+use websub_tests::{Answer, INTERNAL_KEY, TestSubscriber};
 
-use crate::admin::{TOPIC, client, failed_to, log_in, log_in_browser, start_hub, subscribe};
+use crate::admin::{
+    TOPIC, client, log_in, log_in_browser, start_hub, subscribe, three_events_one_broken,
+};
 use crate::common;
 use common::browser::Browser;
-use common::{Websubd, cookie_set_by, scratch_dir};
+use common::{cookie_set_by, scratch_dir};
 
 /// Writes the window's screenshot as `name` in the directory
 /// `WEBSUB_ADMIN_GLANCE_SCREENSHOTS` names, when it is set.
@@ -65,28 +67,8 @@ async fn the_overview_charts_deliveries_failures_and_endpoints_in_the_browser() 
     };
     let dir = scratch_dir("admin-glance");
     let subscriber = TestSubscriber::start().await;
-    let broken = subscriber.callback("broken");
-    let steady = subscriber.callback("steady");
-    subscriber.answer_delivery("broken", Answer::status(500));
-    subscribe(&dir, &[broken.clone(), steady.clone()]).await;
-    let hub = start_hub(&dir, &["--internal-api-key", INTERNAL_KEY]).await;
-    for number in 0..3 {
-        let status = hub
-            .fat_ping(TOPIC, &format!("{{\"number\":{number}}}"))
-            .await;
-        assert_eq!(status, 202, "fat ping {number}");
-    }
-    subscriber
-        .wait_for_deliveries("steady", 3, Duration::from_secs(30))
-        .await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while failed_to(&hub, &broken).await.len() < 3 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the broken callback's deliveries did not fail"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (hub, broken, steady) =
+        three_events_one_broken(&dir, &subscriber, Answer::status(500)).await;
     // One retry each: two failed attempts per event.
     assert_eq!(subscriber.attempts("broken"), 6);
 
@@ -185,25 +167,6 @@ async fn the_overview_charts_deliveries_failures_and_endpoints_in_the_browser() 
 }
 
 /// A subscribe request for `callback` to the hub; the hub's answer.
-async fn request_subscription(hub: &Websubd, topic: &str, callback: &str) -> u16 {
-    http_client()
-        .post(hub.url.clone())
-        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(
-            serde_urlencoded::to_string([
-                ("hub.mode", "subscribe"),
-                ("hub.topic", topic),
-                ("hub.callback", callback),
-            ])
-            .expect("a form"),
-        )
-        .send()
-        .await
-        .expect("subscribe")
-        .status()
-        .as_u16()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verifications_and_paged_searched_lists_in_the_browser() {
     let Some(browser) = Browser::start().await else {
@@ -220,8 +183,8 @@ async fn verifications_and_paged_searched_lists_in_the_browser() {
     let other_topic = "https://publisher.example/other";
     let refuser = subscriber.callback("refuser");
     let busy = subscriber.callback("busy");
-    assert_eq!(request_subscription(&hub, other_topic, &refuser).await, 202);
-    assert_eq!(request_subscription(&hub, other_topic, &busy).await, 202);
+    assert_eq!(hub.subscribe(other_topic, &refuser).await, 202);
+    assert_eq!(hub.subscribe(other_topic, &busy).await, 202);
     assert_eq!(hub.fat_ping(TOPIC, "{\"paged\":true}").await, 202);
     assert!(
         subscriber

@@ -34,21 +34,7 @@ async fn start_hub(dir: &std::path::Path) -> Websubd {
 }
 
 async fn subscribe(hub: &Websubd, topic: &str, callback: &str) {
-    let answer = http_client()
-        .post(&hub.url)
-        .header(header::CONTENT_TYPE, FORM)
-        .body(
-            serde_urlencoded::to_string([
-                ("hub.mode", "subscribe"),
-                ("hub.topic", topic),
-                ("hub.callback", callback),
-            ])
-            .expect("a form"),
-        )
-        .send()
-        .await
-        .expect("subscribe");
-    assert_eq!(answer.status(), 202, "{callback}");
+    assert_eq!(hub.subscribe(topic, callback).await, 202, "{callback}");
 }
 
 /// An operator API request with the key: status and JSON body (`null`

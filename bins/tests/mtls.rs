@@ -202,25 +202,6 @@ async fn wait_for(what: &str, condition: impl Fn() -> bool) {
 }
 
 /// Subscribes `callback` to `topic` through `POST /`; the status.
-async fn subscribe(hub: &Websubd, topic: &str, callback: &str) -> u16 {
-    http_client()
-        .post(&hub.url)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(
-            serde_urlencoded::to_string([
-                ("hub.mode", "subscribe"),
-                ("hub.topic", topic),
-                ("hub.callback", callback),
-            ])
-            .expect("a form"),
-        )
-        .send()
-        .await
-        .expect("subscribe")
-        .status()
-        .as_u16()
-}
-
 /// A hub on SQLite in `dir` trusting `server_ca`, with `extra` arguments.
 async fn start_hub(dir: &Path, server_ca: &Ca, extra: &[&str]) -> Websubd {
     let ca_file = dir.join("server-ca.pem");
@@ -275,11 +256,7 @@ async fn a_callback_requiring_a_client_certificate_gets_the_hubs_and_refuses_oth
     ] {
         let hub = start_hub(&dir, &server_ca, &extra).await;
         let topic = format!("http://127.0.0.1:9/refused/{}", case.len());
-        assert_eq!(
-            subscribe(&hub, &topic, &receiver.url()).await,
-            202,
-            "{case}"
-        );
+        assert_eq!(hub.subscribe(&topic, &receiver.url()).await, 202, "{case}");
         let failed = || async {
             http_client()
                 .get(format!(
@@ -328,7 +305,7 @@ async fn a_callback_requiring_a_client_certificate_gets_the_hubs_and_refuses_oth
     )
     .await;
     let topic = "http://127.0.0.1:9/accepted";
-    assert_eq!(subscribe(&hub, topic, &receiver.url()).await, 202);
+    assert_eq!(hub.subscribe(topic, &receiver.url()).await, 202);
     wait_for("the verification", || receiver.verifications() == 1).await;
     // The subscription is saved just after the verification's answer.
     let start = Instant::now();

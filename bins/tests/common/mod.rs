@@ -172,6 +172,27 @@ impl Websubd {
             .expect("metrics text")
     }
 
+    /// A subscribe request of `callback` to `topic` (the form a subscriber
+    /// posts); returns the status.
+    pub(crate) async fn subscribe(&self, topic: &str, callback: &str) -> u16 {
+        http_client()
+            .post(&self.url)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(
+                serde_urlencoded::to_string([
+                    ("hub.mode", "subscribe"),
+                    ("hub.topic", topic),
+                    ("hub.callback", callback),
+                ])
+                .expect("a form"),
+            )
+            .send()
+            .await
+            .expect("subscribe")
+            .status()
+            .as_u16()
+    }
+
     /// A fat ping of `body` (JSON) for `topic`, with the tests' internal key;
     /// returns the status.
     pub(crate) async fn fat_ping(&self, topic: &str, body: &str) -> u16 {
