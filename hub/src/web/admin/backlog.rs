@@ -110,6 +110,39 @@ impl<'a> Asked<'a> {
     }
 }
 
+/// What frames a list of the backlog: where it is, what it says above
+/// the list and when nothing matches.
+struct Shown {
+    path: &'static str,
+    title: &'static str,
+    note: &'static str,
+    search_label: &'static str,
+    none: &'static str,
+}
+
+impl Shown {
+    /// The page: the note, the search form, the list (`None` when nothing
+    /// matches) and the pager.
+    fn page(
+        &self,
+        session: &session::Session,
+        asked: &Asked<'_>,
+        list: Option<Markup>,
+        more: bool,
+    ) -> Markup {
+        let body = html! {
+            p.note { (self.note) }
+            (asked.form(self.path, self.search_label))
+            @match list {
+                Some(list) => (list),
+                None => p { (self.none) },
+            }
+            (paging::pager(self.path, &asked.filters(), asked.page, more))
+        };
+        layout::page(self.title, session, body)
+    }
+}
+
 pub(super) async fn verifications(
     State(state): State<ApiState>,
     headers: HeaderMap,
@@ -123,15 +156,7 @@ pub(super) async fn verifications(
         .intents(asked.listing(), asked.page.limit())
         .await?;
     let (intents, more) = asked.page.cut(intents);
-    let body = html! {
-        p.note {
-            "Subscribe and unsubscribe requests answered 202 and not yet verified, and those "
-            "whose verification failed for good (kept for a while, with the error)."
-        }
-        (asked.form("/admin/verifications", "Topic or callback contains"))
-        @if intents.is_empty() {
-            p { "No verification matches." }
-        } @else {
+    let table = html! {
             table #verifications {
                 thead {
                     tr {
@@ -157,10 +182,21 @@ pub(super) async fn verifications(
                     }
                 }
             }
-        }
-        (paging::pager("/admin/verifications", &asked.filters(), asked.page, more))
     };
-    Ok(layout::page("Verifications", &session, body))
+    let shown = Shown {
+        path: "/admin/verifications",
+        title: "Verifications",
+        note: "Subscribe and unsubscribe requests answered 202 and not yet verified, and \
+               those whose verification failed for good (kept for a while, with the error).",
+        search_label: "Topic or callback contains",
+        none: "No verification matches.",
+    };
+    Ok(shown.page(
+        &session,
+        &asked,
+        (!intents.is_empty()).then_some(table),
+        more,
+    ))
 }
 
 pub(super) async fn fetches(
@@ -176,15 +212,7 @@ pub(super) async fn fetches(
         .fetches(asked.listing(), asked.page.limit())
         .await?;
     let (fetches, more) = asked.page.cut(fetches);
-    let body = html! {
-        p.note {
-            "Topics a publish ping asked the hub to fetch, not yet fetched, and those whose "
-            "fetch failed for good (kept for a while, with the error)."
-        }
-        (asked.form("/admin/fetches", "Topic contains"))
-        @if fetches.is_empty() {
-            p { "No fetch matches." }
-        } @else {
+    let table = html! {
             table #fetches {
                 thead {
                     tr {
@@ -206,8 +234,19 @@ pub(super) async fn fetches(
                     }
                 }
             }
-        }
-        (paging::pager("/admin/fetches", &asked.filters(), asked.page, more))
     };
-    Ok(layout::page("Topic fetches", &session, body))
+    let shown = Shown {
+        path: "/admin/fetches",
+        title: "Topic fetches",
+        note: "Topics a publish ping asked the hub to fetch, not yet fetched, and those whose \
+               fetch failed for good (kept for a while, with the error).",
+        search_label: "Topic contains",
+        none: "No fetch matches.",
+    };
+    Ok(shown.page(
+        &session,
+        &asked,
+        (!fetches.is_empty()).then_some(table),
+        more,
+    ))
 }
