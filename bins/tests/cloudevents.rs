@@ -42,12 +42,6 @@ class Receiver(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("content-length", "0")
         self.end_headers()
-    def log_message(self, *args):
-        pass
-server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
-with open(port_file, "w") as out:
-    out.write(str(server.server_address[1]))
-server.serve_forever()
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

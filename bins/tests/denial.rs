@@ -8,7 +8,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{Websubd, cookie_set_by, free_port, no_redirects, scratch_dir};
+use common::{Websubd, cookie_set_by, no_redirects, scratch_dir};
 use reqwest::header;
 use serde_json::{Value, json};
 use websub_tests::{INTERNAL_KEY, Received, TestSubscriber, http_client};
@@ -18,19 +18,7 @@ const FORM: &str = "application/x-www-form-urlencoded";
 
 async fn start_hub(dir: &std::path::Path) -> Websubd {
     let database = format!("sqlite:{}", dir.join("hub.db").display());
-    Websubd::spawn(
-        &dir.to_path_buf(),
-        free_port(),
-        &[
-            "--database-url",
-            &database,
-            "--allow-private-network",
-            "--internal-api-key",
-            INTERNAL_KEY,
-        ],
-    )
-    .ready()
-    .await
+    Websubd::on_database(&dir.to_path_buf(), &database, &[]).await
 }
 
 async fn subscribe(hub: &Websubd, topic: &str, callback: &str) {

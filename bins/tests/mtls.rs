@@ -208,21 +208,9 @@ async fn start_hub(dir: &Path, server_ca: &Ca, extra: &[&str]) -> Websubd {
     std::fs::write(&ca_file, server_ca.issuer.pem()).expect("write the CA");
     let database = format!("sqlite:{}", dir.join("hub.db").display());
     let ca_file = ca_file.display().to_string();
-    let mut arguments = vec![
-        "--database-url",
-        &database,
-        "--allow-private-network",
-        "--internal-api-key",
-        INTERNAL_KEY,
-        "--extra-ca",
-        &ca_file,
-        "--verification-attempts",
-        "1",
-    ];
+    let mut arguments = vec!["--extra-ca", &ca_file, "--verification-attempts", "1"];
     arguments.extend_from_slice(extra);
-    Websubd::spawn(&dir.to_path_buf(), free_port(), &arguments)
-        .ready()
-        .await
+    Websubd::on_database(&dir.to_path_buf(), &database, &arguments).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

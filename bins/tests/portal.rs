@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use chrono::TimeDelta;
 use common::browser::Browser;
-use common::{Websubd, cookie_set_by, free_port, no_redirects, scratch_dir};
+use common::{Websubd, cookie_set_by, no_redirects, scratch_dir};
 use reqwest::header;
 use websub_hub::web::auth::issue_token;
 use websub_tests::{INTERNAL_KEY, TestSubscriber, http_client};
@@ -23,20 +23,11 @@ const WAIT: Duration = Duration::from_secs(20);
 
 async fn start_hub(dir: &std::path::Path) -> Websubd {
     let database = format!("sqlite:{}", dir.join("hub.db").display());
-    Websubd::spawn(
+    Websubd::on_database(
         &dir.to_path_buf(),
-        free_port(),
-        &[
-            "--database-url",
-            &database,
-            "--allow-private-network",
-            "--internal-api-key",
-            INTERNAL_KEY,
-            "--user-token-key",
-            TOKEN_KEY,
-        ],
+        &database,
+        &["--user-token-key", TOKEN_KEY],
     )
-    .ready()
     .await
 }
 

@@ -10,7 +10,7 @@ use crate::common;
 use std::time::Duration;
 
 use chrono::TimeDelta;
-use common::{PythonReceiver, Websubd, free_port, scratch_dir};
+use common::{PythonReceiver, Websubd, scratch_dir};
 use reqwest::header;
 use serde_json::{Value, json};
 use websub_hub::web::auth::issue_token;
@@ -54,12 +54,6 @@ class Receiver(http.server.BaseHTTPRequestHandler):
         self.send_response(204)
         self.send_header("content-length", "0")
         self.end_headers()
-    def log_message(self, *args):
-        pass
-server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
-with open(port_file, "w") as out:
-    out.write(str(server.server_address[1]))
-server.serve_forever()
 "#;
 
 async fn set_signing(hub: &Websubd, token: &str, callback: &str, body: Value) -> (u16, Value) {
@@ -95,21 +89,7 @@ async fn a_subscriber_chooses_standard_webhooks_and_replaces_its_secret_through_
     };
 
     let database = format!("sqlite:{}", dir.join("hub.db").display());
-    let hub = Websubd::spawn(
-        &dir,
-        free_port(),
-        &[
-            "--database-url",
-            &database,
-            "--allow-private-network",
-            "--internal-api-key",
-            INTERNAL_KEY,
-            "--user-token-key",
-            TOKEN_KEY,
-        ],
-    )
-    .ready()
-    .await;
+    let hub = Websubd::on_database(&dir, &database, &["--user-token-key", TOKEN_KEY]).await;
     let token = issue_token(TOKEN_KEY, "alice", None, TimeDelta::minutes(10));
     let callback = format!("http://127.0.0.1:{port}/callback");
     let subscribed = http_client()

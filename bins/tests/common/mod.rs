@@ -312,8 +312,21 @@ pub(crate) struct PythonReceiver {
     log: PathBuf,
 }
 
+/// How every [`PythonReceiver`] serves its `Receiver` handler: on a free
+/// loopback port, written to `port_file`, without a log line a request.
+const SERVE: &str = r#"
+Receiver.log_message = lambda self, *args: None
+server = http.server.HTTPServer(("127.0.0.1", 0), Receiver)
+with open(port_file, "w") as out:
+    out.write(str(server.server_address[1]))
+server.serve_forever()
+"#;
+
 impl PythonReceiver {
     /// Starts `script` (saved as `name.py` in `dir`) and waits for its port.
+    /// The script defines `Receiver`, an `http.server` request handler,
+    /// and reads `args` then `port_file` and `log_file` from `sys.argv`;
+    /// serving it on a loopback port, quietly, is added here.
     pub(crate) async fn start(
         dir: &std::path::Path,
         name: &str,
@@ -321,7 +334,7 @@ impl PythonReceiver {
         args: &[&str],
     ) -> Self {
         let path = dir.join(format!("{name}.py"));
-        std::fs::write(&path, script).expect("write the receiver");
+        std::fs::write(&path, format!("{script}{SERVE}")).expect("write the receiver");
         let port_file = dir.join(format!("{name}.port"));
         let log = dir.join(format!("{name}.log"));
         let child = Command::new("python3")
