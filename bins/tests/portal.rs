@@ -15,7 +15,7 @@ use common::browser::Browser;
 use common::{Websubd, cookie_set_by, no_redirects, scratch_dir};
 use reqwest::header;
 use websub_hub::web::auth::issue_token;
-use websub_tests::{INTERNAL_KEY, TestSubscriber, http_client};
+use websub_tests::{INTERNAL_KEY, TestSubscriber};
 
 const TOKEN_KEY: &str = "the key user tokens are signed with";
 const TOPIC: &str = "http://127.0.0.1:9/portal";
@@ -34,43 +34,13 @@ async fn start_hub(dir: &std::path::Path) -> Websubd {
 /// Subscribes `callback` as `user` and waits until it is held.
 async fn subscribe_as(hub: &Websubd, user: &str, callback: &str) {
     let token = issue_token(TOKEN_KEY, user, None, TimeDelta::minutes(10));
-    let answer = http_client()
-        .post(&hub.url)
-        .header(header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(
-            serde_urlencoded::to_string([
-                ("hub.mode", "subscribe"),
-                ("hub.topic", TOPIC),
-                ("hub.callback", callback),
-                ("hub.secret", "a-first-secret"),
-            ])
-            .expect("a form"),
-        )
-        .send()
-        .await
-        .expect("subscribe");
-    assert_eq!(answer.status(), 202);
-    let query =
-        serde_urlencoded::to_string([("topic", TOPIC), ("callback", callback)]).expect("a query");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let held = http_client()
-            .get(format!("{}api/v1/operator/subscription?{query}", hub.url))
-            .header("X-Internal-API-Key", INTERNAL_KEY)
-            .send()
-            .await
-            .expect("look it up")
-            .status();
-        if held == 200 {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{callback} never subscribed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let extra = [("hub.secret", "a-first-secret")];
+    assert_eq!(
+        hub.subscribe_with(TOPIC, callback, &extra, Some(&token))
+            .await,
+        202
+    );
+    hub.wait_until_held(TOPIC, callback, WAIT).await;
 }
 
 /// A portal link for `subscriber`, through the CLI.

@@ -14,7 +14,7 @@ use common::{PythonReceiver, Websubd, scratch_dir};
 use reqwest::header;
 use serde_json::{Value, json};
 use websub_hub::web::auth::issue_token;
-use websub_tests::{INTERNAL_KEY, http_client};
+use websub_tests::http_client;
 
 const TOKEN_KEY: &str = "the key user tokens are signed with";
 const OLD: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -92,43 +92,13 @@ async fn a_subscriber_chooses_standard_webhooks_and_replaces_its_secret_through_
     let hub = Websubd::on_database(&dir, &database, &["--user-token-key", TOKEN_KEY]).await;
     let token = issue_token(TOKEN_KEY, "alice", None, TimeDelta::minutes(10));
     let callback = format!("http://127.0.0.1:{port}/callback");
-    let subscribed = http_client()
-        .post(&hub.url)
-        .header(header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-        .body(
-            serde_urlencoded::to_string([
-                ("hub.mode", "subscribe"),
-                ("hub.topic", TOPIC),
-                ("hub.callback", callback.as_str()),
-                ("hub.secret", OLD),
-            ])
-            .expect("a form"),
-        )
-        .send()
-        .await
-        .expect("subscribe");
-    assert_eq!(subscribed.status(), 202);
-    let query = serde_urlencoded::to_string([("topic", TOPIC), ("callback", callback.as_str())])
-        .expect("a query");
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let held = http_client()
-            .get(format!("{}api/v1/operator/subscription?{query}", hub.url))
-            .header("X-Internal-API-Key", INTERNAL_KEY)
-            .send()
-            .await
-            .expect("look it up")
-            .status();
-        if held == 200 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline + WAIT,
-            "never subscribed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let extra = [("hub.secret", OLD)];
+    assert_eq!(
+        hub.subscribe_with(TOPIC, &callback, &extra, Some(&token))
+            .await,
+        202
+    );
+    hub.wait_until_held(TOPIC, &callback, WAIT * 2).await;
 
     // Another subscriber sees nothing to change; a secret Standard
     // Webhooks cannot use is refused.

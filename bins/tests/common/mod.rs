@@ -175,22 +175,55 @@ impl Websubd {
     /// A subscribe request of `callback` to `topic` (the form a subscriber
     /// posts); returns the status.
     pub(crate) async fn subscribe(&self, topic: &str, callback: &str) -> u16 {
-        http_client()
+        self.subscribe_with(topic, callback, &[], None).await
+    }
+
+    /// A subscribe request with the fields `extra` too (`hub.secret`, …),
+    /// as the user of the user token `token` when there is one; returns the
+    /// status.
+    pub(crate) async fn subscribe_with(
+        &self,
+        topic: &str,
+        callback: &str,
+        extra: &[(&str, &str)],
+        token: Option<&str>,
+    ) -> u16 {
+        let mut form = vec![
+            ("hub.mode", "subscribe"),
+            ("hub.topic", topic),
+            ("hub.callback", callback),
+        ];
+        form.extend_from_slice(extra);
+        let mut request = http_client()
             .post(&self.url)
             .header("content-type", "application/x-www-form-urlencoded")
-            .body(
-                serde_urlencoded::to_string([
-                    ("hub.mode", "subscribe"),
-                    ("hub.topic", topic),
-                    ("hub.callback", callback),
-                ])
-                .expect("a form"),
-            )
-            .send()
-            .await
-            .expect("subscribe")
-            .status()
-            .as_u16()
+            .body(serde_urlencoded::to_string(form).expect("a form"));
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        request.send().await.expect("subscribe").status().as_u16()
+    }
+
+    /// Waits, at most `wait`, until the hub holds `callback`'s subscription
+    /// to `topic` (the operator API finds it).
+    pub(crate) async fn wait_until_held(&self, topic: &str, callback: &str, wait: Duration) {
+        let query = serde_urlencoded::to_string([("topic", topic), ("callback", callback)])
+            .expect("a query");
+        let deadline = Instant::now() + wait;
+        loop {
+            let held = http_client()
+                .get(format!("{}api/v1/operator/subscription?{query}", self.url))
+                .header("X-Internal-API-Key", websub_tests::INTERNAL_KEY)
+                .send()
+                .await
+                .expect("look it up")
+                .status();
+            if held == 200 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{callback} never subscribed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// A fat ping of `body` (JSON) for `topic`, with the tests' internal key;

@@ -75,7 +75,9 @@ pub fn install(
     let both = Both {
         prometheus,
         meter: provider.meter("websub-hub"),
-        gauges: Mutex::new(HashMap::new()),
+        counters: Mutex::default(),
+        gauges: Mutex::default(),
+        histograms: Mutex::default(),
     };
     metrics::set_global_recorder(both).map_err(|_| OtlpError::Started)?;
     Ok((handle, Some(Exporting { provider })))
@@ -86,9 +88,27 @@ pub fn install(
 struct Both {
     prometheus: PrometheusRecorder,
     meter: Meter,
-    /// Each gauge series' value: the hub increments and decrements gauges,
-    /// and an OTLP gauge is only ever set.
-    gauges: Mutex<HashMap<Key, Arc<GaugeValue>>>,
+    /// The handles made so far, one per series: the hub names a metric at
+    /// each update (`metrics::counter!`), and making its OTLP instrument
+    /// every time would cost the delivery path. A gauge's handle also
+    /// keeps its value, which the hub moves up and down while an OTLP
+    /// gauge is only ever set.
+    counters: Mutex<HashMap<Key, Counter>>,
+    gauges: Mutex<HashMap<Key, Gauge>>,
+    histograms: Mutex<HashMap<Key, Histogram>>,
+}
+
+/// The handle of `key` among `handles`, made by `make` the first time.
+fn kept<H: Clone>(handles: &Mutex<HashMap<Key, H>>, key: &Key, make: impl FnOnce() -> H) -> H {
+    let mut handles = handles
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(handle) = handles.get(key) {
+        return handle.clone();
+    }
+    let handle = make();
+    handles.insert(key.clone(), handle.clone());
+    handle
 }
 
 /// A series' labels as OTLP attributes.
@@ -116,57 +136,55 @@ impl Recorder for Both {
     }
 
     fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
-        let name = key.name().to_owned();
-        let otlp = self
-            .meter
-            .u64_counter(name.clone())
-            .with_description(described(&name))
-            .build();
-        Counter::from_arc(Arc::new(BothCounter {
-            prometheus: self.prometheus.register_counter(key, metadata),
-            otlp,
-            attributes: attributes(key),
-        }))
+        kept(&self.counters, key, || {
+            let name = key.name().to_owned();
+            let otlp = self
+                .meter
+                .u64_counter(name.clone())
+                .with_description(described(&name))
+                .build();
+            Counter::from_arc(Arc::new(BothCounter {
+                prometheus: self.prometheus.register_counter(key, metadata),
+                otlp,
+                attributes: attributes(key),
+            }))
+        })
     }
 
     fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
-        let name = key.name().to_owned();
-        let value = self
-            .gauges
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .entry(key.clone())
-            .or_default()
-            .clone();
-        let otlp = self
-            .meter
-            .f64_gauge(name.clone())
-            .with_description(described(&name))
-            .build();
-        Gauge::from_arc(Arc::new(BothGauge {
-            prometheus: self.prometheus.register_gauge(key, metadata),
-            otlp,
-            value,
-            attributes: attributes(key),
-        }))
+        kept(&self.gauges, key, || {
+            let name = key.name().to_owned();
+            let otlp = self
+                .meter
+                .f64_gauge(name.clone())
+                .with_description(described(&name))
+                .build();
+            Gauge::from_arc(Arc::new(BothGauge {
+                prometheus: self.prometheus.register_gauge(key, metadata),
+                otlp,
+                value: GaugeValue::default(),
+                attributes: attributes(key),
+            }))
+        })
     }
 
     fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
-        let name = key.name().to_owned();
-        let mut otlp = self
-            .meter
-            .f64_histogram(name.clone())
-            .with_description(described(&name))
-            .with_boundaries(super::buckets(&name).to_vec());
-        if name.ends_with("_seconds") {
-            otlp = otlp.with_unit("s");
-        }
-        let otlp = otlp.build();
-        Histogram::from_arc(Arc::new(BothHistogram {
-            prometheus: self.prometheus.register_histogram(key, metadata),
-            otlp,
-            attributes: attributes(key),
-        }))
+        kept(&self.histograms, key, || {
+            let name = key.name().to_owned();
+            let mut otlp = self
+                .meter
+                .f64_histogram(name.clone())
+                .with_description(described(&name))
+                .with_boundaries(super::buckets(&name).to_vec());
+            if name.ends_with("_seconds") {
+                otlp = otlp.with_unit("s");
+            }
+            Histogram::from_arc(Arc::new(BothHistogram {
+                prometheus: self.prometheus.register_histogram(key, metadata),
+                otlp: otlp.build(),
+                attributes: attributes(key),
+            }))
+        })
     }
 }
 
@@ -214,7 +232,7 @@ impl GaugeValue {
 struct BothGauge {
     prometheus: Gauge,
     otlp: opentelemetry::metrics::Gauge<f64>,
-    value: Arc<GaugeValue>,
+    value: GaugeValue,
     attributes: Vec<KeyValue>,
 }
 

@@ -352,14 +352,17 @@ fn expansion(
 }
 
 /// A WebSub event's expansion into `deliveries` deliveries, from
-/// `started` to now, as a child of the context kept with it.
-pub fn websub_expansion(kept: Option<&str>, topic: &str, deliveries: u64, started: SystemTime) {
-    let Some(tracer) = tracer() else {
-        return;
-    };
-    if let Some(parent) = kept.and_then(kept_parent) {
+/// `started` to now, as a child of its intake's span (`parent`, read once
+/// from the context kept with the event).
+pub fn websub_expansion(
+    parent: Option<&SpanContext>,
+    topic: &str,
+    deliveries: u64,
+    started: SystemTime,
+) {
+    if let (Some(tracer), Some(parent)) = (tracer(), parent) {
         let deliveries = usize::try_from(deliveries).unwrap_or(usize::MAX);
-        expansion(tracer, &parent, WEBSUB, topic, deliveries, started);
+        expansion(tracer, parent, WEBSUB, topic, deliveries, started);
     }
 }
 

@@ -8,12 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
+use opentelemetry::trace::SpanContext;
 use uuid::Uuid;
 use websub_store::Subscription;
 
 use websub_store::SubscriptionStore;
 
 use crate::storage::events::LoggedEvent;
+use crate::telemetry::traces;
 
 use super::{DispatchError, Distributor, link_header};
 
@@ -25,6 +27,9 @@ pub(super) struct Outgoing {
     /// Its headers, or why they cannot be sent (a stored value no header can
     /// hold: every attempt fails with it).
     pub(super) headers: Result<EventHeaders, String>,
+    /// The span its expansion and attempts continue, read once from the
+    /// context kept with it (when tracing is on).
+    pub(super) trace_parent: Option<SpanContext>,
 }
 
 /// The headers of an event's deliveries that do not depend on the
@@ -55,7 +60,12 @@ impl Outgoing {
                 event.content_type, event.topic
             )),
         };
-        Self { event, headers }
+        let trace_parent = event.trace_context.as_deref().and_then(traces::kept_parent);
+        Self {
+            event,
+            headers,
+            trace_parent,
+        }
     }
 }
 

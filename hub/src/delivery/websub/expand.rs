@@ -111,7 +111,7 @@ impl Distributor {
         let created = expanded?;
         if let Some(created) = created {
             traces::websub_expansion(
-                outgoing.event.trace_context.as_deref(),
+                outgoing.trace_parent.as_ref(),
                 &outgoing.event.topic,
                 created,
                 started,

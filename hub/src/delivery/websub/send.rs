@@ -21,7 +21,6 @@ use crate::delivery::health::{Breaker, Gate, SKIPPED_REASON, Tried};
 use crate::delivery::limit::Reply;
 use crate::signature::standard_key;
 use crate::storage::events::{Attempt, Completion, Outcome, SigningScheme};
-use crate::telemetry::traces;
 
 impl Distributor {
     /// Makes one attempt of `job`. Returns its completion, how the host
@@ -109,11 +108,7 @@ impl Distributor {
                     secret,
                     previous_secret,
                     headers: &headers.link,
-                    parent: outgoing
-                        .event
-                        .trace_context
-                        .as_deref()
-                        .and_then(traces::kept_parent),
+                    parent: outgoing.trace_parent.clone(),
                     resend_count: retry_count,
                 };
                 let at = self.inner.clock.now();
