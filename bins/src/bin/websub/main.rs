@@ -19,6 +19,7 @@
 //! Exit codes: 0 done; 1 a hub, database or service refused or failed;
 //! 2 a bad command line, naming the value.
 
+mod access;
 mod client;
 mod listen;
 mod operator;
