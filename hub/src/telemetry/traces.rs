@@ -291,10 +291,28 @@ pub fn outbox_kept(event_id: Uuid) -> Option<String> {
     outbox_parent(event_id).map(|parent| keep(&parent))
 }
 
+/// The outbox events just taken in, one `(id, name, recorded at)` per
+/// delivery claimed at once: each event's intake (see [`outbox_intake`]),
+/// with the number of its deliveries.
+pub fn outbox_intakes<'a>(
+    deliveries: impl Iterator<Item = (Uuid, &'a str, chrono::DateTime<chrono::Utc>)>,
+) {
+    if !enabled() {
+        return;
+    }
+    let mut events: HashMap<Uuid, (&str, chrono::DateTime<chrono::Utc>, usize)> = HashMap::new();
+    for (id, name, recorded_at) in deliveries {
+        events.entry(id).or_insert((name, recorded_at, 0)).2 += 1;
+    }
+    for (id, (name, recorded_at, deliveries)) in events {
+        outbox_intake(id, name, recorded_at.into(), deliveries);
+    }
+}
+
 /// An outbox event taken in: its intake span (from its recording in the
 /// producer's transaction to now, with the ids its attempts find again) and
 /// the expansion into `deliveries` deliveries, as its child.
-pub fn outbox_intake(event_id: Uuid, event_name: &str, recorded_at: SystemTime, deliveries: usize) {
+fn outbox_intake(event_id: Uuid, event_name: &str, recorded_at: SystemTime, deliveries: usize) {
     let Some(tracer) = tracer() else {
         return;
     };

@@ -426,9 +426,13 @@ impl Dispatcher {
                 if let NewEvents::CreatedSince(_) = events {
                     expansion.newest_mark = expanded.ran_at;
                 }
-                if traces::enabled() {
-                    taken_in(&expanded.claimed);
-                }
+                traces::outbox_intakes(expanded.claimed.iter().map(|row| {
+                    (
+                        row.event_id,
+                        row.event_name.as_str(),
+                        row.created_at.and_utc(),
+                    )
+                }));
                 self.start(expanded.claimed, attempts, completed, shutdown);
                 Expanded {
                     succeeded: true,
@@ -731,23 +735,6 @@ impl Drop for Turn<'_> {
 }
 
 /// The lower bound of a scan without `start_from`: before any event.
-/// The intake of each event among `claimed` (rows of events expanded just
-/// now), with how many of its deliveries were claimed at once.
-fn taken_in(claimed: &[ClaimedRow]) {
-    let mut events: HashMap<Uuid, (&ClaimedRow, usize)> = HashMap::new();
-    for row in claimed {
-        events.entry(row.event_id).or_insert((row, 0)).1 += 1;
-    }
-    for (row, deliveries) in events.into_values() {
-        traces::outbox_intake(
-            row.event_id,
-            &row.event_name,
-            row.created_at.and_utc().into(),
-            deliveries,
-        );
-    }
-}
-
 pub(super) fn beginning_of_time() -> NaiveDateTime {
     NaiveDate::from_ymd_opt(1, 1, 1)
         .and_then(|date| date.and_hms_opt(0, 0, 0))
