@@ -12,6 +12,7 @@
 //! too.
 
 mod catch_up;
+mod denied;
 mod group_commit;
 mod queue;
 
@@ -455,45 +456,6 @@ impl Subscriptions {
         let _ = self.inner.catch_up.set(catch_up);
     }
 
-    /// Denies subscribe requests whose topic or callback a pattern of
-    /// `denials` matches (once; later calls are ignored).
-    pub fn deny_with(&self, denials: crate::intake::deny::Denials) {
-        let _ = self.inner.denials.set(denials);
-    }
-
-    /// The deny list subscribe requests are checked against, if any.
-    pub fn denials(&self) -> Option<&crate::intake::deny::Denials> {
-        self.inner.denials.get()
-    }
-
-    /// Denies a subscription at an operator's request: removes it (or
-    /// nothing, when there is none) and tells the callback, with `reason`,
-    /// as the Recommendation's `hub.mode=denied`. Whether the callback
-    /// acknowledged the notice with a 2xx.
-    pub async fn deny(
-        &self,
-        topic: &str,
-        callback: &str,
-        reason: &str,
-    ) -> Result<bool, StoreError> {
-        self.inner.store.delete(topic, callback).await?;
-        self.changed(topic);
-        tracing::info!(topic, callback, reason, "denied by an operator");
-        Ok(self.notify_denied(topic, callback, reason).await)
-    }
-
-    /// Sends the callback `hub.mode=denied` with `reason`; whether it
-    /// answered 2xx. A notice not delivered is logged, not retried.
-    async fn notify_denied(&self, topic: &str, callback: &str, reason: &str) -> bool {
-        match self.inner.verifier.deny(topic, callback, reason).await {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::info!(error = %error_chain(&error), "denial notice not delivered");
-                false
-            }
-        }
-    }
-
     /// The quota enforced on saves, if any.
     pub fn quota(&self) -> Option<&QuotaEnforcer> {
         self.inner.quota.get()
@@ -595,12 +557,7 @@ impl Subscriptions {
     async fn subscribe(&self, request: SubscriptionRequest) -> Result<Processed, ProcessError> {
         // Denied before its intent is verified: the callback learns why
         // either way, and is asked nothing.
-        if let Some(denials) = self.inner.denials.get()
-            && let Some(reason) = denials
-                .denied(&request.topic, &request.callback)
-                .await
-                .map_err(ProcessError::DenyList)?
-        {
+        if let Some(reason) = self.on_the_deny_list(&request).await? {
             self.notify_denied(&request.topic, &request.callback, &reason)
                 .await;
             return Err(ProcessError::Denied { reason });
