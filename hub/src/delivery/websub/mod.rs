@@ -53,7 +53,7 @@ use crate::delivery::pool::HostClients;
 use crate::delivery::recorder;
 use crate::delivery::{Channel, Endpoints, Judge};
 use crate::protocol::iri_to_uri;
-use crate::storage::events::{Claimed, Completion, EventLog, EventLogError, Outcome, Signing};
+use crate::storage::events::{Claimed, Completion, EventLog, EventLogError, Outcome};
 
 pub use crate::delivery::limit::INITIAL_LIMIT;
 pub use cache::SUBSCRIBERS_TTL;
@@ -238,18 +238,16 @@ impl Distributor {
         Ok(())
     }
 
-    /// Sets how the subscription of `signing` is signed: kept in the log,
-    /// and in force in this process at once (in other replicas within
-    /// [`ORDERED_REFRESH`]).
-    pub async fn set_signing(&self, signing: Signing) -> Result<(), EventLogError> {
-        self.inner.events.set_signing(&signing).await?;
-        self.inner.signings.set(signing);
-        Ok(())
-    }
-
-    /// The signing setting `subscription` has in this process, if any.
-    pub fn signing_of(&self, subscription: &Subscription) -> Option<Signing> {
-        self.inner.signings.setting(subscription)
+    /// Reads again the subscriptions' settings kept in the log (ordered
+    /// delivery, signing), as other replicas may have changed them. What
+    /// fails to read stays as it was, and is read again with the lanes.
+    async fn read_settings(&self) {
+        if let Err(error) = self.inner.ordered.refresh(&*self.inner.events).await {
+            warn!(%error, "reading the requests for ordered delivery failed");
+        }
+        if let Err(error) = self.inner.signings.refresh(&*self.inner.events).await {
+            warn!(%error, "reading the subscriptions' signing failed");
+        }
     }
 
     /// Whether `subscription` gets its events in order.
@@ -295,12 +293,7 @@ impl Distributor {
                 .run_expander(pipeline.clone(), shutdown.clone()),
         );
         let health = tokio::spawn(self.inner.endpoints.clone().keep_fresh(shutdown.clone()));
-        if let Err(error) = self.inner.ordered.refresh(&*self.inner.events).await {
-            warn!(%error, "reading the requests for ordered delivery failed; retrying with the lanes");
-        }
-        if let Err(error) = self.inner.signings.refresh(&*self.inner.events).await {
-            warn!(%error, "reading the subscriptions' signing failed; retrying with the lanes");
-        }
+        self.read_settings().await;
         match self.inner.events.release_claims().await {
             Ok(0) => {}
             Ok(released) => info!(released, "took over the claims of the process before"),
@@ -308,17 +301,12 @@ impl Distributor {
         }
         self.expand_soon();
         let mut walked: Option<Instant> = None;
-        let mut ordered_read = Instant::now();
+        let mut settings_read = Instant::now();
         while !shutdown.is_cancelled() {
             if walked.is_none_or(|at| at.elapsed() >= self.inner.poll_interval) {
-                if ordered_read.elapsed() >= ORDERED_REFRESH {
-                    if let Err(error) = self.inner.ordered.refresh(&*self.inner.events).await {
-                        warn!(%error, "reading the requests for ordered delivery failed");
-                    }
-                    if let Err(error) = self.inner.signings.refresh(&*self.inner.events).await {
-                        warn!(%error, "reading the subscriptions' signing failed");
-                    }
-                    ordered_read = Instant::now();
+                if settings_read.elapsed() >= ORDERED_REFRESH {
+                    self.read_settings().await;
+                    settings_read = Instant::now();
                 }
                 self.walk_lanes().await;
                 walked = Some(Instant::now());

@@ -113,6 +113,22 @@ impl Signings {
     }
 }
 
+impl super::Distributor {
+    /// Sets how the subscription of `signing` is signed: kept in the log,
+    /// and in force in this process at once (in other replicas within
+    /// [`ORDERED_REFRESH`](super::ORDERED_REFRESH)).
+    pub async fn set_signing(&self, signing: Signing) -> Result<(), EventLogError> {
+        self.inner.events.set_signing(&signing).await?;
+        self.inner.signings.set(signing);
+        Ok(())
+    }
+
+    /// The signing setting `subscription` has in this process, if any.
+    pub fn signing_of(&self, subscription: &Subscription) -> Option<Signing> {
+        self.inner.signings.setting(subscription)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
