@@ -1291,6 +1291,16 @@ async fn a_webhooks_retry_after_pauses_all_its_deliveries() {
     let running = run_listening_with_hook(&db, &receiver).await;
     let first = db.produce(EVENT, None, true).await;
     assert!(receiver.wait_for("/hook", 1, WAIT).await);
+    // The events after it are committed once the hub has taken the 429 in
+    // (its row counts the failure): one committed while the answer is on
+    // its way back would rightly go out at once.
+    let answered = eventually_async(WAIT, || async {
+        db.delivery(first, "hook")
+            .await
+            .is_some_and(|row| row.retry_count == 1)
+    })
+    .await;
+    assert!(answered, "the 429 was never recorded");
     let mut later = Vec::new();
     for _ in 0..3 {
         later.push(db.produce(EVENT, None, true).await);
