@@ -75,17 +75,26 @@ async fn json(hub: &str, args: &[&str]) -> Value {
     serde_json::from_str(&succeeded(&output)).expect("--json prints JSON")
 }
 
-/// Waits until `websub ARGS --json` prints a value `done` accepts.
+/// Waits until `websub ARGS --json` prints a value `done` accepts. A
+/// command that fails meanwhile counts as not yet: right after a publish,
+/// the delivery it asks about may not be recorded.
 async fn wait_for(hub: &str, args: &[&str], done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + WAIT;
+    let with_json: Vec<&str> = args.iter().copied().chain(["--json"]).collect();
     loop {
-        let value = json(hub, args).await;
-        if done(&value) {
-            return value;
-        }
+        let output = websub(hub, &with_json).await;
+        let said = if output.status.success() {
+            let value: Value = serde_json::from_str(&stdout(&output)).expect("--json prints JSON");
+            if done(&value) {
+                return value;
+            }
+            value.to_string()
+        } else {
+            stderr(&output)
+        };
         assert!(
             Instant::now() < deadline,
-            "websub {args:?} still says {value}"
+            "websub {args:?} still says {said}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
