@@ -558,7 +558,9 @@ pub fn partition_span(retention: Option<std::time::Duration>) -> std::time::Dura
 }
 
 /// [`DeliveryOutcomes::complete_unwritten`] in two steps: the records created
-/// waiting, then completed.
+/// claimed by this process, then completed. Created waiting, a record would
+/// be due in between, and the claim loop could send it a second time
+/// beside the attempt whose outcome this is.
 pub(crate) async fn write_then_complete<L: DeliveryOutcomes + ?Sized>(
     log: &L,
     completions: &[Completion],
@@ -572,7 +574,7 @@ pub(crate) async fn write_then_complete<L: DeliveryOutcomes + ?Sized>(
             .push(&completion.subscriber);
     }
     for (event_id, subscribers) in by_event {
-        match log.expand_waiting(event_id, &subscribers, now, false).await {
+        match log.expand_claimed(event_id, &subscribers, now).await {
             Ok(_) | Err(EventLogError::UnknownEvent(_)) => {}
             Err(error) => return Err(error),
         }
