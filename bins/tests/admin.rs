@@ -86,9 +86,7 @@ pub(crate) async fn failed_to(hub: &Websubd, callback: &str) -> Vec<serde_json::
 
 /// A client that shows redirects instead of following them.
 pub(crate) fn client() -> reqwest::Client {
-    http_client();
-    reqwest::Client::builder()
-        .no_proxy()
+    websub_tests::client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("a client")

@@ -275,11 +275,7 @@ async fn an_outage_is_kept_shown_and_sent(database_url: String) {
 
     // The admin page lists them.
     // Not following the redirect: the session cookie comes with it.
-    let admin = reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .expect("a client");
+    let admin = common::no_redirects();
     let login = admin
         .post(format!("{}admin/login", hub.url))
         .header("content-type", "application/x-www-form-urlencoded")

@@ -287,7 +287,7 @@ async fn a_subscriber_orders_its_own_subscriptions_only() {
     .await;
     let token =
         websub_hub::web::auth::issue_token(TOKEN_KEY, "alice", None, chrono::TimeDelta::hours(1));
-    let client = reqwest::Client::new();
+    let client = websub_tests::http_client();
     let put = |callback: &str, body: &'static str| {
         let url = reqwest::Url::parse_with_params(
             &format!("{}api/v1/subscriptions/delivery", hub.url),

@@ -147,9 +147,7 @@ async fn traefik_routes_the_export_by_policy() {
             .expect("start Traefik"),
     );
 
-    websub_hub::delivery::net::install_crypto_provider();
-    let client = reqwest::Client::builder()
-        .no_proxy()
+    let client = websub_tests::client_builder()
         .resolve(HOST, SocketAddr::from(([127, 0, 0, 1], 0)))
         .build()
         .expect("a client");

@@ -777,8 +777,7 @@ async fn a_route_answers_quota_refusals_over_http() {
         .expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("address"));
     let serving = tokio::spawn(async move { axum::serve(listener, app).await });
-    websub_hub::delivery::net::install_crypto_provider();
-    let client = reqwest::Client::new();
+    let client = websub_tests::http_client();
     let post = |path: &str| client.post(format!("{base}{path}")).send();
 
     let first = post("/subscribe/grace/0").await.expect("answered");

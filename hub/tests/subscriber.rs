@@ -35,9 +35,7 @@ const SECRET: &str = "a secret shared with the hub";
 const WAIT: Duration = Duration::from_secs(10);
 
 fn http() -> reqwest::Client {
-    websub_hub::delivery::net::install_crypto_provider();
-    reqwest::Client::builder()
-        .no_proxy()
+    websub_tests::client_builder()
         .build()
         .expect("build a client")
 }

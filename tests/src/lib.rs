@@ -454,9 +454,29 @@ impl Drop for TestHub {
 
 /// A plain HTTP client for tests.
 pub fn http_client() -> reqwest::Client {
-    websub_hub::delivery::net::install_crypto_provider();
-    reqwest::Client::builder()
-        .no_proxy()
+    client_builder()
         .build()
         .unwrap_or_else(|error| panic!("build a client: {error}"))
+}
+
+/// A test client's builder: no proxy, and the system's roots loaded once
+/// per process. Loading them took some 20 ms of a debug build for every
+/// client, and tests build a client per request; a client itself is not
+/// shared, as its pooled connections belong to the runtime that opened them
+/// and each test has its own.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    static TLS: std::sync::OnceLock<rustls::ClientConfig> = std::sync::OnceLock::new();
+    let tls = TLS.get_or_init(|| {
+        use rustls_platform_verifier::BuilderVerifierExt;
+        websub_hub::delivery::net::install_crypto_provider();
+        let mut config = rustls::ClientConfig::builder()
+            .with_platform_verifier()
+            .unwrap_or_else(|error| panic!("the system's roots: {error}"))
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config
+    });
+    reqwest::Client::builder()
+        .no_proxy()
+        .tls_backend_preconfigured(tls.clone())
 }

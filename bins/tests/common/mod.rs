@@ -429,7 +429,7 @@ impl Drop for PythonReceiver {
 /// A client that reports redirects rather than following them: how a test
 /// reads a page's `303` and the cookie it sets.
 pub(crate) fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
+    websub_tests::client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("a client")
