@@ -284,9 +284,13 @@ async fn a_briefly_unavailable_subscriber_is_picked_up_at_once() {
 }
 
 /// With the contract's defaults (10 retries, 10 s), a dead subscriber is
-/// exhausted in about 20 seconds.
+/// retried on the contract's curve: each wait follows the default policy,
+/// which exhausts it in about 20 seconds. The test follows the first eight
+/// retries (some 5 s) and reads the ninth's wait from the row; giving up
+/// after the last retry is `failures_retry_on_the_curve_then_exhaust_keeping_the_status`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_defaults_a_dead_subscriber_is_exhausted_in_about_twenty_seconds() {
+async fn with_the_defaults_a_dead_subscriber_retries_on_the_contracts_curve() {
+    const FOLLOWED: usize = 8;
     let Some(db) = Db::default_tables().await else {
         return;
     };
@@ -299,6 +303,8 @@ async fn with_the_defaults_a_dead_subscriber_is_exhausted_in_about_twenty_second
         },
         ..DispatcherConfig::default()
     };
+    let policy = config.retry;
+    assert_eq!(policy, RetryPolicy::default());
     let dispatcher = Dispatcher::new(db.pool.clone(), config).expect("dispatcher");
     dispatcher
         .register_webhooks(EVENT, webhook("dead", None, receiver.url("/dead")))
@@ -307,27 +313,37 @@ async fn with_the_defaults_a_dead_subscriber_is_exhausted_in_about_twenty_second
     let id = db.produce(EVENT, None, true).await;
     assert!(
         receiver
-            .wait_for("/dead", 11, Duration::from_secs(40))
+            .wait_for("/dead", FOLLOWED + 1, Duration::from_secs(20))
             .await
     );
     let attempts = receiver.received_at("/dead");
-    let budget = attempts[10].at - attempts[0].at;
-    println!("exhausted after {budget:?}");
-    assert!(
-        budget > Duration::from_secs(19) && budget < Duration::from_secs(24),
-        "{budget:?}"
-    );
-    let exhausted = eventually_async(WAIT, || async {
-        db.delivery(id, "dead")
-            .await
-            .is_some_and(|row| row.retry_count == 11 && row.next_attempt_at.is_none())
+    for (retry, pair) in (1u32..).zip(attempts.windows(2).take(FOLLOWED)) {
+        let gap = pair[1].at - pair[0].at;
+        let wait = policy.backoff(retry);
+        assert!(
+            gap + Duration::from_millis(10) >= wait && gap < wait + Duration::from_millis(700),
+            "retry {retry} came {gap:?} after the attempt before it, not {wait:?}"
+        );
+    }
+    // The ninth retry waits 5 s, as the row records.
+    let scheduled = eventually_async(WAIT, || async {
+        db.delivery(id, "dead").await.is_some_and(|row| {
+            row.retry_count == FOLLOWED as i32 + 1 && row.next_attempt_at.is_some()
+        })
     })
     .await;
-    assert!(exhausted);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(receiver.received_at("/dead").len(), 11);
+    assert!(scheduled, "the ninth failure was not recorded");
     let row = db.delivery(id, "dead").await.expect("row");
+    let wait = (row.next_attempt_at.expect("a next attempt") - Utc::now().naive_utc())
+        .to_std()
+        .unwrap_or_default();
+    let ninth = policy.backoff(FOLLOWED as u32 + 1);
+    assert!(
+        wait <= ninth && wait + Duration::from_secs(2) > ninth,
+        "the ninth retry is due in {wait:?}, not about {ninth:?}"
+    );
     assert_eq!(row.last_error.as_deref(), Some("HTTP 502 Bad Gateway"));
+    assert_eq!(receiver.received_at("/dead").len(), FOLLOWED + 1);
     running.stop().await;
 }
 
