@@ -1,7 +1,9 @@
-//! Rebuilds the hub when a migration changes: `sqlx::migrate!` embeds the
-//! migration files at compile time, and cargo would not otherwise know that
-//! a new or edited file under `migrations/` changes the crate.
+//! Embeds the event log's migrations (`../migrations/{sqlite,postgres}/hub`)
+//! into the crate, rebuilding it when a file there changes.
+
+include!("../migrations/embed.rs");
 
 fn main() {
-    println!("cargo:rerun-if-changed=../migrations");
+    embed_migrations("../migrations/sqlite/hub", "sqlite_hub");
+    embed_migrations("../migrations/postgres/hub", "postgres_hub");
 }

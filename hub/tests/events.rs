@@ -378,8 +378,7 @@ async fn postgres_partitioning_keeps_a_log_written_before_it() {
     };
     let pool = schema.pool.clone();
     // The schema as it was before 0016.
-    let mut before = sqlx::migrate!("../migrations/postgres/hub");
-    before.dangerous_set_table_name("websub_hub_migrations");
+    let mut before = websub_hub::storage::events::postgres::migrator();
     before.migrations = before
         .migrations
         .iter()

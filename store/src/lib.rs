@@ -40,6 +40,8 @@
 mod error;
 pub mod memory;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod migrations;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 #[macro_use]
 mod sql;
 #[cfg(feature = "postgres")]

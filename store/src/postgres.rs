@@ -80,9 +80,10 @@ impl PostgresStore {
 }
 
 fn migrator() -> Migrator {
-    let mut migrator = sqlx::migrate!("../migrations/postgres/store");
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+    crate::migrations::migrator(
+        include!(concat!(env!("OUT_DIR"), "/postgres_store.rs")),
+        MIGRATIONS_TABLE,
+    )
 }
 
 /// Inserts or replaces the subscription on `executor`, which is the pool for a

@@ -224,9 +224,10 @@ fn is_busy(error: &sqlx::Error) -> bool {
 }
 
 fn migrator() -> Migrator {
-    let mut migrator = sqlx::migrate!("../migrations/sqlite/store");
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+    crate::migrations::migrator(
+        include!(concat!(env!("OUT_DIR"), "/sqlite_store.rs")),
+        MIGRATIONS_TABLE,
+    )
 }
 
 /// Inserts or replaces the subscription on `executor`, which is the pool for a

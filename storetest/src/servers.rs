@@ -5,22 +5,12 @@
 //!    (CI starts the servers and sets both);
 //! 2. under `CI=true` without that variable, a panic naming it: a test that
 //!    needs a server never passes by skipping in CI;
-//! 3. otherwise a container started with testcontainers, once per test
-//!    process, when a Docker engine answers;
-//! 4. otherwise `None`, after printing why, so a developer without the server
-//!    sees the test skip rather than fail.
+//! 3. otherwise `None`, after printing why and how to start the servers
+//!    (`.ci/servers`, as CI does), so a developer without them sees the
+//!    test skip rather than fail.
 //!
-//! A Redis Cluster has no container fallback: its nodes come from
-//! `WEBSUB_TEST_REDIS_CLUSTER_URLS` (CI starts three on loopback), under
-//! `CI=true` its absence is a panic, and otherwise the test skips.
-
-use std::time::Duration;
-
-use testcontainers_modules::postgres::Postgres;
-use testcontainers_modules::redis::Redis;
-use testcontainers_modules::testcontainers::runners::AsyncRunner;
-use testcontainers_modules::testcontainers::{ContainerAsync, Image};
-use tokio::sync::OnceCell;
+//! A Redis Cluster's nodes come from `WEBSUB_TEST_REDIS_CLUSTER_URLS` (CI
+//! starts three on loopback), under the same rules.
 
 /// The variable naming the PostgreSQL server tests use.
 pub const DATABASE_URL_VAR: &str = "WEBSUB_TEST_DATABASE_URL";
@@ -36,22 +26,7 @@ pub const REDIS_CLUSTER_URLS_VAR: &str = "WEBSUB_TEST_REDIS_CLUSTER_URLS";
 /// # Panics
 /// Under `CI=true` when [`DATABASE_URL_VAR`] is not set.
 pub async fn postgres_url() -> Option<String> {
-    static CONTAINER: OnceCell<Result<Started<Postgres>, String>> = OnceCell::const_new();
-    server_url(DATABASE_URL_VAR, &CONTAINER, || async {
-        let container = Postgres::default()
-            .start()
-            .await
-            .map_err(|e| e.to_string())?;
-        let port = container
-            .get_host_port_ipv4(5432)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(Started {
-            url: format!("postgres://postgres:postgres@127.0.0.1:{port}/postgres"),
-            _container: container,
-        })
-    })
-    .await
+    server_url(DATABASE_URL_VAR)
 }
 
 /// The URL of a Redis server for tests, or `None` (skip) outside CI.
@@ -59,19 +34,7 @@ pub async fn postgres_url() -> Option<String> {
 /// # Panics
 /// Under `CI=true` when [`REDIS_URL_VAR`] is not set.
 pub async fn redis_url() -> Option<String> {
-    static CONTAINER: OnceCell<Result<Started<Redis>, String>> = OnceCell::const_new();
-    server_url(REDIS_URL_VAR, &CONTAINER, || async {
-        let container = Redis::default().start().await.map_err(|e| e.to_string())?;
-        let port = container
-            .get_host_port_ipv4(6379)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(Started {
-            url: format!("redis://127.0.0.1:{port}/"),
-            _container: container,
-        })
-    })
-    .await
+    server_url(REDIS_URL_VAR)
 }
 
 /// The node URLs of a Redis Cluster for tests, or `None` (skip) outside CI.
@@ -79,24 +42,14 @@ pub async fn redis_url() -> Option<String> {
 /// # Panics
 /// Under `CI=true` when [`REDIS_CLUSTER_URLS_VAR`] is not set.
 pub fn redis_cluster_urls() -> Option<Vec<String>> {
-    let urls: Vec<String> = std::env::var(REDIS_CLUSTER_URLS_VAR)
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|url| !url.is_empty())
-        .map(str::to_owned)
-        .collect();
-    if !urls.is_empty() {
-        return Some(urls);
-    }
-    if in_ci() {
-        panic!(
-            "{REDIS_CLUSTER_URLS_VAR} is not set: under CI=true the tests need a real \
-             Redis Cluster; .ci/run starts one and exports {REDIS_CLUSTER_URLS_VAR}"
-        );
-    }
-    eprintln!("skipping: {REDIS_CLUSTER_URLS_VAR} is not set and no cluster is started here");
-    None
+    let urls = server_url(REDIS_CLUSTER_URLS_VAR)?;
+    Some(
+        urls.split(',')
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    )
 }
 
 /// A URL of a database of its own on the test PostgreSQL server, created for
@@ -126,22 +79,11 @@ pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|value| !value.is_empty() && value != "false" && value != "0")
 }
 
-/// A container kept for the life of the test process, and its URL.
-struct Started<I: Image> {
-    url: String,
-    _container: ContainerAsync<I>,
-}
+/// How a developer starts the servers the tests need, as CI does.
+const START_THEM: &str =
+    "`source .ci/servers && start_test_servers` starts them all on loopback and exports their URLs";
 
-async fn server_url<I, F, Fut>(
-    variable: &str,
-    container: &'static OnceCell<Result<Started<I>, String>>,
-    start: F,
-) -> Option<String>
-where
-    I: Image,
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = Result<Started<I>, String>>,
-{
+fn server_url(variable: &str) -> Option<String> {
     if let Ok(url) = std::env::var(variable)
         && !url.is_empty()
     {
@@ -153,23 +95,6 @@ where
              .ci/run starts one and exports {variable}"
         );
     }
-    // Tests run on their own runtimes; the container outlives each of them,
-    // so it is started once, bounded in time, and kept in a static.
-    let started = container
-        .get_or_init(|| async {
-            match tokio::time::timeout(Duration::from_secs(120), start()).await {
-                Ok(result) => result,
-                Err(_) => Err("the container did not start within 120 s".to_owned()),
-            }
-        })
-        .await;
-    match started {
-        Ok(started) => Some(started.url.clone()),
-        Err(reason) => {
-            eprintln!(
-                "skipping: {variable} is not set and no container could be started ({reason})"
-            );
-            None
-        }
-    }
+    eprintln!("skipping: {variable} is not set; {START_THEM}");
+    None
 }

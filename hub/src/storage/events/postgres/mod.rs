@@ -160,10 +160,12 @@ impl PostgresEventLog {
     }
 }
 
-fn migrator() -> Migrator {
-    let mut migrator = sqlx::migrate!("../migrations/postgres/hub");
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+/// The event log's migrations, embedded from `migrations/postgres/hub`.
+pub fn migrator() -> Migrator {
+    websub_store::migrations::migrator(
+        include!(concat!(env!("OUT_DIR"), "/postgres_hub.rs")),
+        MIGRATIONS_TABLE,
+    )
 }
 
 /// How [`expand_in`] inserts records on the path where it marks the event.

@@ -138,10 +138,12 @@ impl SqliteEventLog {
     }
 }
 
-fn migrator() -> Migrator {
-    let mut migrator = sqlx::migrate!("../migrations/sqlite/hub");
-    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-    migrator
+/// The event log's migrations, embedded from `migrations/sqlite/hub`.
+pub fn migrator() -> Migrator {
+    websub_store::migrations::migrator(
+        include!(concat!(env!("OUT_DIR"), "/sqlite_hub.rs")),
+        MIGRATIONS_TABLE,
+    )
 }
 
 /// The body of [`DeliveryQueue::expand`], on a transaction holding the write lock.
