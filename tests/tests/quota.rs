@@ -435,9 +435,15 @@ async fn subscriber_api_lists_removes_and_reports_usage() {
     for _ in 0..200 {
         let (status, json) = api(&hub, reqwest::Method::GET, "subscriptions", Some(&grace)).await;
         assert_eq!(status, 200, "{json}");
-        let settled = json
-            .as_array()
-            .is_some_and(|rows| rows.iter().all(|row| row["delivery"]["pending"] == 0));
+        // Settled once each has its outcome written: a record held until
+        // its first outcome is not yet counted as pending.
+        let settled = json.as_array().is_some_and(|rows| {
+            rows.iter().all(|row| {
+                let delivery = &row["delivery"];
+                delivery["pending"] == 0
+                    && (delivery["failed"] != 0 || delivery["last_success"].is_string())
+            })
+        });
         listed = json;
         if settled {
             break;
