@@ -251,7 +251,7 @@ async fn hanging_host(host: Arc<Hanging>) -> websub_tests::LoopbackServer {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_replicas_claims_are_delivered_by_the_other_within_seconds() {
+async fn a_killed_replicas_fan_out_is_delivered_by_the_other_within_seconds() {
     const FAN_OUT: usize = 20;
     let Some(database_url) = websub_storetest::servers::fresh_postgres_url().await else {
         return;
@@ -282,9 +282,9 @@ async fn a_killed_replicas_claims_are_delivered_by_the_other_within_seconds() {
         .ready()
         .await;
     assert_eq!(doomed.fat_ping(topic, BODY).await, 202);
-    // The fan-out fits the host's lane, so the replica that took the
-    // publish claims all of it as it expands, and sends as many as the
-    // host's first in-flight limit allows; they hang.
+    // The replica that took the publish takes its expansion, holding the
+    // records in memory until their first outcome, and sends as many as
+    // the host's first in-flight limit allows; they hang.
     let in_flight = websub_hub::delivery::websub::INITIAL_LIMIT.min(FAN_OUT);
     let deadline = Instant::now() + Duration::from_secs(20);
     while host.held.load(Ordering::SeqCst) < in_flight {
@@ -295,8 +295,8 @@ async fn a_killed_replicas_claims_are_delivered_by_the_other_within_seconds() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The survivor joins while the claims are held: they are not its to
-    // take while their holder beats.
+    // The survivor joins while the records are held: the expansion is not
+    // its to take while its holder beats.
     let survivor = Websubd::spawn(&scratch_dir("replica-survivor"), free_port(), &args)
         .ready()
         .await;
@@ -323,7 +323,7 @@ async fn a_killed_replicas_claims_are_delivered_by_the_other_within_seconds() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let took = killed.elapsed();
-    eprintln!("the survivor delivered the dead replica's claims {took:?} after the kill");
+    eprintln!("the survivor delivered the dead replica's fan-out {took:?} after the kill");
     assert_eq!(
         delivered(&host),
         FAN_OUT,
@@ -346,11 +346,11 @@ async fn a_killed_replicas_claims_are_delivered_by_the_other_within_seconds() {
         &families,
         "websub_claims_taken_over_total",
         "websub_claims_taken_over_total",
-        &["kind=\"delivery\""],
+        &["kind=\"expansion\""],
     );
     assert_eq!(
-        taken_over, FAN_OUT as f64,
-        "the survivor counted the claims it took over"
+        taken_over, 1.0,
+        "the survivor counted the expansion it took over"
     );
 
     // A clean stop leaves the registry: the dead one was removed by the

@@ -2,7 +2,8 @@
 //! record who holds them, a dead replica's claims (deliveries,
 //! verifications, fetches) are handed back at once by a live one, and only
 //! the dead one's; replicas taking over at once hand each claim back once;
-//! a clean shutdown hands back its own.
+//! a clean shutdown hands back its own; an event's expansion is one
+//! replica's while it lives.
 //!
 //! Each check runs in a schema of its own (on the connections'
 //! `search_path`), so no other test's dispatcher claims its rows, and no
@@ -208,6 +209,7 @@ async fn a_dead_replicas_claims_are_handed_back_at_once_and_only_its_own() {
             deliveries: 3,
             verifications: 1,
             fetches: 1,
+            expansions: 0,
         }]
     );
     assert!(!scratch.registered(&a).await, "the dead one's row is gone");
@@ -277,6 +279,74 @@ async fn a_dead_replicas_claims_are_handed_back_at_once_and_only_its_own() {
     scratch.drop_schema().await;
 }
 
+/// The ids of `log`'s unexpanded events, as its expander sees them.
+async fn unexpanded(log: &PostgresEventLog) -> Vec<Uuid> {
+    log.unexpanded(10)
+        .await
+        .expect("unexpanded")
+        .into_iter()
+        .map(|event| event.id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expansion_is_one_replicas_while_it_lives() {
+    let Some(scratch) = Scratch::new().await else {
+        return;
+    };
+    let (a, a_log, _) = scratch.replica().await;
+    let (b, b_log, _) = scratch.replica().await;
+    let event = a_log
+        .record(
+            NewEvent {
+                topic: "http://a.example/topic".to_owned(),
+                content_type: "text/plain".to_owned(),
+                body: bytes::Bytes::from_static(b"x"),
+                trace_context: None,
+            },
+            now(),
+        )
+        .await
+        .expect("record")
+        .id;
+    assert_eq!(unexpanded(&b_log).await, vec![event], "anyone's at first");
+
+    // A takes it (and may take it again); B neither sees nor takes it.
+    assert!(a_log.take_expansion(event).await.expect("take"));
+    assert!(a_log.take_expansion(event).await.expect("take again"));
+    assert!(
+        !b_log.take_expansion(event).await.expect("take"),
+        "A's while A lives"
+    );
+    assert!(unexpanded(&b_log).await.is_empty());
+    assert_eq!(unexpanded(&a_log).await, vec![event]);
+
+    // A dies: B's takeover hands the expansion back, counted, and B takes it.
+    scratch.kill(&a).await;
+    assert_eq!(
+        b.take_over(DEAD_AFTER).await.expect("take over"),
+        vec![TakenOver {
+            replica: a.id(),
+            expansions: 1,
+            ..TakenOver::default()
+        }]
+    );
+    assert_eq!(unexpanded(&b_log).await, vec![event]);
+    assert!(b_log.take_expansion(event).await.expect("take"));
+
+    // B leaves cleanly: the expansion is anyone's again.
+    assert_eq!(b.deregister().await.expect("deregister"), 1);
+    let (_c, c_log, _) = scratch.replica().await;
+    assert_eq!(unexpanded(&c_log).await, vec![event]);
+    assert!(c_log.take_expansion(event).await.expect("take"));
+
+    // Expanded, it is nobody's to take.
+    c_log.expand(event, &[], now()).await.expect("expand");
+    assert!(!c_log.take_expansion(event).await.expect("take"));
+    assert!(unexpanded(&c_log).await.is_empty());
+    scratch.drop_schema().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn replicas_taking_over_at_once_hand_each_claim_back_once() {
     let Some(scratch) = Scratch::new().await else {
@@ -322,6 +392,7 @@ async fn replicas_taking_over_at_once_hand_each_claim_back_once() {
             deliveries: 500,
             verifications: 0,
             fetches: 1,
+            expansions: 0,
         }],
         "one replica took over, once"
     );

@@ -52,7 +52,7 @@ pub const DEAD_AFTER: Duration = Duration::from_secs(5);
 const BEAT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// `websub_claims_taken_over_total{kind}`: claims of dead replicas handed
-/// back.
+/// back, and their unfinished expansions (`kind="expansion"`).
 pub const CLAIMS_TAKEN_OVER_TOTAL: &str = "websub_claims_taken_over_total";
 
 // Own row: a beat that finds it gone (this replica was judged dead while
@@ -103,6 +103,15 @@ const RELEASE_FETCHES: &str = "WITH released AS ( \
          RETURNING h.holder) \
      SELECT holder AS replica, count(*) AS released FROM released GROUP BY holder";
 
+// Unfinished expansions (`0022_expansion_owner.sql`): the unexpanded
+// events' partial index, as the takeover runs with seqscan off.
+const RELEASE_EXPANSIONS: &str = "WITH released AS ( \
+         UPDATE websub_events AS e SET expanding_by = NULL \
+         FROM unnest($1::uuid[]) AS h (holder) \
+         WHERE e.expanded_at IS NULL AND e.expanding_by = h.holder \
+         RETURNING h.holder) \
+     SELECT holder AS replica, count(*) AS released FROM released GROUP BY holder";
+
 /// Failures of the replica registry.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -126,12 +135,14 @@ pub struct TakenOver {
     pub verifications: u64,
     /// Topic fetches it had claimed.
     pub fetches: u64,
+    /// Events it was expanding, whose records it may have held in memory.
+    pub expansions: u64,
 }
 
 impl TakenOver {
-    /// Claims of every kind.
+    /// Claims of every kind, expansions included.
     pub fn total(&self) -> u64 {
-        self.deliveries + self.verifications + self.fetches
+        self.deliveries + self.verifications + self.fetches + self.expansions
     }
 }
 
@@ -301,6 +312,7 @@ async fn release(
         (RELEASE_DELIVERIES, Kind::Deliveries),
         (RELEASE_VERIFICATIONS, Kind::Verifications),
         (RELEASE_FETCHES, Kind::Fetches),
+        (RELEASE_EXPANSIONS, Kind::Expansions),
     ] {
         for row in sqlx::query(statement)
             .bind(holders)
@@ -315,6 +327,7 @@ async fn release(
                     Kind::Deliveries => entry.deliveries += released,
                     Kind::Verifications => entry.verifications += released,
                     Kind::Fetches => entry.fetches += released,
+                    Kind::Expansions => entry.expansions += released,
                 }
             }
         }
@@ -327,6 +340,7 @@ enum Kind {
     Deliveries,
     Verifications,
     Fetches,
+    Expansions,
 }
 
 /// Beats every [`BEAT_INTERVAL`] until `stop`, taking over the claims of
@@ -382,12 +396,14 @@ pub fn report(taken_over: &[TakenOver]) -> bool {
             deliveries = taken.deliveries,
             verifications = taken.verifications,
             fetches = taken.fetches,
+            expansions = taken.expansions,
             "took over the claims of a dead replica"
         );
         for (kind, count) in [
             ("delivery", taken.deliveries),
             ("verification", taken.verifications),
             ("fetch", taken.fetches),
+            ("expansion", taken.expansions),
         ] {
             if count > 0 {
                 metrics::counter!(CLAIMS_TAKEN_OVER_TOTAL, "kind" => kind).increment(count);

@@ -81,6 +81,10 @@ impl Distributor {
         shutdown: &CancellationToken,
     ) -> Result<Option<u64>, DispatchError> {
         let started = std::time::SystemTime::now();
+        // Another replica's, maybe holding its records: left to it whole.
+        if !self.inner.events.take_expansion(event.id).await? {
+            return Ok(Some(0));
+        }
         let outgoing = Arc::new(Outgoing::new(event, &self.inner.hub_url));
         self.inner.bodies.insert(outgoing.clone());
         let id = outgoing.event.id;

@@ -1,5 +1,7 @@
-//! Records held in memory instead of written, on a log only one process
-//! uses (SQLite, [`DeliveryQueue::is_single_process`]): an expansion hands the
+//! Records held in memory instead of written, on a log where nothing but
+//! the expanding process writes an event's records meanwhile
+//! ([`DeliveryQueue::holds_records`]: SQLite, used by one process, and
+//! PostgreSQL, where each expansion is one replica's): an expansion hands the
 //! records its lanes have room for straight to their attempts and holds
 //! the others here, per lane, for the lanes to take as they free room. A
 //! record is written once, with its first outcome
@@ -20,7 +22,7 @@
 //! held longer than [`LONGEST_HELD`] is written to wait too, so that a slow
 //! or dead host never keeps its event unexpanded for long.
 //!
-//! [`DeliveryQueue::is_single_process`]: crate::storage::events::DeliveryQueue::is_single_process
+//! [`DeliveryQueue::holds_records`]: crate::storage::events::DeliveryQueue::holds_records
 //! [`DeliveryOutcomes::complete_unwritten`]: crate::storage::events::DeliveryOutcomes::complete_unwritten
 
 use std::collections::{HashMap, VecDeque};
@@ -306,10 +308,9 @@ impl Distributor {
         }
     }
 
-    /// Whether expansions hold records in memory: on a log only one
-    /// process uses.
+    /// Whether expansions hold records in memory.
     pub(super) fn holds_records(&self) -> bool {
-        self.inner.events.is_single_process()
+        self.inner.events.holds_records()
     }
 }
 

@@ -97,7 +97,8 @@ pub trait EventIntake: Send + Sync + std::fmt::Debug {
     ) -> Result<Recorded, EventLogError>;
 
     /// Events recorded but not yet expanded (a crash between the two), oldest
-    /// first, at most `limit`.
+    /// first, at most `limit`; on a log replicas share, those no other live
+    /// replica is expanding ([`DeliveryQueue::take_expansion`]).
     async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError>;
 
     /// One event by id.
@@ -267,11 +268,25 @@ pub trait DeliveryQueue: Send + Sync + std::fmt::Debug {
         visibility: std::time::Duration,
     ) -> Result<Vec<Claimed>, EventLogError>;
 
-    /// Whether only one process can use this log at a time (SQLite): then
-    /// nothing but this process writes its records, and an expansion may
-    /// hold records in memory ([`DeliveryOutcomes::complete_unwritten`]).
-    fn is_single_process(&self) -> bool {
+    /// Whether an expansion may hold its records in memory until their
+    /// first outcome ([`DeliveryOutcomes::complete_unwritten`]): nothing but
+    /// the expanding process writes the event's records meanwhile, because
+    /// one process uses the log (SQLite) or because
+    /// [`DeliveryQueue::take_expansion`] gives each expansion to one
+    /// replica (PostgreSQL).
+    fn holds_records(&self) -> bool {
         false
+    }
+
+    /// Takes the expansion of the unexpanded event `event_id` for this
+    /// process: `false` when another live replica has it, and then this
+    /// one leaves the event alone ([`EventIntake::unexpanded`] leaves it out
+    /// too). The expansion passes to another replica once its holder is
+    /// gone (its registration removed at shutdown or by a takeover). Where
+    /// one process uses the log, always `true`.
+    async fn take_expansion(&self, event_id: Uuid) -> Result<bool, EventLogError> {
+        let _ = event_id;
+        Ok(true)
     }
 
     /// Writes a delivery record, due at `now`, for each subscription of
@@ -317,10 +332,10 @@ pub trait DeliveryOutcomes: DeliveryQueue {
         now: DateTime<Utc>,
     ) -> Result<(), EventLogError>;
 
-    /// Records the first outcomes of records nobody wrote: on a log only
-    /// one process uses ([`DeliveryQueue::is_single_process`]) a scheduler may
-    /// hold an expansion's records in memory and write each only with its
-    /// first outcome. Each record is created as [`DeliveryQueue::expand_waiting`]
+    /// Records the first outcomes of records nobody wrote: on a log that
+    /// allows it ([`DeliveryQueue::holds_records`]) a scheduler may hold an
+    /// expansion's records in memory and write each only with its first
+    /// outcome. Each record is created as [`DeliveryQueue::expand_claimed`]
     /// and completed as [`DeliveryOutcomes::complete`] would; one that exists (an
     /// operator's resend meanwhile) is completed as `complete` does. An
     /// outcome of an event purged meanwhile is left out.

@@ -22,9 +22,6 @@ pub(super) const EVENT_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM websub_event
 pub(super) const HAS_RECORDS: &str =
     "SELECT EXISTS (SELECT 1 FROM websub_deliveries WHERE event_id = $1)";
 
-pub(super) const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id, trace_context FROM websub_events \
-     WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT $1";
-
 pub(super) const EVENT: &str = "SELECT id, topic, content_type, body, created_at, original_id, trace_context FROM websub_events \
      WHERE id = $1";
 

@@ -7,11 +7,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::super::{Claimed, Completion, EventLogError, sorted_unique, stale_bound};
+use super::super::{
+    Claimed, Completion, EventLogError, Outcome, sorted_unique, stale_bound, write_then_complete,
+};
 use super::rows::{CompletionColumns, claimed_from_row, is_unique_violation, missing_event};
 use super::statements::{
     CLAIM_LANES, CLAIM_ORDERED, COMPLETE, EVENT_EXISTS, EXPAND_AGAIN, EXPAND_CLAIMED_AGAIN,
-    EXPAND_CLAIMED_FIRST, EXPAND_ORDERED,
+    EXPAND_CLAIMED_FIRST, EXPAND_ORDERED, INSERT_DELIVERED, TAKE_EXPANSION,
 };
 use super::{EXPAND_CHUNK, PostgresEventLog};
 
@@ -162,6 +164,51 @@ pub(super) async fn complete(
         .execute(&log.pool)
         .await?;
     Ok(())
+}
+
+/// Records held until their first outcome: the delivered ones inserted
+/// closed, a row write each; the others written claimed, then completed.
+pub(super) async fn complete_unwritten(
+    log: &PostgresEventLog,
+    completions: &[Completion],
+    now: DateTime<Utc>,
+) -> Result<(), EventLogError> {
+    let (delivered, others): (Vec<&Completion>, Vec<&Completion>) = completions
+        .iter()
+        .partition(|completion| completion.outcome == Outcome::Delivered);
+    if !delivered.is_empty() {
+        let columns = CompletionColumns::new(delivered);
+        sqlx::query(INSERT_DELIVERED)
+            .bind(now)
+            .bind(&columns.event_ids)
+            .bind(&columns.subscribers)
+            .bind(&columns.attempted_ats)
+            .bind(&columns.durations)
+            .bind(&columns.statuses)
+            .bind(&columns.responses)
+            .execute(&log.pool)
+            .await?;
+    }
+    if !others.is_empty() {
+        let others: Vec<Completion> = others.into_iter().cloned().collect();
+        write_then_complete(log, &others, now).await?;
+    }
+    Ok(())
+}
+
+/// Takes `event_id`'s expansion for this replica; `false` when another
+/// live replica has it.
+pub(super) async fn take_expansion(
+    log: &PostgresEventLog,
+    event_id: Uuid,
+) -> Result<bool, EventLogError> {
+    let taken = sqlx::query(TAKE_EXPANSION)
+        .bind(event_id)
+        .bind(log.replica)
+        .execute(&log.pool)
+        .await?
+        .rows_affected();
+    Ok(taken == 1)
 }
 
 /// An expansion with no subscribers writes nothing, so no trigger finds

@@ -58,7 +58,7 @@ use statements::{
     ATTEMPTS, CLAIM, DELIVER_SINCE, DROP_SINCE, DUE_LANES, EVENT, EVENT_EXISTS, EXPAND_AGAIN,
     EXPAND_FIRST, HAS_RECORDS, INSERT_EVENT, INSERT_EVENT_ONCE, LATEST, MARK_EXPANDED,
     MIGRATIONS_TABLE, ORDER, ORDERED_SUBSCRIPTIONS, PURGE, PURGE_WEBHOOK_ATTEMPTS, READ_COMMITTED,
-    RELEASE_ENDPOINT, UNEXPANDED, UNORDER, WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS_SINCE,
+    RELEASE_ENDPOINT, UNEXPANDED_FREE, UNORDER, WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS_SINCE,
 };
 
 use super::{
@@ -332,8 +332,9 @@ impl EventIntake for PostgresEventLog {
     }
 
     async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
-        sqlx::query(UNEXPANDED)
+        sqlx::query(UNEXPANDED_FREE)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(self.replica)
             .fetch_all(&self.pool)
             .await?
             .iter()
@@ -404,6 +405,15 @@ impl DeliveryQueue for PostgresEventLog {
         now: DateTime<Utc>,
     ) -> Result<Vec<String>, EventLogError> {
         delivery_path::expand_claimed(self, event_id, subscribers, now).await
+    }
+
+    /// Yes: each expansion is one replica's ([`DeliveryQueue::take_expansion`]).
+    fn holds_records(&self) -> bool {
+        true
+    }
+
+    async fn take_expansion(&self, event_id: Uuid) -> Result<bool, EventLogError> {
+        delivery_path::take_expansion(self, event_id).await
     }
 
     async fn expand_waiting(
@@ -576,6 +586,14 @@ impl DeliveryOutcomes for PostgresEventLog {
         now: DateTime<Utc>,
     ) -> Result<(), EventLogError> {
         delivery_path::complete(self, completions, now).await
+    }
+
+    async fn complete_unwritten(
+        &self,
+        completions: &[Completion],
+        now: DateTime<Utc>,
+    ) -> Result<(), EventLogError> {
+        delivery_path::complete_unwritten(self, completions, now).await
     }
 
     async fn attempts(

@@ -79,17 +79,23 @@ pub(super) struct CompletionColumns<'a> {
 }
 
 impl<'a> CompletionColumns<'a> {
-    pub(super) fn new(completions: &'a [Completion]) -> Self {
+    pub(super) fn new<I>(completions: I) -> Self
+    where
+        I: IntoIterator<Item = &'a Completion>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let completions = completions.into_iter();
+        let count = completions.len();
         let mut columns = Self {
-            event_ids: Vec::with_capacity(completions.len()),
-            subscribers: Vec::with_capacity(completions.len()),
-            kinds: Vec::with_capacity(completions.len()),
-            errors: Vec::with_capacity(completions.len()),
-            next_attempts: Vec::with_capacity(completions.len()),
-            attempted_ats: Vec::with_capacity(completions.len()),
-            durations: Vec::with_capacity(completions.len()),
-            statuses: Vec::with_capacity(completions.len()),
-            responses: Vec::with_capacity(completions.len()),
+            event_ids: Vec::with_capacity(count),
+            subscribers: Vec::with_capacity(count),
+            kinds: Vec::with_capacity(count),
+            errors: Vec::with_capacity(count),
+            next_attempts: Vec::with_capacity(count),
+            attempted_ats: Vec::with_capacity(count),
+            durations: Vec::with_capacity(count),
+            statuses: Vec::with_capacity(count),
+            responses: Vec::with_capacity(count),
         };
         for completion in completions {
             let (kind, error, next) = match &completion.outcome {

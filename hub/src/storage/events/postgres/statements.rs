@@ -41,6 +41,49 @@ pub(super) const EXPAND_CLAIMED_AGAIN: &str = "INSERT INTO websub_deliveries \
      SELECT $1, subscriber, $2, $2, $4 FROM unnest($3::text[]) AS s(subscriber) \
      ON CONFLICT DO NOTHING RETURNING subscriber::TEXT";
 
+// The unexpanded events no other live replica is expanding (`$2` is this
+// one; see `0022_expansion_owner.sql`): the partial index of unexpanded
+// events in order, each owner looked up in the registry.
+pub(super) const UNEXPANDED_FREE: &str = "SELECT id, topic, content_type, body, created_at, original_id, \
+            trace_context \
+     FROM websub_events AS e \
+     WHERE expanded_at IS NULL \
+       AND (expanding_by IS NULL OR expanding_by = $2 \
+            OR NOT EXISTS (SELECT 1 FROM websub_replicas AS r WHERE r.id = e.expanding_by)) \
+     ORDER BY created_at, id LIMIT $1";
+
+// Takes an unexpanded event's expansion for `$2`, unless a live replica
+// other than it has it. The row lock orders two replicas taking one event
+// at once: the second finds the first's id and takes nothing.
+pub(super) const TAKE_EXPANSION: &str = "UPDATE websub_events AS e SET expanding_by = $2 \
+     WHERE id = $1 AND expanded_at IS NULL \
+       AND (expanding_by IS NULL OR expanding_by = $2 \
+            OR NOT EXISTS (SELECT 1 FROM websub_replicas AS r WHERE r.id = e.expanding_by))";
+
+// Records written only now, delivered at their first attempt: one insert
+// each, with the outcome and the attempt its record keeps, as
+// websub_complete_attempts would leave it. One that exists meanwhile (an
+// operator's resend, a catch-up) is closed as that function closes it; an
+// event purged meanwhile is skipped. Its values: now, then the records'
+// event ids, subscribers, attempt times, durations, statuses and responses.
+pub(super) const INSERT_DELIVERED: &str = "INSERT INTO websub_deliveries AS d \
+         (event_id, subscriber, processed_at, outcome, delivered_attempt_at, \
+          delivered_duration_us, delivered_status, delivered_response) \
+     SELECT c.event_id, c.subscriber, $1, 'delivered', c.attempted_at, c.duration_us, \
+            c.status, c.response \
+     FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[], $6::smallint[], \
+                 $7::bytea[]) \
+         AS c (event_id, subscriber, attempted_at, duration_us, status, response) \
+     WHERE EXISTS (SELECT 1 FROM websub_events WHERE id = c.event_id) \
+     ON CONFLICT (event_id, subscriber) DO UPDATE SET \
+         processed_at = excluded.processed_at, processing_since = NULL, \
+         next_attempt_at = NULL, outcome = 'delivered', \
+         delivered_attempt_at = excluded.delivered_attempt_at, \
+         delivered_duration_us = excluded.delivered_duration_us, \
+         delivered_status = excluded.delivered_status, \
+         delivered_response = excluded.delivered_response \
+     WHERE d.processed_at IS NULL";
+
 // Both are functions in the migration, so that their plans cannot depend on
 // stale statistics (see `0001_events.sql`). `$2` is NULL when the visibility
 // timeout reaches before the Unix epoch: then no claim is ever stale. The

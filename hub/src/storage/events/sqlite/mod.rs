@@ -512,7 +512,7 @@ impl DeliveryQueue for SqliteEventLog {
     }
 
     /// Yes: the log's file is opened by one process at a time.
-    fn is_single_process(&self) -> bool {
+    fn holds_records(&self) -> bool {
         true
     }
 

@@ -128,6 +128,11 @@ pub(super) static INSERT_DELIVERED_SCRIPT: LazyLock<String> =
 pub(super) static COMPLETE_SCRIPT: LazyLock<String> =
     LazyLock::new(|| script(&[COMPLETE_DELIVERED, COMPLETE, RECORD_ATTEMPTS]));
 
+// One process expands every event (PostgreSQL's replicas leave out each
+// other's: UNEXPANDED_FREE there).
+pub(super) const UNEXPANDED: &str = "SELECT id, topic, content_type, body, created_at, original_id, trace_context FROM websub_events \
+     WHERE expanded_at IS NULL ORDER BY created_at, id LIMIT $1";
+
 pub(super) const MARK_EXPANDED: &str =
     "UPDATE websub_events SET expanded_at = COALESCE(expanded_at, $2) WHERE id = $1";
 

@@ -1,0 +1,13 @@
+-- The replica expanding an event (websub_hub::delivery::websub::expand):
+-- set when a replica takes the expansion, and from then on no other
+-- replica expands the event while this one is registered in
+-- websub_replicas. So the replica may hold the event's records in memory
+-- until their first outcome (websub_hub::delivery::websub::held), writing
+-- a record that is delivered at its first attempt once, as it closes it.
+--
+-- Once the replica is gone (deregistered at shutdown, or removed as dead by
+-- another's takeover), its unfinished expansions are anyone's: the event is
+-- still unexpanded, and an expansion that finds records leaves them as they
+-- are. Left as it is after the event is marked expanded. NULL on a
+-- nullable column: no table rewrite.
+ALTER TABLE websub_events ADD COLUMN expanding_by UUID NULL;
