@@ -11,7 +11,8 @@ use super::{
     Activity, ActivityWindow, AdminSessions, Attempt, Claimed, Completion, DeliveryFilter,
     DeliveryHealth, DeliveryRecord, DeliverySummary, DenyList, EndpointChanges, EndpointRecord,
     EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent, NewEvent,
-    OrderedSubscription, Recorded, Replayed, SubscriptionSigning, Undelivered, WebhookAttempt,
+    OrderedSubscription, Outcome, Recorded, Replayed, SubscriptionSigning, Undelivered,
+    WebhookAttempt,
 };
 
 /// Where the hub records events and delivery outcomes: nine parts by
@@ -570,6 +571,33 @@ pub fn partition_span(retention: Option<std::time::Duration>) -> std::time::Dura
         std::time::Duration::from_secs((ttl / 4).as_secs())
             .clamp(std::time::Duration::from_secs(1), DAY)
     })
+}
+
+/// [`DeliveryOutcomes::complete_unwritten`] as the logs write it: the
+/// deliveries (nearly all first outcomes) in one insert each of closed
+/// records (`insert_delivered`), the rest with [`write_then_complete`].
+pub(crate) async fn complete_unwritten_split<'c, L, F, Fut>(
+    log: &L,
+    completions: &'c [Completion],
+    now: DateTime<Utc>,
+    insert_delivered: F,
+) -> Result<(), EventLogError>
+where
+    L: DeliveryOutcomes + ?Sized,
+    F: FnOnce(Vec<&'c Completion>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), EventLogError>>,
+{
+    let (delivered, others): (Vec<&Completion>, Vec<&Completion>) = completions
+        .iter()
+        .partition(|completion| completion.outcome == Outcome::Delivered);
+    if !delivered.is_empty() {
+        insert_delivered(delivered).await?;
+    }
+    if !others.is_empty() {
+        let others: Vec<Completion> = others.into_iter().cloned().collect();
+        write_then_complete(log, &others, now).await?;
+    }
+    Ok(())
 }
 
 /// [`DeliveryOutcomes::complete_unwritten`] in two steps: the records created

@@ -20,7 +20,7 @@ pub mod signing;
 mod sql;
 pub mod sqlite;
 
-pub(crate) use contract::write_then_complete;
+pub(crate) use contract::complete_unwritten_split;
 pub use contract::{
     DeliveryOperations, DeliveryOutcomes, DeliveryQueue, EndpointStates, EventIntake, EventLog,
     LogUpkeep, Owed, partition_span,

@@ -221,3 +221,21 @@ pub(super) mod activity {
         )
     }
 }
+
+/// The conflict clause of both logs' `INSERT_DELIVERED` (a record written
+/// only with its first outcome, delivered): one that exists meanwhile (an
+/// operator's resend, a catch-up) is closed as a completion closes it, and
+/// one closed already is left as it is. The insert's alias is `d`.
+macro_rules! close_delivered_on_conflict {
+    () => {
+        " ON CONFLICT (event_id, subscriber) DO UPDATE SET \
+             processed_at = excluded.processed_at, processing_since = NULL, \
+             next_attempt_at = NULL, outcome = 'delivered', \
+             delivered_attempt_at = excluded.delivered_attempt_at, \
+             delivered_duration_us = excluded.delivered_duration_us, \
+             delivered_status = excluded.delivered_status, \
+             delivered_response = excluded.delivered_response \
+         WHERE d.processed_at IS NULL"
+    };
+}
+pub(super) use close_delivered_on_conflict;

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::super::{
-    Claimed, Completion, EventLogError, Outcome, sorted_unique, stale_bound, write_then_complete,
+    Claimed, Completion, EventLogError, complete_unwritten_split, sorted_unique, stale_bound,
 };
 use super::rows::{CompletionColumns, claimed_from_row, is_unique_violation, missing_event};
 use super::statements::{
@@ -173,10 +173,7 @@ pub(super) async fn complete_unwritten(
     completions: &[Completion],
     now: DateTime<Utc>,
 ) -> Result<(), EventLogError> {
-    let (delivered, others): (Vec<&Completion>, Vec<&Completion>) = completions
-        .iter()
-        .partition(|completion| completion.outcome == Outcome::Delivered);
-    if !delivered.is_empty() {
+    complete_unwritten_split(log, completions, now, |delivered| async move {
         let columns = CompletionColumns::new(delivered);
         sqlx::query(INSERT_DELIVERED)
             .bind(now)
@@ -188,12 +185,9 @@ pub(super) async fn complete_unwritten(
             .bind(&columns.responses)
             .execute(&log.pool)
             .await?;
-    }
-    if !others.is_empty() {
-        let others: Vec<Completion> = others.into_iter().cloned().collect();
-        write_then_complete(log, &others, now).await?;
-    }
-    Ok(())
+        Ok(())
+    })
+    .await
 }
 
 /// Takes `event_id`'s expansion for this replica; `false` when another

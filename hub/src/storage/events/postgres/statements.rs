@@ -62,11 +62,11 @@ pub(super) const TAKE_EXPANSION: &str = "UPDATE websub_events AS e SET expanding
 
 // Records written only now, delivered at their first attempt: one insert
 // each, with the outcome and the attempt its record keeps, as
-// websub_complete_attempts would leave it. One that exists meanwhile (an
-// operator's resend, a catch-up) is closed as that function closes it; an
-// event purged meanwhile is skipped. Its values: now, then the records'
+// websub_complete_attempts would leave it; an event purged meanwhile is
+// skipped. Its values: now, then the records'
 // event ids, subscribers, attempt times, durations, statuses and responses.
-pub(super) const INSERT_DELIVERED: &str = "INSERT INTO websub_deliveries AS d \
+pub(super) const INSERT_DELIVERED: &str = concat!(
+    "INSERT INTO websub_deliveries AS d \
          (event_id, subscriber, processed_at, outcome, delivered_attempt_at, \
           delivered_duration_us, delivered_status, delivered_response) \
      SELECT c.event_id, c.subscriber, $1, 'delivered', c.attempted_at, c.duration_us, \
@@ -74,15 +74,9 @@ pub(super) const INSERT_DELIVERED: &str = "INSERT INTO websub_deliveries AS d \
      FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::bigint[], $6::smallint[], \
                  $7::bytea[]) \
          AS c (event_id, subscriber, attempted_at, duration_us, status, response) \
-     WHERE EXISTS (SELECT 1 FROM websub_events WHERE id = c.event_id) \
-     ON CONFLICT (event_id, subscriber) DO UPDATE SET \
-         processed_at = excluded.processed_at, processing_since = NULL, \
-         next_attempt_at = NULL, outcome = 'delivered', \
-         delivered_attempt_at = excluded.delivered_attempt_at, \
-         delivered_duration_us = excluded.delivered_duration_us, \
-         delivered_status = excluded.delivered_status, \
-         delivered_response = excluded.delivered_response \
-     WHERE d.processed_at IS NULL";
+     WHERE EXISTS (SELECT 1 FROM websub_events WHERE id = c.event_id)",
+    close_delivered_on_conflict!()
+);
 
 // Both are functions in the migration, so that their plans cannot depend on
 // stale statistics (see `0001_events.sql`). `$2` is NULL when the visibility

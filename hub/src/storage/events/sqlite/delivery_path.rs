@@ -12,7 +12,8 @@ use sqlx::sqlite::{Sqlite, SqliteArguments, SqliteRow};
 use uuid::Uuid;
 
 use super::super::{
-    Claimed, Completion, EventLogError, Outcome, count, invalid, sorted_unique, write_then_complete,
+    Claimed, Completion, EventLogError, Outcome, complete_unwritten_split, count, invalid,
+    sorted_unique,
 };
 use super::rows::{
     attempts_json, claimed_from_row, completions_json, delivered_json, is_foreign_key_violation,
@@ -173,22 +174,14 @@ pub(super) async fn complete_unwritten(
     completions: &[Completion],
     now: DateTime<Utc>,
 ) -> Result<(), EventLogError> {
-    // Deliveries, nearly all of them, in one insert; the rest created
-    // waiting and completed, as on any log.
-    let (delivered, others): (Vec<&Completion>, Vec<&Completion>) = completions
-        .iter()
-        .partition(|completion| completion.outcome == Outcome::Delivered);
-    if !delivered.is_empty() {
+    complete_unwritten_split(log, completions, now, |delivered| async move {
         let query = sqlx::query(INSERT_DELIVERED_SCRIPT.as_str())
             .bind(now.timestamp_micros())
             .bind(delivered_json(&delivered)?);
         log.run_script(query).await?;
-    }
-    if !others.is_empty() {
-        let others: Vec<Completion> = others.into_iter().cloned().collect();
-        write_then_complete(log, &others, now).await?;
-    }
-    Ok(())
+        Ok(())
+    })
+    .await
 }
 
 /// A claim's now and stale bound, in µs: the bound is `None` when the

@@ -174,21 +174,16 @@ pub(super) const EXPAND_CLAIMED_AGAIN: &str = concat!(
 // reads them. A processed record needs no lane (it leaves the lane
 // indexes). One that exists meanwhile (an operator's resend) is completed
 // as COMPLETE_DELIVERED completes it; an event purged meanwhile is skipped.
-pub(super) const INSERT_DELIVERED: &str = "INSERT INTO websub_deliveries AS d \
+pub(super) const INSERT_DELIVERED: &str = concat!(
+    "INSERT INTO websub_deliveries AS d \
      (event_id, subscriber, processed_at, outcome, delivered_attempt_at, \
       delivered_duration_us, delivered_status, delivered_response) \
      SELECT unhex(value ->> 0), value ->> 1, $1, 'delivered', value ->> 2, value ->> 3, \
             value ->> 4, unhex(value ->> 5) \
      FROM jsonb_each($2) \
-     WHERE EXISTS (SELECT 1 FROM websub_events WHERE id = unhex(value ->> 0)) \
-     ON CONFLICT (event_id, subscriber) DO UPDATE SET \
-         processed_at = excluded.processed_at, processing_since = NULL, \
-         next_attempt_at = NULL, outcome = 'delivered', \
-         delivered_attempt_at = excluded.delivered_attempt_at, \
-         delivered_duration_us = excluded.delivered_duration_us, \
-         delivered_status = excluded.delivered_status, \
-         delivered_response = excluded.delivered_response \
-     WHERE d.processed_at IS NULL";
+     WHERE EXISTS (SELECT 1 FROM websub_events WHERE id = unhex(value ->> 0))",
+    close_delivered_on_conflict!()
+);
 
 // RETURNING may read only the updated table, so the topic comes from a scalar
 // subquery (a primary-key lookup) rather than a join. `$2` is NULL when the
