@@ -18,7 +18,7 @@ use websub_hub::protocol::{Mode, SubscriptionRequest};
 use websub_hub::storage::backlog::Backlog;
 use websub_hub::storage::backlog::postgres::PostgresBacklog;
 use websub_hub::storage::events::postgres::PostgresEventLog;
-use websub_hub::storage::events::{DeliveryQueue, EventIntake, NewEvent};
+use websub_hub::storage::events::{DeliveryQueue, EventIntake, ExpansionClaim, NewEvent};
 use websub_hub::storage::replicas::{DEAD_AFTER, Replicas, TakenOver};
 
 /// Long enough that no claim here goes stale by the visibility timeout.
@@ -279,6 +279,13 @@ async fn a_dead_replicas_claims_are_handed_back_at_once_and_only_its_own() {
     scratch.drop_schema().await;
 }
 
+/// An expansion taken with no record written yet.
+const FRESH: ExpansionClaim = ExpansionClaim::Taken { afresh: true };
+
+async fn take(log: &PostgresEventLog, event: Uuid) -> ExpansionClaim {
+    log.take_expansion(event).await.expect("take the expansion")
+}
+
 /// The ids of `log`'s unexpanded events, as its expander sees them.
 async fn unexpanded(log: &PostgresEventLog) -> Vec<Uuid> {
     log.unexpanded(10)
@@ -312,10 +319,11 @@ async fn an_expansion_is_one_replicas_while_it_lives() {
     assert_eq!(unexpanded(&b_log).await, vec![event], "anyone's at first");
 
     // A takes it (and may take it again); B neither sees nor takes it.
-    assert!(a_log.take_expansion(event).await.expect("take"));
-    assert!(a_log.take_expansion(event).await.expect("take again"));
-    assert!(
-        !b_log.take_expansion(event).await.expect("take"),
+    assert_eq!(take(&a_log, event).await, FRESH);
+    assert_eq!(take(&a_log, event).await, FRESH, "again");
+    assert_eq!(
+        take(&b_log, event).await,
+        ExpansionClaim::Elsewhere,
         "A's while A lives"
     );
     assert!(unexpanded(&b_log).await.is_empty());
@@ -332,17 +340,27 @@ async fn an_expansion_is_one_replicas_while_it_lives() {
         }]
     );
     assert_eq!(unexpanded(&b_log).await, vec![event]);
-    assert!(b_log.take_expansion(event).await.expect("take"));
+    assert_eq!(take(&b_log, event).await, FRESH);
 
     // B leaves cleanly: the expansion is anyone's again.
     assert_eq!(b.deregister().await.expect("deregister"), 1);
     let (_c, c_log, _) = scratch.replica().await;
     assert_eq!(unexpanded(&c_log).await, vec![event]);
-    assert!(c_log.take_expansion(event).await.expect("take"));
+    assert_eq!(take(&c_log, event).await, FRESH);
+
+    // A record written: taken up again, it is not afresh.
+    c_log
+        .expand_claimed(event, &["http://a.example/cb"], now())
+        .await
+        .expect("write a record");
+    assert_eq!(
+        take(&c_log, event).await,
+        ExpansionClaim::Taken { afresh: false }
+    );
 
     // Expanded, it is nobody's to take.
     c_log.expand(event, &[], now()).await.expect("expand");
-    assert!(!c_log.take_expansion(event).await.expect("take"));
+    assert_eq!(take(&c_log, event).await, ExpansionClaim::Elsewhere);
     assert!(unexpanded(&c_log).await.is_empty());
     scratch.drop_schema().await;
 }

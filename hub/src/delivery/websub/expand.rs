@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 use websub_store::{Subscription, SubscriptionStore};
 
-use crate::storage::events::LoggedEvent;
+use crate::storage::events::{ExpansionClaim, LoggedEvent};
 use crate::telemetry::traces;
 
 use super::cache::{ByCallback, Outgoing};
@@ -81,19 +81,18 @@ impl Distributor {
         shutdown: &CancellationToken,
     ) -> Result<Option<u64>, DispatchError> {
         let started = std::time::SystemTime::now();
-        // Another replica's, maybe holding its records: left to it whole.
-        if !self.inner.events.take_expansion(event.id).await? {
-            return Ok(Some(0));
-        }
+        let afresh = match self.inner.events.take_expansion(event.id).await? {
+            ExpansionClaim::Taken { afresh } => afresh,
+            // Another replica's, maybe holding its records: left to it whole.
+            ExpansionClaim::Elsewhere => return Ok(Some(0)),
+        };
         let outgoing = Arc::new(Outgoing::new(event, &self.inner.hub_url));
         self.inner.bodies.insert(outgoing.clone());
         let id = outgoing.event.id;
         // Records are held only for an expansion that starts afresh: one
         // taken up after a crash writes what is missing, leaving what was
         // written as it is.
-        let holding = self.holds_records()
-            && !self.inner.events.has_records(id).await?
-            && self.inner.held.begin(id);
+        let holding = self.holds_records() && afresh && self.inner.held.begin(id);
         let expanded = self
             .expand_listed(&outgoing, holding, pipeline, shutdown)
             .await;

@@ -280,15 +280,13 @@ pub trait DeliveryQueue: Send + Sync + std::fmt::Debug {
     }
 
     /// Takes the expansion of the unexpanded event `event_id` for this
-    /// process: `false` when another live replica has it, and then this
-    /// one leaves the event alone ([`EventIntake::unexpanded`] leaves it out
-    /// too). The expansion passes to another replica once its holder is
-    /// gone (its registration removed at shutdown or by a takeover). Where
-    /// one process uses the log, always `true`.
-    async fn take_expansion(&self, event_id: Uuid) -> Result<bool, EventLogError> {
-        let _ = event_id;
-        Ok(true)
-    }
+    /// process, unless another live replica has it: then this one leaves
+    /// the event alone ([`EventIntake::unexpanded`] leaves it out too). The
+    /// expansion passes to another replica once its holder is gone (its
+    /// registration removed at shutdown or by a takeover). Where one
+    /// process uses the log, always taken. One round trip, which also tells
+    /// whether any record of the event is written yet.
+    async fn take_expansion(&self, event_id: Uuid) -> Result<ExpansionClaim, EventLogError>;
 
     /// Writes a delivery record, due at `now`, for each subscription of
     /// `owed` and every event of its topic recorded at or after its
@@ -312,6 +310,19 @@ pub struct Owed<'a> {
     pub subscriber: &'a str,
     /// When its verification request was sent.
     pub since: DateTime<Utc>,
+}
+
+/// An event's expansion, as [`DeliveryQueue::take_expansion`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpansionClaim {
+    /// This process's to make. `afresh`: no record of the event is written
+    /// yet (an expansion taken up after a crash finds some).
+    Taken {
+        /// No record of the event is written yet.
+        afresh: bool,
+    },
+    /// Another live replica's: left to it.
+    Elsewhere,
 }
 
 /// Outcomes and the history of attempts: each delivery's outcome written,

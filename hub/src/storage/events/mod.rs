@@ -23,7 +23,7 @@ pub mod sqlite;
 pub(crate) use contract::complete_unwritten_split;
 pub use contract::{
     DeliveryOperations, DeliveryOutcomes, DeliveryQueue, EndpointStates, EventIntake, EventLog,
-    LogUpkeep, Owed, partition_span,
+    ExpansionClaim, LogUpkeep, Owed, partition_span,
 };
 pub use operate::{
     Activity, ActivityBucket, ActivityWindow, DeliveryFilter, DeliveryState, DeliverySummary,

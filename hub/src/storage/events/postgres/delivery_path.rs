@@ -8,7 +8,8 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::super::{
-    Claimed, Completion, EventLogError, complete_unwritten_split, sorted_unique, stale_bound,
+    Claimed, Completion, EventLogError, ExpansionClaim, complete_unwritten_split, sorted_unique,
+    stale_bound,
 };
 use super::rows::{CompletionColumns, claimed_from_row, is_unique_violation, missing_event};
 use super::statements::{
@@ -190,19 +191,22 @@ pub(super) async fn complete_unwritten(
     .await
 }
 
-/// Takes `event_id`'s expansion for this replica; `false` when another
-/// live replica has it.
+/// Takes `event_id`'s expansion for this replica, unless another live
+/// replica has it.
 pub(super) async fn take_expansion(
     log: &PostgresEventLog,
     event_id: Uuid,
-) -> Result<bool, EventLogError> {
-    let taken = sqlx::query(TAKE_EXPANSION)
+) -> Result<ExpansionClaim, EventLogError> {
+    let (mine, written): (bool, bool) = sqlx::query_as(TAKE_EXPANSION)
         .bind(event_id)
         .bind(log.replica)
-        .execute(&log.pool)
-        .await?
-        .rows_affected();
-    Ok(taken == 1)
+        .fetch_one(&log.pool)
+        .await?;
+    Ok(if mine {
+        ExpansionClaim::Taken { afresh: !written }
+    } else {
+        ExpansionClaim::Elsewhere
+    })
 }
 
 /// An expansion with no subscribers writes nothing, so no trigger finds

@@ -63,8 +63,8 @@ use statements::{
 
 use super::{
     Attempt, Claimed, Completion, DeliveryOutcomes, DeliveryQueue, EndpointRecord, EndpointStates,
-    EventIntake, EventLogError, Exhaustion, LogUpkeep, LoggedEvent, NewEvent, OrderedSubscription,
-    Owed, Recorded, WebhookAttempt,
+    EventIntake, EventLogError, Exhaustion, ExpansionClaim, LogUpkeep, LoggedEvent, NewEvent,
+    OrderedSubscription, Owed, Recorded, WebhookAttempt,
 };
 use async_trait::async_trait;
 use rows::{attempt_from_row, claimed_from_row, event_from_row, is_unique_violation};
@@ -412,7 +412,7 @@ impl DeliveryQueue for PostgresEventLog {
         true
     }
 
-    async fn take_expansion(&self, event_id: Uuid) -> Result<bool, EventLogError> {
+    async fn take_expansion(&self, event_id: Uuid) -> Result<ExpansionClaim, EventLogError> {
         delivery_path::take_expansion(self, event_id).await
     }
 

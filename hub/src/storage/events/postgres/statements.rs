@@ -52,13 +52,21 @@ pub(super) const UNEXPANDED_FREE: &str = "SELECT id, topic, content_type, body, 
             OR NOT EXISTS (SELECT 1 FROM websub_replicas AS r WHERE r.id = e.expanding_by)) \
      ORDER BY created_at, id LIMIT $1";
 
-// Takes an unexpanded event's expansion for `$2`, unless a live replica
-// other than it has it. The row lock orders two replicas taking one event
-// at once: the second finds the first's id and takes nothing.
-pub(super) const TAKE_EXPANSION: &str = "UPDATE websub_events AS e SET expanding_by = $2 \
-     WHERE id = $1 AND expanded_at IS NULL \
-       AND (expanding_by IS NULL OR expanding_by = $2 \
-            OR NOT EXISTS (SELECT 1 FROM websub_replicas AS r WHERE r.id = e.expanding_by))";
+// Takes an unexpanded event's expansion for `$2` if it is free (nobody's,
+// or a replica's no longer registered), and reads whether it is `$2`'s now
+// and whether any of its records is written. One already `$2`'s is not
+// written again. The row lock orders two replicas taking one event at
+// once: the second sees the first's id, live, and takes nothing.
+pub(super) const TAKE_EXPANSION: &str = "WITH taken AS ( \
+         UPDATE websub_events AS e SET expanding_by = $2 \
+         WHERE e.id = $1 AND e.expanded_at IS NULL \
+           AND (e.expanding_by IS NULL \
+                OR NOT EXISTS (SELECT 1 FROM websub_replicas AS r WHERE r.id = e.expanding_by)) \
+         RETURNING e.id) \
+     SELECT EXISTS (SELECT 1 FROM taken) \
+            OR EXISTS (SELECT 1 FROM websub_events \
+                       WHERE id = $1 AND expanded_at IS NULL AND expanding_by = $2) AS mine, \
+            EXISTS (SELECT 1 FROM websub_deliveries WHERE event_id = $1) AS written";
 
 // Records written only now, delivered at their first attempt: one insert
 // each, with the outcome and the attempt its record keeps, as

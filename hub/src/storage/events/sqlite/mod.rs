@@ -71,8 +71,8 @@ use statements::{
 
 use super::{
     Attempt, Claimed, Completion, DeliveryOutcomes, DeliveryQueue, EndpointRecord, EndpointStates,
-    EventIntake, EventLogError, Exhaustion, LogUpkeep, LoggedEvent, NewEvent, OrderedSubscription,
-    Owed, Recorded, WebhookAttempt,
+    EventIntake, EventLogError, Exhaustion, ExpansionClaim, LogUpkeep, LoggedEvent, NewEvent,
+    OrderedSubscription, Owed, Recorded, WebhookAttempt,
 };
 use rows::{attempt_from_row, claimed_from_row, event_from_row, from_micros};
 
@@ -514,6 +514,13 @@ impl DeliveryQueue for SqliteEventLog {
     /// Yes: the log's file is opened by one process at a time.
     fn holds_records(&self) -> bool {
         true
+    }
+
+    /// Always taken: no other process opens the file.
+    async fn take_expansion(&self, event_id: Uuid) -> Result<ExpansionClaim, EventLogError> {
+        Ok(ExpansionClaim::Taken {
+            afresh: !self.has_records(event_id).await?,
+        })
     }
 
     async fn deliver_since(
