@@ -19,6 +19,7 @@ pub(super) async fn one_host(
     let hub = run.start_websubd(database_url, None).await?;
     let subscribed = subscribe(run, &hub, &follower, &topic, callbacks).await?;
 
+    let wal_before = wal_position(database_url).await;
     let cpu_before = hub.cpu_time();
     let ping_ms = ping(run, &hub, &topic, None).await?;
     let deadline = Instant::now() + Duration::from_secs(run.args.deadline);
@@ -27,15 +28,48 @@ pub(super) async fn one_host(
         Some(before) => settled_cpu(&hub, before).await,
         None => None,
     };
+    // Settled, the outcomes are written too.
+    let wal = match &wal_before {
+        Some(position) => wal_written_since(database_url, position).await,
+        None => None,
+    };
     let peak_rss = hub.peak_rss();
     hub.stop();
     let tally = follower.tally();
     let mut row = fan_out_row(run, Scenario::OneHost, &tally, ping_ms, cpu, peak_rss);
     row.details = join(&[
         format!("subscribed in {:.1} s", subscribed.as_secs_f64()),
+        wal.map(|bytes| format!("WAL {:.0} B a delivery", bytes / subscribers.max(1) as f64))
+            .unwrap_or_default(),
         shortfall(&tally, subscribers),
     ]);
     Ok(row)
+}
+
+/// Where the PostgreSQL server's write-ahead log stands, to tell what a
+/// fan-out writes; `None` on SQLite (or if it cannot be read).
+async fn wal_position(database_url: &str) -> Option<String> {
+    use sqlx::Connection;
+    if !database_url.starts_with("postgres") {
+        return None;
+    }
+    let mut connection = sqlx::PgConnection::connect(database_url).await.ok()?;
+    sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&mut connection)
+        .await
+        .ok()
+}
+
+/// The bytes of write-ahead log the server wrote since `position`: the
+/// hub's writes, as nothing else runs on the benchmark's server.
+async fn wal_written_since(database_url: &str, position: &str) -> Option<f64> {
+    use sqlx::Connection;
+    let mut connection = sqlx::PgConnection::connect(database_url).await.ok()?;
+    sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8")
+        .bind(position)
+        .fetch_one(&mut connection)
+        .await
+        .ok()
 }
 
 pub(super) async fn mixed(
