@@ -71,8 +71,8 @@ pub(super) const TAKE_EXPANSION: &str = "WITH taken AS ( \
 // Records written only now, delivered at their first attempt: one insert
 // each, with the outcome and the attempt its record keeps, as
 // websub_complete_attempts would leave it; an event purged meanwhile is
-// skipped. Its values: now, then the records'
-// event ids, subscribers, attempt times, durations, statuses and responses.
+// skipped. Its values: now, then the records' event ids, subscribers,
+// attempt times, durations, statuses and responses.
 pub(super) const INSERT_DELIVERED: &str = concat!(
     "INSERT INTO websub_deliveries AS d \
          (event_id, subscriber, processed_at, outcome, delivered_attempt_at, \
