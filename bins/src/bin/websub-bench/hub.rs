@@ -30,7 +30,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use websub_hub::delivery::net;

@@ -102,6 +102,43 @@ pub(crate) fn loopback_client(in_flight: usize) -> Result<reqwest::Client, Failu
     )?)
 }
 
+/// Sends the subscription request `form` to the hub at `hub_url` until it
+/// is accepted (`202`). The hub sheds a request while the verifications
+/// waiting are at their bound (`503`, or `429`): it is sent again after
+/// `pause`, until `deadline`. Returns how many times it was shed.
+pub(crate) async fn subscribe_until_accepted(
+    client: &reqwest::Client,
+    hub_url: &str,
+    form: String,
+    pause: Duration,
+    deadline: Instant,
+) -> Result<usize, String> {
+    let mut shed = 0;
+    loop {
+        let response = client
+            .post(hub_url)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form.clone())
+            .send()
+            .await
+            .map_err(|error| error.to_string())?;
+        match response.status() {
+            StatusCode::ACCEPTED => return Ok(shed),
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
+                if Instant::now() > deadline {
+                    return Err(format!("still answered {}", response.status()));
+                }
+                shed += 1;
+                tokio::time::sleep(pause).await;
+            }
+            other => {
+                let reason = response.text().await.unwrap_or_default();
+                return Err(format!("the hub answered {other}: {reason}"));
+            }
+        }
+    }
+}
+
 /// Serves `app` on a free port of 127.0.0.1; returns its base URL.
 pub(crate) async fn serve(app: Router) -> Result<String, Failure> {
     serve_on(app, std::net::Ipv4Addr::LOCALHOST).await

@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{RawQuery, State};
-use axum::http::StatusCode;
 use axum::routing::get;
 use websub_hub::delivery::net;
 
 use crate::Failure;
-use crate::launch::{HubFlags, locate_websubd, loopback_client, serve, urlencode};
+use crate::launch::{
+    HubFlags, locate_websubd, loopback_client, serve, subscribe_until_accepted, urlencode,
+};
 use crate::progress::Progress;
 use crate::report::{self, Cell, Table, maybe};
 
@@ -155,6 +156,7 @@ async fn measure(
     let shed = Arc::new(AtomicUsize::new(0));
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
+    let deadline = started + Duration::from_secs(900);
     let progress = Progress::follow("verified", args.subscribers, verified.clone());
     let senders: Vec<_> = (0..args.clients)
         .map(|_| {
@@ -177,23 +179,15 @@ async fn measure(
                         urlencode(&topic),
                         urlencode(&format!("{base}/cb/{index}"))
                     );
-                    loop {
-                        let response = client
-                            .post(&hub_url)
-                            .header("content-type", "application/x-www-form-urlencoded")
-                            .body(form.clone())
-                            .send()
-                            .await
-                            .map_err(|error| error.to_string())?;
-                        match response.status() {
-                            StatusCode::ACCEPTED => break,
-                            StatusCode::SERVICE_UNAVAILABLE => {
-                                shed.fetch_add(1, Ordering::Relaxed);
-                                tokio::time::sleep(Duration::from_millis(100)).await;
-                            }
-                            other => return Err(format!("subscribe answered {other}")),
-                        }
-                    }
+                    let sheds = subscribe_until_accepted(
+                        &client,
+                        &hub_url,
+                        form,
+                        Duration::from_millis(100),
+                        deadline,
+                    )
+                    .await?;
+                    shed.fetch_add(sheds, Ordering::Relaxed);
                     accepted.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -201,7 +195,6 @@ async fn measure(
         .collect();
     let mut all_accepted = None;
     let mut peak_pending = 0;
-    let deadline = started + Duration::from_secs(900);
     loop {
         let (done, waiting) = (
             verified.load(Ordering::Relaxed),

@@ -396,35 +396,15 @@ async fn subscribe(
                         urlencode(&topic),
                         urlencode(callback),
                     );
-                    loop {
-                        let response = client
-                            .post(&hub_url)
-                            .header("content-type", "application/x-www-form-urlencoded")
-                            .body(form.clone())
-                            .send()
-                            .await
-                            .map_err(|error| format!("subscribing {callback}: {error}"))?;
-                        match response.status() {
-                            StatusCode::ACCEPTED => break,
-                            // Verifications waiting are bounded; the hub
-                            // asks to come back later.
-                            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
-                                if Instant::now() > deadline {
-                                    return Err(format!(
-                                        "subscribing {callback}: still answered {} after {SUBSCRIBE_LIMIT:?}",
-                                        response.status()
-                                    ));
-                                }
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                            }
-                            other => {
-                                let reason = response.text().await.unwrap_or_default();
-                                return Err(format!(
-                                    "subscribing {callback}: the hub answered {other}: {reason}"
-                                ));
-                            }
-                        }
-                    }
+                    crate::launch::subscribe_until_accepted(
+                        &client,
+                        &hub_url,
+                        form,
+                        Duration::from_millis(50),
+                        deadline,
+                    )
+                    .await
+                    .map_err(|error| format!("subscribing {callback}: {error}"))?;
                 }
             })
         })
