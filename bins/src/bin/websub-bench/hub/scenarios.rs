@@ -10,14 +10,12 @@ pub(super) async fn one_host(
     database_url: &str,
 ) -> Result<Row, Failure> {
     let subscribers = run.args.one_host_subscribers;
-    let base = nginx.base(Ipv4Addr::LOCALHOST);
-    let topic = run.topic(&base);
-    let callbacks = (0..subscribers)
-        .map(|index| run.callback(&base, "0", index))
-        .collect();
-    let follower = Follower::start(&[nginx.access_log()], &run.prefix())?;
-    let hub = run.start_websubd(database_url, None).await?;
-    let subscribed = subscribe(run, &hub, &follower, &topic, callbacks).await?;
+    let OneHost {
+        topic,
+        follower,
+        hub,
+        subscribed,
+    } = one_host_subscribed(run, nginx, database_url, subscribers).await?;
 
     let wal_before = wal_position(database_url).await;
     let cpu_before = hub.cpu_time();
@@ -288,14 +286,12 @@ pub(super) async fn restart(
 ) -> Result<Row, Failure> {
     let args = run.args;
     let subscribers = args.restart_subscribers;
-    let base = nginx.base(Ipv4Addr::LOCALHOST);
-    let topic = run.topic(&base);
-    let callbacks = (0..subscribers)
-        .map(|index| run.callback(&base, "0", index))
-        .collect();
-    let follower = Follower::start(&[nginx.access_log()], &run.prefix())?;
-    let hub = run.start_websubd(database_url, None).await?;
-    subscribe(run, &hub, &follower, &topic, callbacks).await?;
+    let OneHost {
+        topic,
+        follower,
+        hub,
+        ..
+    } = one_host_subscribed(run, nginx, database_url, subscribers).await?;
 
     let kill_at = (subscribers * usize::from(args.restart_kill_at)).div_ceil(100);
     let cpu_before = hub.cpu_time();
@@ -358,6 +354,37 @@ pub(super) async fn restart(
         format!("{} duplicates", tally.duplicates),
     ]);
     Ok(row)
+}
+
+/// A websubd with `subscribers` callbacks on 127.0.0.1's nginx subscribed
+/// to one topic, and the follower of that nginx's log.
+struct OneHost {
+    topic: String,
+    follower: Follower,
+    hub: Hub,
+    subscribed: Duration,
+}
+
+async fn one_host_subscribed(
+    run: &Run<'_>,
+    nginx: &Nginx,
+    database_url: &str,
+    subscribers: usize,
+) -> Result<OneHost, Failure> {
+    let base = nginx.base(Ipv4Addr::LOCALHOST);
+    let topic = run.topic(&base);
+    let callbacks = (0..subscribers)
+        .map(|index| run.callback(&base, "0", index))
+        .collect();
+    let follower = Follower::start(&[nginx.access_log()], &run.prefix())?;
+    let hub = run.start_websubd(database_url, None).await?;
+    let subscribed = subscribe(run, &hub, &follower, &topic, callbacks).await?;
+    Ok(OneHost {
+        topic,
+        follower,
+        hub,
+        subscribed,
+    })
 }
 
 /// Subscribes every callback to `topic` through the hub's `POST /`, a
