@@ -166,7 +166,6 @@ async fn the_overview_charts_deliveries_failures_and_endpoints_in_the_browser() 
     browser.close().await;
 }
 
-/// A subscribe request for `callback` to the hub; the hub's answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verifications_and_paged_searched_lists_in_the_browser() {
     let Some(browser) = Browser::start().await else {
