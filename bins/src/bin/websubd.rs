@@ -79,8 +79,8 @@ async fn main() -> ExitCode {
 
 /// What websubd exports over OTLP when the environment names a collector.
 struct Exports {
-    traces: Option<telemetry::traces::Exporting>,
-    metrics: Option<telemetry::meters::Exporting>,
+    traces: Option<telemetry::Exporting>,
+    metrics: Option<telemetry::Exporting>,
 }
 
 impl Exports {

@@ -24,24 +24,8 @@ use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 
-use super::otlp::{self, OtlpError};
+use super::otlp::{self, Exporting, OtlpError};
 use crate::delivery::client::Trust;
-
-/// The exporting side, kept by whoever installed it: shutting it down
-/// exports once more and stops.
-#[derive(Debug)]
-pub struct Exporting {
-    provider: SdkMeterProvider,
-}
-
-impl Exporting {
-    /// Exports what was counted since the last export, and stops.
-    pub fn shutdown(self) {
-        if let Err(error) = self.provider.shutdown() {
-            tracing::warn!(%error, "the metrics exporter did not shut down cleanly");
-        }
-    }
-}
 
 /// Installs the process's `metrics` recorder: the hub's Prometheus one
 /// ([`super::prometheus`]), and beside it the OTLP export when the
@@ -80,7 +64,10 @@ pub fn install(
         histograms: Mutex::default(),
     };
     metrics::set_global_recorder(both).map_err(|_| OtlpError::Started)?;
-    Ok((handle, Some(Exporting { provider })))
+    Ok((
+        handle,
+        Some(Exporting::new("metrics", move || provider.shutdown())),
+    ))
 }
 
 /// The recorder that updates both.

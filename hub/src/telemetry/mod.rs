@@ -7,7 +7,7 @@ pub mod meters;
 mod otlp;
 pub mod traces;
 
-pub use otlp::OtlpError;
+pub use otlp::{Exporting, OtlpError};
 
 use std::sync::Arc;
 use std::time::Duration;

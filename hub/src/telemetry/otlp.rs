@@ -12,6 +12,41 @@ use crate::delivery::client::Trust;
 /// the signal's own) says.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// An export's provider (traces' or metrics'), kept by whoever started
+/// it: shutting it down exports what is left and stops.
+pub struct Exporting {
+    signal: &'static str,
+    shutdown: Box<dyn FnOnce() -> opentelemetry_sdk::error::OTelSdkResult + Send>,
+}
+
+impl Exporting {
+    /// The export of `signal` ("trace", "metrics"), stopped by `shutdown`.
+    pub(super) fn new(
+        signal: &'static str,
+        shutdown: impl FnOnce() -> opentelemetry_sdk::error::OTelSdkResult + Send + 'static,
+    ) -> Self {
+        Self {
+            signal,
+            shutdown: Box::new(shutdown),
+        }
+    }
+
+    /// Exports what is left (within the export timeout) and stops.
+    pub fn shutdown(self) {
+        if let Err(error) = (self.shutdown)() {
+            tracing::warn!(%error, signal = self.signal, "an OTLP exporter did not shut down cleanly");
+        }
+    }
+}
+
+impl std::fmt::Debug for Exporting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exporting")
+            .field("signal", &self.signal)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Why an export could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum OtlpError {

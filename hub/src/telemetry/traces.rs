@@ -43,7 +43,7 @@ use opentelemetry_sdk::trace::{
 use sha2::{Digest as _, Sha256};
 use uuid::Uuid;
 
-use super::otlp::{self, OtlpError};
+use super::otlp::{self, Exporting, OtlpError};
 use crate::delivery::client::Trust;
 
 /// Spans that did not fit in the export queue (the collector slow or
@@ -70,22 +70,6 @@ fn tracer() -> Option<&'static SdkTracer> {
 /// Whether spans are being made and exported.
 pub fn enabled() -> bool {
     TRACER.get().is_some()
-}
-
-/// The exporting side, kept by whoever started it: shutting it down sends
-/// what is queued.
-#[derive(Debug)]
-pub struct Exporting {
-    provider: SdkTracerProvider,
-}
-
-impl Exporting {
-    /// Exports what is queued (within the export timeout) and stops.
-    pub fn shutdown(self) {
-        if let Err(error) = self.provider.shutdown() {
-            tracing::warn!(%error, "the trace exporter did not shut down cleanly");
-        }
-    }
 }
 
 /// Starts tracing if the environment (`var`) names a collector:
@@ -146,7 +130,7 @@ pub fn start_from_env(
     TRACER
         .set(provider.tracer("websub-hub"))
         .map_err(|_| OtlpError::Started)?;
-    Ok(Some(Exporting { provider }))
+    Ok(Some(Exporting::new("trace", move || provider.shutdown())))
 }
 
 /// Keeps the batch processor's queue from overflowing, so that what does
