@@ -7,6 +7,7 @@
 pub mod cloudevents;
 pub mod dispatcher;
 mod listener;
+mod rows;
 mod sql;
 
 pub use cloudevents::WebhookFormat;

@@ -12,7 +12,7 @@ use reqwest::header::HeaderValue;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::super::sql::{ClaimedRow, RowCompletion, RowOutcome};
+use super::super::rows::{ClaimedRow, RowCompletion, RowOutcome};
 use super::Dispatcher;
 use super::config::DispatcherConfig;
 use super::operated::Operated;

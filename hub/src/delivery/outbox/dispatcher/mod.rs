@@ -27,6 +27,7 @@ mod deliver;
 mod lanes;
 mod operated;
 mod registry;
+mod scans;
 mod schedule;
 mod signals;
 mod webhook_rows;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use tracing::{info, warn};
 
-use super::super::sql::{RowCompletion, RowOutcome};
+use super::super::rows::{RowCompletion, RowOutcome};
 use super::config::DispatcherConfig;
 use crate::delivery::health::{BreakerPolicy, Tallied};
 use crate::delivery::{Channel, Endpoints};
