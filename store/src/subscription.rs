@@ -1,7 +1,7 @@
 //! The stored value: one verified subscription of a callback to a topic, and
 //! the quota a conditional save is held to.
 
-use chrono::{DateTime, Duration, DurationRound, TimeDelta, Utc};
+use chrono::{DateTime, Duration, Timelike, Utc};
 
 /// One verified subscription, identified by its (topic, callback) pair.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,7 +74,11 @@ impl Subscription {
 /// Truncates a timestamp to whole microseconds, the precision every backend
 /// stores.
 pub fn to_micros(at: DateTime<Utc>) -> DateTime<Utc> {
-    at.duration_trunc(TimeDelta::microseconds(1)).unwrap_or(at)
+    // Plain arithmetic on the nanoseconds: `duration_trunc` is general
+    // enough to cost a measurable share of a delivery, which reads the clock
+    // several times.
+    let nanos = at.timestamp_subsec_nanos();
+    at.with_nanosecond(nanos - nanos % 1_000).unwrap_or(at)
 }
 
 /// The whole microsecond `m` such that, for every stored (whole-microsecond)
@@ -117,5 +121,25 @@ impl OwnerQuota {
     /// `quota:<quota type>:<owner>`.
     pub fn lock_key(&self, owner: &str) -> String {
         format!("quota:{}:{}", self.quota_type, owner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_time_is_cut_to_its_microsecond() {
+        let at = DateTime::from_timestamp(1_700_000_000, 123_456_789).expect("a time");
+        let cut = to_micros(at);
+        assert_eq!(cut.timestamp(), 1_700_000_000);
+        assert_eq!(cut.timestamp_subsec_nanos(), 123_456_000);
+        assert_eq!(to_micros(cut), cut);
+        let before_epoch = DateTime::from_timestamp(-5, 999_999_999).expect("a time");
+        assert_eq!(
+            to_micros(before_epoch).timestamp_subsec_nanos(),
+            999_999_000
+        );
+        assert_eq!(to_micros(before_epoch).timestamp(), -5);
     }
 }

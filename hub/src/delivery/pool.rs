@@ -104,7 +104,7 @@ impl HostClients {
         if let Some(client) = clients.get(host) {
             return client.clone();
         }
-        let client = self.build();
+        let client = self.build(host);
         let evicted = clients.push(host.into(), client.clone());
         drop(clients);
         // Dropped outside the lock: closing its idle connections is I/O.
@@ -118,14 +118,15 @@ impl HostClients {
     pub fn checkout(&self, host: &str) -> DirectClient {
         match self.lock().pop(host) {
             Some(client) => client,
-            None => self.build(),
+            None => self.build(host),
         }
     }
 
-    /// A new client for one host, on the shared TLS configuration.
-    fn build(&self) -> DirectClient {
+    /// A new client for `host`, on the shared TLS configuration.
+    fn build(&self, host: &str) -> DirectClient {
         let shared = &self.inner;
         DirectClient::new(
+            host,
             &shared.policy,
             shared.timeout,
             shared.tls.clone(),
@@ -175,7 +176,12 @@ pub fn authority(url: &str) -> &str {
 
 /// The authority of an absolute URL as written, credentials included.
 pub(super) fn authority_with_credentials(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    // The scheme ends at the first colon of an absolute URL; a search for
+    // the whole separator costs more, once per delivery.
+    let rest = match url.find(':') {
+        Some(colon) if url[colon..].starts_with("://") => &url[colon + 3..],
+        _ => url.split_once("://").map_or(url, |(_, rest)| rest),
+    };
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     &rest[..end]
 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::{BodyExt as _, Full};
-use hyper::body::{Body as _, Incoming};
+use hyper::body::Body as _;
 use rand::Rng;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
@@ -39,7 +39,7 @@ use websub_store::{StoreError, Subscription, SubscriptionStore};
 use crate::clock::Clock;
 use crate::config::{LeasePolicy, VerificationPolicy};
 use crate::delivery::attempt::{error_chain, lacks_local_resource};
-use crate::delivery::direct::BoxError;
+use crate::delivery::direct::{AnswerBody, BoxError};
 use crate::delivery::net::{self, NetError, NetPolicy};
 use crate::delivery::pool::HostClients;
 use crate::intake::lease;
@@ -234,7 +234,7 @@ impl Verifier {
 
 /// Reads `body`, giving up as soon as it exceeds `limit` bytes: such a body
 /// cannot be the challenge.
-async fn read_at_most(mut body: Incoming, limit: usize) -> Result<Vec<u8>, VerifyError> {
+async fn read_at_most(mut body: AnswerBody, limit: usize) -> Result<Vec<u8>, VerifyError> {
     let too_long = |body_bytes| VerifyError::ChallengeMismatch { body_bytes };
     let announced = body.size_hint().lower();
     if announced > limit as u64 {
@@ -255,8 +255,8 @@ async fn read_at_most(mut body: Incoming, limit: usize) -> Result<Vec<u8>, Verif
 
 fn transport_error(error: BoxError) -> VerifyError {
     let connecting = error
-        .downcast_ref::<hyper_util::client::legacy::Error>()
-        .is_some_and(hyper_util::client::legacy::Error::is_connect);
+        .downcast_ref::<crate::delivery::direct::ConnectFailed>()
+        .is_some();
     if lacks_local_resource(error.as_ref()) {
         VerifyError::Local(error_chain(error.as_ref()))
     } else if connecting {

@@ -6,6 +6,10 @@
 /// The table the hub's migrations are recorded in; see the log's module doc.
 pub(super) const MIGRATIONS_TABLE: &str = "websub_hub_migrations";
 
+/// The versions of the migrations applied to the log.
+pub(super) const APPLIED_MIGRATIONS: &str =
+    "SELECT version FROM websub_hub_migrations WHERE success";
+
 pub(super) const INSERT_EVENT: &str = "INSERT INTO websub_events (id, topic, content_type, body, created_at, trace_context) \
      VALUES ($1, $2, $3, $4, $5, $6)";
 

@@ -40,7 +40,7 @@ use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
+use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
 mod changes;
@@ -695,11 +695,9 @@ impl EndpointStates for PostgresEventLog {
 #[async_trait]
 impl LogUpkeep for PostgresEventLog {
     async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError> {
-        let applied: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT version FROM {MIGRATIONS_TABLE} WHERE success"
-        )))
-        .fetch_all(&self.pool)
-        .await?;
+        let applied: Vec<i64> = sqlx::query_scalar(super::sql::APPLIED_MIGRATIONS)
+            .fetch_all(&self.pool)
+            .await?;
         Ok(super::unapplied(&migrator(), &applied))
     }
 

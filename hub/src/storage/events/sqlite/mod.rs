@@ -46,7 +46,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
-use sqlx::{AssertSqlSafe, Connection, Row};
+use sqlx::{Connection, Row};
 use uuid::Uuid;
 use websub_store::sqlite::Writer;
 
@@ -687,11 +687,9 @@ impl EndpointStates for SqliteEventLog {
 #[async_trait]
 impl LogUpkeep for SqliteEventLog {
     async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError> {
-        let applied: Vec<i64> = sqlx::query_scalar(AssertSqlSafe(format!(
-            "SELECT version FROM {MIGRATIONS_TABLE} WHERE success"
-        )))
-        .fetch_all(&self.pool)
-        .await?;
+        let applied: Vec<i64> = sqlx::query_scalar(super::sql::APPLIED_MIGRATIONS)
+            .fetch_all(&self.pool)
+            .await?;
         Ok(super::unapplied(&migrator(), &applied))
     }
 

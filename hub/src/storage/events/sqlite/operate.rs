@@ -87,13 +87,6 @@ const COPY_EVENT: &str = "INSERT INTO websub_events \
      SELECT $2, topic, content_type, body, $3, $3, COALESCE(original_id, id) \
      FROM websub_events WHERE id = $1";
 
-const COPY_RECORDS: &str = concat!(
-    "INSERT INTO websub_deliveries (event_id, subscriber, next_attempt_at, lane) \
-     SELECT $1, value, $3, ",
-    super::statements::lane_of!("value"),
-    " FROM json_each($2)"
-);
-
 /// Records a copy of each of `originals` with a record due at `now` for
 /// each of `subscribers`, on a transaction; the copies' ids, in order.
 async fn copy_events(
@@ -119,10 +112,10 @@ async fn copy_events(
         if copied == 0 {
             return Err(EventLogError::UnknownEvent(*original));
         }
-        sqlx::query(COPY_RECORDS)
+        sqlx::query(super::statements::EXPAND)
             .bind(copy)
-            .bind(&subscribers)
             .bind(now)
+            .bind(&subscribers)
             .execute(&mut *tx)
             .await?;
         copies.push(copy);

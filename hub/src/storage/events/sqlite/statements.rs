@@ -24,7 +24,6 @@ macro_rules! lane_of {
         )
     };
 }
-pub(super) use lane_of;
 
 /// What follows `://` in `$subscriber` up to its path, query or fragment:
 /// user info included, which [`lane_of`] strips.
@@ -147,26 +146,29 @@ pub(super) const EXPAND: &str = concat!(
 );
 
 // Records claimed for their first attempt as they are written: `$1` the
-// event, `$2` now (due and claimed), `$3` the subscribers as JSON. The first try has no ON CONFLICT: nothing conflicts unless the
-// event is being (or was) expanded elsewhere, and then every row went in
-// and none need be read back. On a conflict the script is rolled back and
+// event, `$2` now (due and claimed), `$3` the subscribers as JSON. The
+// first try has no ON CONFLICT: nothing conflicts unless the event is
+// being (or was) expanded elsewhere, and then every row went in and none
+// need be read back. On a conflict the script is rolled back and
 // EXPAND_CLAIMED_AGAIN runs; its RETURNING reports only the rows it
 // inserted, not those it skipped.
-pub(super) const EXPAND_CLAIMED_FIRST: &str = concat!(
-    "INSERT INTO websub_deliveries \
-     (event_id, subscriber, next_attempt_at, processing_since, lane) \
-     SELECT $1, value, $2, $2, ",
-    lane_of!("value"),
-    " FROM json_each($3)"
-);
+macro_rules! expand_claimed {
+    ($tail:literal) => {
+        concat!(
+            "INSERT INTO websub_deliveries \
+             (event_id, subscriber, next_attempt_at, processing_since, lane) \
+             SELECT $1, value, $2, $2, ",
+            lane_of!("value"),
+            " FROM json_each($3)",
+            $tail
+        )
+    };
+}
 
-pub(super) const EXPAND_CLAIMED_AGAIN: &str = concat!(
-    "INSERT INTO websub_deliveries \
-     (event_id, subscriber, next_attempt_at, processing_since, lane) \
-     SELECT $1, value, $2, $2, ",
-    lane_of!("value"),
-    " FROM json_each($3) WHERE true ON CONFLICT DO NOTHING RETURNING subscriber"
-);
+pub(super) const EXPAND_CLAIMED_FIRST: &str = expand_claimed!("");
+
+pub(super) const EXPAND_CLAIMED_AGAIN: &str =
+    expand_claimed!(" WHERE true ON CONFLICT DO NOTHING RETURNING subscriber");
 
 // A record written only now, delivered at its first attempt: one insert
 // with the outcome and the attempt its record keeps, as COMPLETE_DELIVERED
