@@ -444,14 +444,24 @@ pub async fn unwritten_records_are_created_with_their_first_outcome(log: &dyn Ev
     .expect("late");
     assert_eq!(log.deliveries(event.id).await.expect("deliveries"), records);
 
-    // A batch of hundreds, as a fan-out writes them: every one created.
+    // A batch of hundreds, as a fan-out writes them, another event's
+    // outcomes in between: every one created.
     let many = record(log, &topic(), t0).await;
+    let between = record(log, &topic(), t0).await;
     let subs = subscribers("many", 321);
     let completions: Vec<Completion> = subs
         .iter()
-        .map(|subscriber| Completion {
-            attempt: Some(delivering.clone()),
-            ..completion(many.id, subscriber, Outcome::Delivered)
+        .enumerate()
+        .flat_map(|(at, subscriber)| {
+            let events = if at % 3 == 0 {
+                vec![many.id, between.id]
+            } else {
+                vec![many.id]
+            };
+            events.into_iter().map(|event_id| Completion {
+                attempt: Some(delivering.clone()),
+                ..completion(event_id, subscriber, Outcome::Delivered)
+            })
         })
         .collect();
     log.complete_unwritten(&completions, t1)
@@ -465,6 +475,13 @@ pub async fn unwritten_records_are_created_with_their_first_outcome(log: &dyn Ev
             DeliveryState::Delivered
         );
     }
+    let records = log.deliveries(between.id).await.expect("deliveries");
+    assert_eq!(records.len(), subs.len().div_ceil(3), "{}", backend(log));
+    assert!(
+        records
+            .iter()
+            .all(|record| record.state == DeliveryState::Delivered)
+    );
     assert_eq!(
         log.attempts(many.id, &subs[320]).await.expect("attempts"),
         vec![delivering]

@@ -16,8 +16,8 @@ use super::super::{
     sorted_unique,
 };
 use super::rows::{
-    attempts_json, claimed_from_row, completions_json, delivered_json, is_foreign_key_violation,
-    is_unique_violation,
+    attempts_json, claimed_from_row, completions_json, delivered_by_event_json, delivered_json,
+    is_foreign_key_violation, is_unique_violation,
 };
 use super::statements::{
     CLAIM_LANES_SCRIPTS, CLAIM_ORDERED_SCRIPTS, COMPLETE_DELIVERED_SCRIPT, COMPLETE_SCRIPT,
@@ -177,7 +177,7 @@ pub(super) async fn complete_unwritten(
     complete_unwritten_split(log, completions, now, |delivered| async move {
         let query = sqlx::query(INSERT_DELIVERED_SCRIPT.as_str())
             .bind(now.timestamp_micros())
-            .bind(delivered_json(&delivered)?);
+            .bind(delivered_by_event_json(&delivered)?);
         log.run_script(query).await?;
         Ok(())
     })

@@ -127,25 +127,65 @@ pub(super) fn completions_json(completions: &[&Completion]) -> Result<String, Ev
     serde_json::to_string(&rows).map_err(|error| EventLogError::Invalid(error.to_string()))
 }
 
+/// A delivered record's fields as the delivered statements read them:
+/// subscriber, attempted at in µs, duration in µs, status, response as hex;
+/// the attempt's null when the completion carries none.
+type DeliveredRecord<'a> = (
+    &'a str,
+    Option<i64>,
+    Option<i64>,
+    Option<u16>,
+    Option<String>,
+);
+
+fn delivered_record(completion: &Completion) -> DeliveredRecord<'_> {
+    let attempt = completion.attempt.as_ref();
+    (
+        completion.subscriber.as_str(),
+        attempt.map(|attempt| attempt.at.timestamp_micros()),
+        attempt.map(|attempt| attempt.duration_micros),
+        attempt.and_then(|attempt| attempt.status),
+        attempt.map(|attempt| hex(&attempt.response)),
+    )
+}
+
 /// Delivered `completions` as [`COMPLETE_DELIVERED`] reads them: [event id
-/// as hex, subscriber, attempted at in µs, duration in µs, status, response
-/// as hex], the attempt's fields null when a completion carries none.
+/// as hex, then the record's fields].
 pub(super) fn delivered_json(completions: &[&Completion]) -> Result<String, EventLogError> {
     let rows: Vec<_> = completions
         .iter()
         .map(|completion| {
-            let attempt = completion.attempt.as_ref();
-            (
-                completion.event_id.simple().to_string(),
-                completion.subscriber.as_str(),
-                attempt.map(|attempt| attempt.at.timestamp_micros()),
-                attempt.map(|attempt| attempt.duration_micros),
-                attempt.and_then(|attempt| attempt.status),
-                attempt.map(|attempt| hex(&attempt.response)),
-            )
+            let (subscriber, at, duration, status, response) = delivered_record(completion);
+            let event_id = completion.event_id.simple().to_string();
+            (event_id, subscriber, at, duration, status, response)
         })
         .collect();
     serde_json::to_string(&rows).map_err(|error| EventLogError::Invalid(error.to_string()))
+}
+
+/// Delivered `completions` as [`INSERT_DELIVERED`] reads them, grouped by
+/// event (a fan-out's outcomes are mostly one event's): [[event id as hex,
+/// [the records' fields, …]], …].
+pub(super) fn delivered_by_event_json(
+    completions: &[&Completion],
+) -> Result<String, EventLogError> {
+    let mut events: Vec<(uuid::Uuid, Vec<DeliveredRecord<'_>>)> = Vec::new();
+    for completion in completions {
+        let record = delivered_record(completion);
+        match events
+            .iter_mut()
+            .rev()
+            .find(|(event_id, _)| *event_id == completion.event_id)
+        {
+            Some((_, records)) => records.push(record),
+            None => events.push((completion.event_id, vec![record])),
+        }
+    }
+    let events: Vec<_> = events
+        .iter()
+        .map(|(event_id, records)| (event_id.simple().to_string(), records))
+        .collect();
+    serde_json::to_string(&events).map_err(|error| EventLogError::Invalid(error.to_string()))
 }
 
 /// The attempts `completions` carry, as [`RECORD_ATTEMPTS`] reads them; none

@@ -170,20 +170,25 @@ pub(super) const EXPAND_CLAIMED_FIRST: &str = expand_claimed!("");
 pub(super) const EXPAND_CLAIMED_AGAIN: &str =
     expand_claimed!(" WHERE true ON CONFLICT DO NOTHING RETURNING subscriber");
 
-// A record written only now, delivered at its first attempt: one insert
-// with the outcome and the attempt its record keeps, as COMPLETE_DELIVERED
-// would leave it; its values: now, and the records as COMPLETE_DELIVERED
-// reads them. A processed record needs no lane (it leaves the lane
-// indexes). One that exists meanwhile (an operator's resend) is completed
-// as COMPLETE_DELIVERED completes it; an event purged meanwhile is skipped.
+// Records written only now, delivered at their first attempt: one insert
+// each, with the outcome and the attempt its record keeps, as
+// COMPLETE_DELIVERED would leave it. Its values: now, and the records
+// grouped by event (`rows::delivered_by_event_json`), so that an event's id
+// is decoded and checked once, not once a record: an event purged
+// meanwhile is skipped. A processed record needs no lane (it leaves the
+// lane indexes). One that exists meanwhile (an operator's resend) is
+// completed as COMPLETE_DELIVERED completes it.
 pub(super) const INSERT_DELIVERED: &str = concat!(
-    "INSERT INTO websub_deliveries AS d \
+    "WITH e AS MATERIALIZED ( \
+       SELECT unhex(value ->> 0) AS event_id, jsonb_extract(value, '$[1]') AS records \
+       FROM jsonb_each($2) \
+       WHERE EXISTS (SELECT 1 FROM websub_events WHERE id = unhex(value ->> 0))) \
+     INSERT INTO websub_deliveries AS d \
      (event_id, subscriber, processed_at, outcome, delivered_attempt_at, \
       delivered_duration_us, delivered_status, delivered_response) \
-     SELECT unhex(value ->> 0), value ->> 1, $1, 'delivered', value ->> 2, value ->> 3, \
-            value ->> 4, unhex(value ->> 5) \
-     FROM jsonb_each($2) \
-     WHERE EXISTS (SELECT 1 FROM websub_events WHERE id = unhex(value ->> 0))",
+     SELECT e.event_id, r.value ->> 0, $1, 'delivered', r.value ->> 1, r.value ->> 2, \
+            r.value ->> 3, unhex(r.value ->> 4) \
+     FROM e, jsonb_each(e.records) AS r WHERE true",
     close_delivered_on_conflict!()
 );
 
