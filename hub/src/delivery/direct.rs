@@ -218,7 +218,7 @@ impl HostConnections {
         if self.max_idle == 0 || sender.is_closed() {
             return;
         }
-        let dropped = {
+        let (dropped, reaper_wanted) = {
             let mut idle = self.lock();
             let dropped = (idle.len() >= self.max_idle).then(|| idle.remove(0));
             idle.push(IdleSender {
@@ -226,14 +226,17 @@ impl HostConnections {
                 https,
                 since: Instant::now(),
             });
-            dropped
+            // Under the lock, as the reaper's ending is: one runs while
+            // any connection is idle, none otherwise.
+            (dropped, !self.reaped.swap(true, Ordering::AcqRel))
         };
         // Closed outside the lock.
         drop(dropped);
-        if !self.reaped.swap(true, Ordering::AcqRel)
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(reap(Arc::downgrade(self), self.idle_timeout));
+        if reaper_wanted {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(reap(Arc::downgrade(self), self.idle_timeout))),
+                Err(_) => self.reaped.store(false, Ordering::Release),
+            }
         }
     }
 
@@ -244,8 +247,9 @@ impl HostConnections {
     }
 }
 
-/// Closes the connections of `connections` that stay idle past `timeout`,
-/// until the client is dropped.
+/// Closes the connections of `connections` that stay idle past `timeout`;
+/// ends once none is idle (the next one kept starts another) or the client
+/// is dropped, so that only clients with idle connections have a reaper.
 async fn reap(connections: Weak<HostConnections>, timeout: Duration) {
     let mut ticks = tokio::time::interval((timeout / 2).max(Duration::from_millis(100)));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -255,15 +259,23 @@ async fn reap(connections: Weak<HostConnections>, timeout: Duration) {
         let Some(connections) = connections.upgrade() else {
             return;
         };
-        let expired: Vec<IdleSender> = {
+        let (expired, done): (Vec<IdleSender>, bool) = {
             let mut idle = connections.lock();
             let fresh = idle
                 .iter()
                 .position(|kept| kept.since.elapsed() < timeout)
                 .unwrap_or(idle.len());
-            idle.drain(..fresh).collect()
+            let expired = idle.drain(..fresh).collect();
+            let done = idle.is_empty();
+            if done {
+                connections.reaped.store(false, Ordering::Release);
+            }
+            (expired, done)
         };
         drop(expired);
+        if done {
+            return;
+        }
     }
 }
 
