@@ -309,9 +309,12 @@ async fn a_silently_dead_listener_is_found_by_its_liveness_check() {
     assert!(replaced, "the silent listener was never replaced");
     running.listening().await;
     // The pool's own connections went silent too; they are dropped as their
-    // pre-acquire pings time out, and delivery resumes.
+    // pre-acquire pings time out, and delivery resumes. Within 10 s (the
+    // wait of `notified_delivery`), well inside the 60 s poll: the event
+    // came by its notification, however long a loaded machine took to
+    // drop the silent connections.
     let took = notified_delivery(&db, &receiver).await;
-    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
     running.stop().await;
 }
 
