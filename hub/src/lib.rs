@@ -26,9 +26,10 @@
 //! - [`delivery`]: scheduling and delivery: the WebSub scheduler
 //!   ([`websub`](delivery::websub)), the outbox scheduler
 //!   ([`outbox`](delivery::outbox), with the producer side of the
-//!   `websub-outbox` crate re-exported), the delivery core they share, and
-//!   the network policy ([`net`](delivery::net)) for everything contacted on
-//!   others' behalf;
+//!   `websub-outbox` crate re-exported), endpoint health and its changes,
+//!   and the delivery core they share with the network policy
+//!   ([`net`](delivery::net)) for everything contacted on others' behalf
+//!   (the `websub-delivery` crate, re-exported);
 //! - [`storage`]: the hub's own tables: the event log and delivery records
 //!   ([`events`](storage::events)), acknowledged work not yet done
 //!   ([`backlog`](storage::backlog)), and the [`replicas`](storage::replicas)

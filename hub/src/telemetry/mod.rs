@@ -4,10 +4,9 @@
 //! and the gauges sampled from the databases.
 
 pub mod meters;
-mod otlp;
-pub mod traces;
 
-pub use otlp::{Exporting, OtlpError};
+pub use websub_delivery::otlp::{Exporting, OtlpError};
+pub use websub_delivery::{otlp, traces};
 
 use std::sync::Arc;
 use std::time::Duration;

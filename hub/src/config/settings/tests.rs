@@ -38,9 +38,12 @@ pub(crate) fn assert_the_new_settings(config: &HubConfig) {
 pub(crate) fn test_ca_file() -> PathBuf {
     static FILE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     FILE.get_or_init(|| {
+        let mut params = rcgen::CertificateParams::new(Vec::new()).expect("CA parameters");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().expect("a CA key");
+        let ca = params.self_signed(&key).expect("a CA certificate");
         let path = websub_storetest::scratch::path("ca.pem");
-        std::fs::write(&path, crate::delivery::client::tests::TEST_CA_PEM)
-            .expect("write the test CA");
+        std::fs::write(&path, ca.pem()).expect("write the test CA");
         path
     })
     .clone()

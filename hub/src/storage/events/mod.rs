@@ -207,8 +207,7 @@ pub struct Attempt {
     pub response: Bytes,
 }
 
-/// How much of an answer's body an attempt keeps.
-pub const RESPONSE_EXCERPT_BYTES: usize = 1024;
+pub use websub_delivery::attempt::RESPONSE_EXCERPT_BYTES;
 
 /// The full state of one delivery record, for inspection.
 #[derive(Debug, Clone, PartialEq, Eq)]

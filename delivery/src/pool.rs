@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use lru::LruCache;
 
-use super::client::{POOL_IDLE_TIMEOUT, Trust, callback_tls};
-use super::direct::DirectClient;
-use crate::delivery::net::{NetError, NetPolicy};
+use crate::client::{POOL_IDLE_TIMEOUT, Trust, callback_tls};
+use crate::direct::DirectClient;
+use crate::net::{NetError, NetPolicy};
 
 /// How many idle connections the pool keeps, and to how many hosts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,7 +175,7 @@ pub fn authority(url: &str) -> &str {
 }
 
 /// The authority of an absolute URL as written, credentials included.
-pub(super) fn authority_with_credentials(url: &str) -> &str {
+pub(crate) fn authority_with_credentials(url: &str) -> &str {
     // The scheme ends at the first colon of an absolute URL; a search for
     // the whole separator costs more, once per delivery.
     let rest = match url.find(':') {

@@ -43,8 +43,8 @@ use opentelemetry_sdk::trace::{
 use sha2::{Digest as _, Sha256};
 use uuid::Uuid;
 
-use super::otlp::{self, Exporting, OtlpError};
-use crate::delivery::client::Trust;
+use crate::client::Trust;
+use crate::otlp::{self, Exporting, OtlpError};
 
 /// Spans that did not fit in the export queue (the collector slow or
 /// unreachable), and were dropped rather than waited for.
@@ -276,7 +276,7 @@ pub fn outbox_kept(event_id: Uuid) -> Option<String> {
 }
 
 /// The outbox events just taken in, one `(id, name, recorded at)` per
-/// delivery claimed at once: each event's intake (see [`outbox_intake`]),
+/// delivery claimed at once: each event's intake (see `outbox_intake`),
 /// with the number of its deliveries.
 pub fn outbox_intakes<'a>(
     deliveries: impl Iterator<Item = (Uuid, &'a str, chrono::DateTime<chrono::Utc>)>,
@@ -537,7 +537,7 @@ fn keep(context: &SpanContext) -> String {
     }
 }
 
-/// A context kept by [`keep`], read back; `None` with tracing off or when
+/// A context kept by `keep`, read back; `None` with tracing off or when
 /// the text is not one.
 pub fn kept_parent(kept: &str) -> Option<SpanContext> {
     tracer()?;

@@ -1,9 +1,9 @@
 //! The client that carries WebSub deliveries and verifications to one
 //! callback host: hyper's HTTP/1.1 connections on the same rustls
 //! configuration, resolver (with the network policy) and connection
-//! settings as the reqwest clients of [`client`](super::client), kept in a
+//! settings as the reqwest clients of [`client`](crate::client), kept in a
 //! stack of idle connections of the host's own. A client serves one host
-//! (see [`pool`](super::pool)), so a generic pool keyed by scheme and
+//! (see [`pool`](crate::pool)), so a generic pool keyed by scheme and
 //! authority, with its hashing, locking and request conversions on every
 //! request, buys nothing here; at tens of thousands of deliveries a second
 //! to one host reqwest's layers were a sixth of the hub's CPU and hyper's
@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tower::ServiceExt as _;
 use tracing::debug;
 
-use crate::delivery::net::{NetPolicy, PolicyResolver};
+use crate::net::{NetPolicy, PolicyResolver};
 
 type Connector = HttpsConnector<HttpConnector<PolicyResolver>>;
 
@@ -372,7 +372,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// valid but not a valid request target as written (a space, a non-ASCII
 /// letter) is sent as the URL parser spells it, percent-encoded.
 fn uri_of(url: &str) -> Result<(Uri, Option<HeaderValue>), BoxError> {
-    let has_credentials = super::pool::authority_with_credentials(url).contains('@');
+    let has_credentials = crate::pool::authority_with_credentials(url).contains('@');
     if !has_credentials && let Ok(uri) = Uri::try_from(url) {
         return Ok((uri, None));
     }
@@ -486,8 +486,7 @@ mod tests {
         let policy = NetPolicy {
             allow_private_network: true,
         };
-        let tls = super::super::client::callback_tls(&super::super::client::Trust::system())
-            .expect("tls");
+        let tls = crate::client::callback_tls(&crate::client::Trust::system()).expect("tls");
         DirectClient::new(
             authority,
             &policy,

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::Channel;
-use super::attempt::{Answer, status_error};
-use super::metrics::{DeliveryMetrics, InFlight, Tally};
-use super::retry::{NextStep, RetryPolicy};
+use crate::Channel;
+use crate::attempt::{Answer, status_error};
+use crate::metrics::{DeliveryMetrics, InFlight, Tally};
+use crate::retry::{NextStep, RetryPolicy};
 
 /// The end of one attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]

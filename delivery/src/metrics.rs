@@ -1,7 +1,7 @@
 //! The delivery metrics, one set of names for every channel: registered once
 //! per channel when its scheduler starts, never looked up per delivery.
 
-use super::Channel;
+use crate::Channel;
 
 /// `websub_deliveries_total{channel, outcome}`: attempts by what they came
 /// to. `outcome` is `delivered`, `gone` (a WebSub 410 that ended the

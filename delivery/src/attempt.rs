@@ -13,10 +13,12 @@ use tokio::time::Instant;
 
 use opentelemetry::trace::SpanContext;
 
-use super::direct::{BoxError, DirectClient};
-use crate::signature::{sign, sign_standard};
-use crate::storage::events::RESPONSE_EXCERPT_BYTES;
-use crate::telemetry::traces::AttemptSpan;
+use crate::direct::{BoxError, DirectClient};
+use crate::traces::AttemptSpan;
+use websub_protocol::signature::{sign, sign_standard};
+
+/// How much of an answer's body an attempt keeps.
+pub const RESPONSE_EXCERPT_BYTES: usize = 1024;
 
 /// How much of an answer is read so its connection can be reused; a longer
 /// one is abandoned with its connection (the content means nothing here).
@@ -446,25 +448,25 @@ mod tests {
             WEBSUB_SCHEME
                 .signature
                 .as_str()
-                .eq_ignore_ascii_case(crate::signature::HUB_SIGNATURE_HEADER)
+                .eq_ignore_ascii_case(websub_protocol::signature::HUB_SIGNATURE_HEADER)
         );
         assert!(
             WEBSUB_SCHEME
                 .event_id
                 .as_str()
-                .eq_ignore_ascii_case(crate::signature::EVENT_ID_HEADER)
+                .eq_ignore_ascii_case(websub_protocol::signature::EVENT_ID_HEADER)
         );
         assert!(
             MESSAGING_SCHEME
                 .signature
                 .as_str()
-                .eq_ignore_ascii_case(crate::signature::MESSAGING_SIGNATURE_HEADER)
+                .eq_ignore_ascii_case(websub_protocol::signature::MESSAGING_SIGNATURE_HEADER)
         );
         assert!(
             MESSAGING_SCHEME
                 .event_id
                 .as_str()
-                .eq_ignore_ascii_case(crate::signature::MESSAGING_EVENT_ID_HEADER)
+                .eq_ignore_ascii_case(websub_protocol::signature::MESSAGING_EVENT_ID_HEADER)
         );
     }
 }

@@ -1,5 +1,5 @@
 //! The one builder of outgoing reqwest clients, and of the TLS
-//! configuration of the callbacks' own clients ([`direct`](super::direct)):
+//! configuration of the callbacks' own clients ([`direct`](crate::direct)):
 //! pools, timeouts, TLS, the user agent, redirects, and the network policy
 //! on every client that contacts a URL someone else chose. Nothing else in
 //! the crate builds a `reqwest::Client`.
@@ -23,7 +23,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, OtherError, SignatureScheme};
 
-use crate::delivery::net::{
+use crate::net::{
     MAX_FETCH_REDIRECTS, NetError, NetPolicy, PolicyResolver, install_crypto_provider,
 };
 
@@ -290,7 +290,7 @@ impl fmt::Debug for Trust {
 #[derive(Debug, Clone)]
 pub enum Purpose {
     /// Outbox webhooks (WebSub callbacks have clients of their own, on the
-    /// same settings: [`HostClients`](super::pool::HostClients)): the
+    /// same settings: [`HostClients`](crate::pool::HostClients)): the
     /// network policy applies, redirects are never followed (a
     /// redirect is a failed attempt), HTTP/1.1 with up to
     /// `max_idle_per_host` keep-alive connections per host.
@@ -360,7 +360,7 @@ pub fn build(
     builder.build().map_err(NetError::Client)
 }
 
-/// The client traces are exported with (`crate::telemetry::traces`): a
+/// The client traces are exported with (`crate::traces`): a
 /// blocking one, run on the exporter's own thread, never on the runtime
 /// deliveries share; the collector is the operator's, so neither the
 /// network policy nor redirects apply.
@@ -373,7 +373,7 @@ pub fn collector_client(
         .timeout(timeout)
         .connect_timeout(timeout)
         .no_proxy()
-        .user_agent(super::direct::USER_AGENT)
+        .user_agent(crate::direct::USER_AGENT)
         .tls_backend_preconfigured(tls_config(trust, &[b"http/1.1"], 4)?)
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -387,7 +387,7 @@ fn common(timeout: Duration) -> reqwest::ClientBuilder {
         .connect_timeout(timeout)
         // A proxy would connect on our behalf and bypass the resolver.
         .no_proxy()
-        .user_agent(super::direct::USER_AGENT)
+        .user_agent(crate::direct::USER_AGENT)
 }
 
 /// A client of [`Purpose::Deliveries`] on the TLS configuration `tls`

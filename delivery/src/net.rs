@@ -1,7 +1,7 @@
 //! The network policy for everything the hub contacts on someone else's
 //! behalf — verification and delivery to callbacks, topic fetches, outbox
 //! webhooks — and the resolver that enforces it in every client
-//! ([`crate::delivery::client`] builds them).
+//! ([`crate::client`] builds them).
 //!
 //! A public hub must not become a proxy into its own network (SSRF): unless
 //! [`NetPolicy::allow_private_network`] is set, it contacts only public

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::attempt::{Answer, Attempted};
+use crate::attempt::{Answer, Attempted};
 
 /// A limit before it has learnt anything of its endpoint.
 pub const INITIAL_LIMIT: usize = 8;

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::delivery::client::Trust;
+use crate::client::Trust;
 
 /// How long one export may take, unless `OTEL_EXPORTER_OTLP_TIMEOUT` (or
 /// the signal's own) says.
@@ -21,7 +21,7 @@ pub struct Exporting {
 
 impl Exporting {
     /// The export of `signal` ("trace", "metrics"), stopped by `shutdown`.
-    pub(super) fn new(
+    pub fn new(
         signal: &'static str,
         shutdown: impl FnOnce() -> opentelemetry_sdk::error::OTelSdkResult + Send + 'static,
     ) -> Self {
@@ -79,13 +79,13 @@ pub enum OtlpError {
 /// A collector named for one signal: the client to send with, and its
 /// timeout.
 #[derive(Debug)]
-pub(super) struct Collector {
-    pub(super) client: reqwest::blocking::Client,
-    pub(super) timeout: Duration,
+pub struct Collector {
+    pub client: reqwest::blocking::Client,
+    pub timeout: Duration,
 }
 
 /// The variables `var` gives, blank ones as unset.
-pub(super) fn set(var: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
+pub fn set(var: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
     var(name).filter(|value| !value.trim().is_empty())
 }
 
@@ -93,7 +93,7 @@ pub(super) fn set(var: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<St
 /// `OTEL_EXPORTER_OTLP_{signal}_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`,
 /// unless `OTEL_SDK_DISABLED=true` or `OTEL_{signal}_EXPORTER=none`; `None`
 /// when there is none.
-pub(super) fn collector(
+pub fn collector(
     var: &dyn Fn(&str) -> Option<String>,
     signal: &str,
     trust: &Trust,
@@ -121,7 +121,7 @@ pub(super) fn collector(
         .or_else(|| set(var, "OTEL_EXPORTER_OTLP_TIMEOUT"))
         .and_then(|millis| millis.parse().ok())
         .map_or(EXPORT_TIMEOUT, Duration::from_millis);
-    let client = crate::delivery::client::collector_client(timeout, trust)
+    let client = crate::client::collector_client(timeout, trust)
         .map_err(|error| OtlpError::Exporter(error.to_string()))?;
     Ok(Some(Collector { client, timeout }))
 }
@@ -129,7 +129,7 @@ pub(super) fn collector(
 /// The resource every signal is exported under: the standard detectors
 /// (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), the service named
 /// `websubd` unless they say otherwise.
-pub(super) fn resource(var: &dyn Fn(&str) -> Option<String>) -> opentelemetry_sdk::Resource {
+pub fn resource(var: &dyn Fn(&str) -> Option<String>) -> opentelemetry_sdk::Resource {
     let resource = opentelemetry_sdk::Resource::builder();
     if set(var, "OTEL_SERVICE_NAME").is_none() {
         resource.with_service_name("websubd").build()
