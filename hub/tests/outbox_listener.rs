@@ -308,11 +308,11 @@ async fn a_silently_dead_listener_is_found_by_its_liveness_check() {
     .await;
     assert!(replaced, "the silent listener was never replaced");
     running.listening().await;
-    // The pool's own connections went silent too; they are dropped as their
-    // pre-acquire pings time out, and delivery resumes. Within 10 s (the
-    // wait of `notified_delivery`), well inside the 60 s poll: the event
-    // came by its notification, however long a loaded machine took to
-    // drop the silent connections.
+    // The pool's own connections went silent too: each is dropped as a
+    // statement on it (or its pre-acquire ping) times out, never handed
+    // back to wait on its release ping, and delivery resumes. Within 10 s
+    // (the wait of `notified_delivery`), well inside the 60 s poll: the
+    // event came by its notification.
     let took = notified_delivery(&db, &receiver).await;
     assert!(took < Duration::from_secs(10), "took {took:?}");
     running.stop().await;

@@ -235,16 +235,18 @@ fn send_check(dispatcher: &Dispatcher, limit: Duration) -> oneshot::Receiver<()>
     let channel = dispatcher.channel().to_owned();
     tokio::spawn(async move {
         let token = format!("{PING_PREFIX}{}", Uuid::new_v4());
-        let send = sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(&channel)
-            .bind(&token)
-            .execute(&pool);
-        match tokio::time::timeout(limit, send).await {
-            Ok(Ok(_)) => {
+        let send = super::sql::bounded(limit, &pool, async |connection| {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(&channel)
+                .bind(&token)
+                .execute(connection)
+                .await
+        });
+        match send.await {
+            Ok(_) => {
                 let _ = report.send(());
             }
-            Ok(Err(error)) => debug!(%error, "a listener liveness check could not be sent"),
-            Err(_) => debug!("a listener liveness check could not be sent in time"),
+            Err(error) => debug!(%error, "a listener liveness check could not be sent"),
         }
     });
     sent

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::NaiveDateTime;
-use sqlx::{AssertSqlSafe, PgPool, Row};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::OutboxTables;
@@ -454,9 +454,11 @@ impl Queries {
     ) -> Result<u64, sqlx::Error> {
         let released = sqlx::query(AssertSqlSafe(self.release_subscriber.clone()))
             .bind(subscriber)
-            .bind(reopen)
-            .execute(pool);
-        Ok(bounded(self.timeout, released).await?.rows_affected())
+            .bind(reopen);
+        let released = bounded(self.timeout, pool, async move |connection| {
+            released.execute(connection).await
+        });
+        Ok(released.await?.rows_affected())
     }
 
     /// Writes the missing delivery rows for events created at or after
@@ -469,8 +471,8 @@ impl Queries {
         since: NaiveDateTime,
         spare: Duration,
     ) -> Result<(u64, NaiveDateTime), sqlx::Error> {
-        let scan = async {
-            let mut tx = pool.begin().await?;
+        let scan = async |connection: &mut PgConnection| {
+            let mut tx = sqlx::Connection::begin(connection).await?;
             // The feed's sessions force generic plans, which cannot tell a
             // window of seconds from one of months: a scan is planned for
             // its own window, so that a recent one reads an index on
@@ -489,9 +491,9 @@ impl Queries {
                 .fetch_one(&mut *tx)
                 .await?;
             tx.commit().await?;
-            Ok(row)
+            Ok::<_, sqlx::Error>(row)
         };
-        let row = bounded(self.timeout, scan).await?;
+        let row = bounded(self.timeout, pool, scan).await?;
         let written: i64 = row.try_get(0)?;
         Ok((u64::try_from(written).unwrap_or(0), row.try_get(1)?))
     }
@@ -522,8 +524,11 @@ impl Queries {
             .bind(&rooms.rows)
             .bind(rooms.default)
             .bind(i64::try_from(rooms.total).unwrap_or(i64::MAX));
-        let rows = subscriptions.bind_matches_to(query).fetch_all(pool);
-        let rows = bounded(self.timeout, rows).await?;
+        let query = subscriptions.bind_matches_to(query);
+        let rows = bounded(self.timeout, pool, async move |connection| {
+            query.fetch_all(connection).await
+        })
+        .await?;
         let mut expansion = ClaimingExpansion {
             claimed: Vec::with_capacity(rows.len()),
             unclaimed: 0,
@@ -567,9 +572,11 @@ impl Queries {
             .bind(rooms.saturated())
             .bind(&rooms.subscribers)
             .bind(&rooms.rows)
-            .bind(rooms.default)
-            .fetch_all(pool);
-        let rows = bounded(self.timeout, rows).await?;
+            .bind(rooms.default);
+        let rows = bounded(self.timeout, pool, async move |connection| {
+            rows.fetch_all(connection).await
+        })
+        .await?;
         rows.iter().map(claimed_row).collect()
     }
 
@@ -588,9 +595,11 @@ impl Queries {
             .bind(subscriber)
             .bind(i64::from(max_retries))
             .bind(event_names)
-            .bind(visibility.as_secs_f64())
-            .fetch_optional(pool);
-        let row = bounded(self.timeout, row).await?;
+            .bind(visibility.as_secs_f64());
+        let row = bounded(self.timeout, pool, async move |connection| {
+            row.fetch_optional(connection).await
+        })
+        .await?;
         row.as_ref().map(claimed_row).transpose()
     }
 
@@ -633,9 +642,11 @@ impl Queries {
             .bind(claimed_at)
             .bind(kinds)
             .bind(errors)
-            .bind(waits)
-            .execute(pool);
-        bounded(self.timeout, done).await?;
+            .bind(waits);
+        bounded(self.timeout, pool, async move |connection| {
+            done.execute(connection).await
+        })
+        .await?;
         Ok(())
     }
 }
@@ -644,7 +655,7 @@ impl Queries {
 /// [`super::scan_index_ddl`]), and the planner's estimate of its rows
 /// (negative when it has never been analyzed).
 pub(crate) async fn scan_index(
-    pool: &PgPool,
+    connection: &mut PgConnection,
     tables: &OutboxTables,
 ) -> Result<(bool, f64), sqlx::Error> {
     let row = sqlx::query(
@@ -656,7 +667,7 @@ pub(crate) async fn scan_index(
          FROM pg_class AS c WHERE c.oid = $1::regclass",
     )
     .bind(tables.outbox_sql())
-    .fetch_one(pool)
+    .fetch_one(connection)
     .await?;
     Ok((row.try_get(0)?, row.try_get(1)?))
 }
@@ -665,7 +676,7 @@ pub(crate) async fn scan_index(
 /// (not exhausted past `max_retries`), and the age in seconds of the oldest
 /// of their events (0 for none), by the database's clock.
 pub(crate) async fn undelivered(
-    pool: &PgPool,
+    connection: &mut PgConnection,
     tables: &OutboxTables,
     subscribers: &[String],
     max_retries: u32,
@@ -680,29 +691,46 @@ pub(crate) async fn undelivered(
     )))
     .bind(i64::from(max_retries))
     .bind(subscribers)
-    .fetch_one(pool)
+    .fetch_one(connection)
     .await?;
     let rows: i64 = row.try_get(0)?;
     let age: f64 = row.try_get(1)?;
     Ok((u64::try_from(rows).unwrap_or(0), age.max(0.0)))
 }
 
-/// `statement`, unless it takes longer than `limit`: then it is abandoned
-/// (and its connection with it) with a timed-out error. A connection whose
-/// peer vanished without closing it would otherwise hold the caller until
-/// the operating system gives up on it, many minutes later.
-pub(crate) async fn bounded<T>(
+/// `statement` on a connection of `pool`, unless acquiring the connection
+/// and running the statement take longer than `limit`: then the statement
+/// is abandoned with a timed-out error, and its connection closed rather
+/// than handed back. A connection whose peer vanished without closing it
+/// would otherwise hold the caller until the operating system gives up on
+/// it, many minutes later; and handed back, it would hold its place in the
+/// pool as long, the pool testing it with a ping that waits for an answer
+/// that never comes: a few of those, and the pool has no connection left.
+pub(crate) async fn bounded<T, E: From<sqlx::Error>>(
     limit: Duration,
-    statement: impl Future<Output = Result<T, sqlx::Error>>,
-) -> Result<T, sqlx::Error> {
-    tokio::time::timeout(limit, statement)
-        .await
-        .unwrap_or_else(|_| {
-            Err(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("the database did not answer within {limit:?}"),
-            )))
-        })
+    pool: &PgPool,
+    statement: impl AsyncFnOnce(&mut PgConnection) -> Result<T, E>,
+) -> Result<T, E> {
+    let timed_out = || {
+        E::from(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the database did not answer within {limit:?}"),
+        )))
+    };
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut connection = match tokio::time::timeout_at(deadline, pool.acquire()).await {
+        Ok(acquired) => acquired?,
+        Err(_) => return Err(timed_out()),
+    };
+    match tokio::time::timeout_at(deadline, statement(&mut connection)).await {
+        Ok(result) => result,
+        Err(_) => {
+            // Dropped without a word to the server (a goodbye could wait on
+            // the same silent peer); the pool may open another.
+            drop(connection.detach());
+            Err(timed_out())
+        }
+    }
 }
 
 /// Whether the delivery row `alias` was skipped while its webhook was

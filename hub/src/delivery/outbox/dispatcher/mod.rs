@@ -267,8 +267,11 @@ impl Dispatcher {
         let config = &self.inner.config;
         let tables = &config.tables;
         let outbox = tables.outbox();
-        let found = super::sql::scan_index(&self.inner.pool, tables);
-        match super::sql::bounded(config.query_timeout, found).await {
+        let found =
+            super::sql::bounded(config.query_timeout, &self.inner.pool, async |connection| {
+                super::sql::scan_index(connection, tables).await
+            });
+        match found.await {
             Ok((true, _)) => {
                 debug!(%outbox, "polling scans read the outbox by its created_at index")
             }
@@ -293,14 +296,14 @@ impl Dispatcher {
     async fn sweep(self, ttl: Duration, shutdown: CancellationToken) {
         let tables = &self.inner.config.tables;
         loop {
-            let purge = purge_expired(&self.inner.pool, tables, ttl);
-            match tokio::time::timeout(self.inner.config.query_timeout, purge).await {
-                Err(_) => warn!("retention sweep timed out; retrying at the next one"),
-                Ok(result) => match result {
-                    Ok(0) => debug!("retention sweep: nothing expired"),
-                    Ok(deleted) => info!(deleted, "retention sweep deleted expired outbox events"),
-                    Err(error) => warn!(%error, "retention sweep failed; retrying at the next one"),
-                },
+            let limit = self.inner.config.query_timeout;
+            let purge = super::sql::bounded(limit, &self.inner.pool, async |connection| {
+                purge_expired(connection, tables, ttl).await
+            });
+            match purge.await {
+                Ok(0) => debug!("retention sweep: nothing expired"),
+                Ok(deleted) => info!(deleted, "retention sweep deleted expired outbox events"),
+                Err(error) => warn!(%error, "retention sweep failed; retrying at the next one"),
             }
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -349,13 +352,17 @@ impl Dispatcher {
             listening.set(if self.is_listening() { 1.0 } else { 0.0 });
             let names = self.registry().names.clone();
             let config = &self.inner.config;
-            let sampled = super::sql::undelivered(
-                &self.inner.pool,
-                &config.tables,
-                &names,
-                config.retry.max_retries,
-            );
-            match super::sql::bounded(config.query_timeout, sampled).await {
+            let sampled =
+                super::sql::bounded(config.query_timeout, &self.inner.pool, async |connection| {
+                    super::sql::undelivered(
+                        connection,
+                        &config.tables,
+                        &names,
+                        config.retry.max_retries,
+                    )
+                    .await
+                });
+            match sampled.await {
                 Ok((rows, age)) => {
                     backlog.set(rows as f64);
                     oldest.set(age);

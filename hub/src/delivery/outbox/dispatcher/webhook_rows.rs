@@ -88,9 +88,13 @@ impl Dispatcher {
             .bind(filter.since.map(|since| since.naive_utc()))
             .bind(filter.until.map(|until| until.naive_utc()))
             .bind(filter.state.map(DeliveryState::as_str))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&inner.pool);
-        let rows = bounded(inner.config.query_timeout, rows).await?;
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        let rows = bounded(
+            inner.config.query_timeout,
+            &inner.pool,
+            async move |connection| rows.fetch_all(connection).await,
+        )
+        .await?;
         let utc = |time: Option<NaiveDateTime>| time.map(|time| time.and_utc());
         rows.iter()
             .map(|row| {
@@ -144,11 +148,14 @@ impl Dispatcher {
             .bind(subscriber)
             .bind(since.map(|since| since.naive_utc()))
             .bind(event_id)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&inner.pool);
-        let reopened = bounded(inner.config.query_timeout, reopened)
-            .await?
-            .rows_affected();
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        let reopened = bounded(
+            inner.config.query_timeout,
+            &inner.pool,
+            async move |connection| reopened.execute(connection).await,
+        )
+        .await?
+        .rows_affected();
         if reopened > 0 {
             self.request(Scan::None);
         }
