@@ -34,7 +34,7 @@
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{PgConnection, PgExecutor, Postgres, Row, Transaction};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use uuid::Uuid;
@@ -116,12 +116,9 @@ const RELEASE_EXPANSIONS: &str = "WITH released AS ( \
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReplicaError {
-    /// The database failed.
+    /// The database failed, or did not answer in time.
     #[error("replica registry database failed: {0}")]
     Database(#[from] sqlx::Error),
-    /// A beat took longer than it may.
-    #[error("a beat took longer than {0:?}")]
-    TimedOut(Duration),
 }
 
 /// The claims handed back from one dead replica.
@@ -198,10 +195,14 @@ impl Replicas {
 
     /// Registers this replica (again, if it was), as beating now.
     pub async fn register(&self) -> Result<(), ReplicaError> {
+        self.register_on(&self.pool).await
+    }
+
+    async fn register_on(&self, executor: impl PgExecutor<'_>) -> Result<(), ReplicaError> {
         sqlx::query(REGISTER)
             .bind(self.id)
             .bind(self.seat.get())
-            .execute(&self.pool)
+            .execute(executor)
             .await?;
         Ok(())
     }
@@ -209,11 +210,18 @@ impl Replicas {
     /// Beats: moves this replica's beat to now, registering it again if
     /// its row is gone. Takes over nothing.
     pub async fn beat(&self) -> Result<bool, ReplicaError> {
-        let beat = sqlx::query(BEAT).bind(self.id).execute(&self.pool).await?;
+        self.beat_on(&mut *self.pool.acquire().await?).await
+    }
+
+    async fn beat_on(&self, connection: &mut PgConnection) -> Result<bool, ReplicaError> {
+        let beat = sqlx::query(BEAT)
+            .bind(self.id)
+            .execute(&mut *connection)
+            .await?;
         if beat.rows_affected() == 1 {
             return Ok(false);
         }
-        self.register().await?;
+        self.register_on(connection).await?;
         Ok(true)
     }
 
@@ -222,7 +230,16 @@ impl Replicas {
     /// their claims, in one transaction.
     /// Replicas calling it at once hand each dead one's claims back once.
     pub async fn take_over(&self, dead_after: Duration) -> Result<Vec<TakenOver>, ReplicaError> {
-        let mut tx = self.pool.begin().await?;
+        self.take_over_on(&mut *self.pool.acquire().await?, dead_after)
+            .await
+    }
+
+    async fn take_over_on(
+        &self,
+        connection: &mut PgConnection,
+        dead_after: Duration,
+    ) -> Result<Vec<TakenOver>, ReplicaError> {
+        let mut tx = sqlx::Connection::begin(connection).await?;
         let dead: Vec<Uuid> = sqlx::query_scalar(REMOVE_DEAD)
             .bind(dead_after.as_secs_f64())
             .bind(self.id)
@@ -267,10 +284,14 @@ impl Replicas {
 
     /// One beat and, when this replica was alive (beating) all along, the
     /// takeover of the dead: see [`keep_beating`].
-    async fn beat_and_take_over(&self, take_over: bool) -> Result<Beat, ReplicaError> {
-        let registered_again = self.beat().await?;
+    async fn beat_and_take_over(
+        &self,
+        connection: &mut PgConnection,
+        take_over: bool,
+    ) -> Result<Beat, ReplicaError> {
+        let registered_again = self.beat_on(connection).await?;
         let taken_over = if take_over {
-            self.take_over(DEAD_AFTER).await?
+            self.take_over_on(connection, DEAD_AFTER).await?
         } else {
             Vec::new()
         };
@@ -365,9 +386,14 @@ pub async fn keep_beating(
             _ = every.tick() => {}
         }
         let alive_all_along = last_beat.is_some_and(|at| at.elapsed() < DEAD_AFTER);
-        let beat = tokio::time::timeout(BEAT_TIMEOUT, replicas.beat_and_take_over(alive_all_along))
-            .await
-            .unwrap_or(Err(ReplicaError::TimedOut(BEAT_TIMEOUT)));
+        // On a connection of its own, closed if the beat times out: handed
+        // back, a silenced one would hold its place in the pool for good.
+        let beat = super::bounded(BEAT_TIMEOUT, &replicas.pool, async |connection| {
+            replicas
+                .beat_and_take_over(connection, alive_all_along)
+                .await
+        })
+        .await;
         match beat {
             Ok(beat) => {
                 last_beat = Some(Instant::now());
