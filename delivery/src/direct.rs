@@ -125,16 +125,11 @@ impl DirectClient {
     ) -> Result<Response<AnswerBody>, BoxError> {
         let (uri, authorization) = uri_of(url)?;
         let https = uri.scheme() == Some(&Scheme::HTTPS);
-        let host = match &self.connections.host_headers[usize::from(https)] {
-            Some(host)
-                if uri.authority().map(|at| at.as_str()) == Some(&self.connections.authority) =>
-            {
-                host.clone()
-            }
-            _ => host_of(&uri)?,
-        };
         let headers = request.headers_mut();
-        headers.insert(http::header::HOST, host);
+        headers.insert(
+            http::header::HOST,
+            self.connections.host_header(&uri, https)?,
+        );
         headers.insert(
             http::header::USER_AGENT,
             HeaderValue::from_static(USER_AGENT),
@@ -175,6 +170,18 @@ impl DirectClient {
 }
 
 impl HostConnections {
+    /// The `Host` header of a request to `uri`: the one made at the start
+    /// when `uri` is on the client's own authority, as it always is from
+    /// [`pool`](crate::pool).
+    fn host_header(&self, uri: &Uri, https: bool) -> Result<HeaderValue, BoxError> {
+        match &self.host_headers[usize::from(https)] {
+            Some(host) if uri.authority().map(|at| at.as_str()) == Some(&*self.authority) => {
+                Ok(host.clone())
+            }
+            _ => host_of(uri),
+        }
+    }
+
     /// The idle connection used last that can take a request, if any.
     async fn reuse(&self, https: bool) -> Option<SendRequest<Full<Bytes>>> {
         loop {

@@ -61,8 +61,10 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
     mac.update(body);
     // Into a buffer of the exact size: `hex::encode` builds its string a
     // character at a time, which shows at one signature per delivery.
-    let mut value = *b"sha256=0000000000000000000000000000000000000000000000000000000000000000";
-    let (_, digits) = value.split_at_mut("sha256=".len());
+    const PREFIX: &[u8] = b"sha256=";
+    let mut value = [0_u8; PREFIX.len() + 64];
+    let (prefix, digits) = value.split_at_mut(PREFIX.len());
+    prefix.copy_from_slice(PREFIX);
     hex::encode_to_slice(mac.finalize().into_bytes(), digits)
         .unwrap_or_else(|_| unreachable!("a SHA-256 digest is 64 hex digits"));
     String::from_utf8(value.to_vec()).unwrap_or_else(|_| unreachable!("hex is ASCII"))

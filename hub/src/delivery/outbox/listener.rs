@@ -235,7 +235,7 @@ fn send_check(dispatcher: &Dispatcher, limit: Duration) -> oneshot::Receiver<()>
     let channel = dispatcher.channel().to_owned();
     tokio::spawn(async move {
         let token = format!("{PING_PREFIX}{}", Uuid::new_v4());
-        let send = super::sql::bounded(limit, &pool, async |connection| {
+        let send = crate::storage::bounded(limit, &pool, async |connection| {
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(&channel)
                 .bind(&token)

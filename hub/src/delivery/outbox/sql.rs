@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::NaiveDateTime;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
-pub(crate) use crate::storage::bounded;
+use crate::storage::bounded;
 use uuid::Uuid;
 
 use super::OutboxTables;

@@ -268,7 +268,7 @@ impl Dispatcher {
         let tables = &config.tables;
         let outbox = tables.outbox();
         let found =
-            super::sql::bounded(config.query_timeout, &self.inner.pool, async |connection| {
+            crate::storage::bounded(config.query_timeout, &self.inner.pool, async |connection| {
                 super::sql::scan_index(connection, tables).await
             });
         match found.await {
@@ -297,7 +297,7 @@ impl Dispatcher {
         let tables = &self.inner.config.tables;
         loop {
             let limit = self.inner.config.query_timeout;
-            let purge = super::sql::bounded(limit, &self.inner.pool, async |connection| {
+            let purge = crate::storage::bounded(limit, &self.inner.pool, async |connection| {
                 purge_expired(connection, tables, ttl).await
             });
             match purge.await {
@@ -352,8 +352,10 @@ impl Dispatcher {
             listening.set(if self.is_listening() { 1.0 } else { 0.0 });
             let names = self.registry().names.clone();
             let config = &self.inner.config;
-            let sampled =
-                super::sql::bounded(config.query_timeout, &self.inner.pool, async |connection| {
+            let sampled = crate::storage::bounded(
+                config.query_timeout,
+                &self.inner.pool,
+                async |connection| {
                     super::sql::undelivered(
                         connection,
                         &config.tables,
@@ -361,7 +363,8 @@ impl Dispatcher {
                         config.retry.max_retries,
                     )
                     .await
-                });
+                },
+            );
             match sampled.await {
                 Ok((rows, age)) => {
                     backlog.set(rows as f64);

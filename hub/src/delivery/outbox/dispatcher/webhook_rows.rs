@@ -14,7 +14,8 @@ use crate::storage::events::DeliveryState;
 
 use super::Dispatcher;
 use super::signals::Scan;
-use crate::delivery::outbox::sql::{bounded, skipped_row};
+use crate::delivery::outbox::sql::skipped_row;
+use crate::storage::bounded;
 
 /// One webhook delivery row, as an operator lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
