@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body_util::{BodyExt as _, Full};
 use tokio::time::Instant;
@@ -19,6 +20,21 @@ use websub_protocol::signature::{sign, sign_standard};
 
 /// How much of an answer's body an attempt keeps.
 pub const RESPONSE_EXCERPT_BYTES: usize = 1024;
+
+/// One attempt of a delivery, as its history keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// When it started.
+    pub at: DateTime<Utc>,
+    /// How long it took, in microseconds.
+    pub duration_micros: i64,
+    /// The answer's status, when one came.
+    pub status: Option<u16>,
+    /// Why it failed, as the delivery records it; none when delivered.
+    pub error: Option<String>,
+    /// The first [`RESPONSE_EXCERPT_BYTES`] of the answer's body.
+    pub response: Bytes,
+}
 
 /// How much of an answer is read so its connection can be reused; a longer
 /// one is abandoned with its connection (the content means nothing here).

@@ -3,7 +3,8 @@
 //! attempt sends and how its answer is judged, the clients that carry it,
 //! the retry policy, the adaptive limit of an endpoint, the batched
 //! recording of outcomes, and the traces and metrics an attempt leaves.
-//! The hub's schedulers are built on it and re-export it as
+//! The hub's WebSub scheduler and the outbox's dispatcher
+//! (`websub-dispatcher`) are built on it; the hub re-exports it as
 //! `websub_hub::delivery`.
 //!
 //! - [`retry`]: the retry policy and the one decision after a failure;
@@ -24,20 +25,42 @@
 //! - [`net`]: the network policy for everything contacted on others' behalf
 //!   (deliveries, verifications, topic fetches), enforced by every client;
 //! - [`traces`]: the spans of an event's way, exported over OTLP when asked;
-//! - [`otlp`]: what the OTLP exports of traces and metrics share.
+//! - [`otlp`]: what the OTLP exports of traces and metrics share;
+//! - [`health`]: failures counted per endpoint, breakers, and endpoints
+//!   disabled after too many failures in a row;
+//! - [`changes`]: each change of an endpoint's state, counted and kept;
+//! - [`operator`]: the changes sent to the optional operator webhook, an
+//!   endpoint like any other;
+//! - [`state`]: the contract of whoever keeps endpoint state for them (the
+//!   hub's event log), and [`history`]: the changes it keeps;
+//! - [`clock`]: injected time; [`setting`]: a bad setting named, and
+//!   durations as text.
 
 pub mod attempt;
+pub mod changes;
 pub mod client;
+pub mod clock;
 pub mod direct;
+pub mod health;
+pub mod history;
 pub mod limit;
 pub mod metrics;
 pub mod net;
+pub mod operator;
 pub mod otlp;
 pub mod pool;
 pub mod recorder;
 pub mod retry;
+pub mod setting;
+pub mod state;
 pub mod traces;
 pub mod verdict;
+
+pub use attempt::{Answer, MESSAGING_SCHEME, Request, SignatureScheme, WEBSUB_SCHEME, error_chain};
+pub use health::Endpoints;
+pub use recorder::{Batching, OutcomeStore};
+pub use retry::{NextStep, RetryPolicy};
+pub use verdict::{Judge, Verdict};
 
 /// Which way a delivery goes: its metrics label, and what a 410 means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -25,11 +25,11 @@
 //!   and the [`feed`](intake::feed)s that bring producers' outbox events in;
 //! - [`delivery`]: scheduling and delivery: the WebSub scheduler
 //!   ([`websub`](delivery::websub)), the outbox scheduler
-//!   ([`outbox`](delivery::outbox), with the producer side of the
-//!   `websub-outbox` crate re-exported), endpoint health and its changes,
-//!   and the delivery core they share with the network policy
-//!   ([`net`](delivery::net)) for everything contacted on others' behalf
-//!   (the `websub-delivery` crate, re-exported);
+//!   ([`outbox`](delivery::outbox): the `websub-dispatcher` crate, with
+//!   the producer side of the `websub-outbox` crate), and the delivery core
+//!   they share, endpoint health and its changes included, with the network
+//!   policy ([`net`](delivery::net)) for everything contacted on others'
+//!   behalf (the `websub-delivery` crate, re-exported);
 //! - [`storage`]: the hub's own tables: the event log and delivery records
 //!   ([`events`](storage::events)), acknowledged work not yet done
 //!   ([`backlog`](storage::backlog)), and the [`replicas`](storage::replicas)
@@ -49,7 +49,7 @@
 //! - [`server`]: assembling and running a hub; [`config`]: settings,
 //!   defaults and validation; [`telemetry`]: every metric's name and help,
 //!   histogram buckets, and the gauges sampled from the databases;
-//!   [`clock`]: injected time.
+//!   [`clock`]: injected time (the delivery core's).
 //!
 //! Running a hub on the embedded default until Ctrl-C:
 //!
@@ -76,10 +76,9 @@
 //! assert_eq!(policy.after_failure(10), NextStep::GiveUp);
 //! ```
 
-pub mod clock;
+pub use websub_delivery::clock;
 pub mod config;
 pub mod delivery;
-mod future;
 pub mod intake;
 pub use websub_protocol as protocol;
 pub mod server;

@@ -16,7 +16,7 @@ mod settings;
 /// The test configurations and files the other modules' tests share.
 #[cfg(test)]
 pub(crate) use settings::tests as test_settings;
-pub(crate) mod text;
+pub(crate) use websub_delivery::setting as text;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

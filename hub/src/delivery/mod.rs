@@ -7,31 +7,24 @@
 //!   topic, claims them per endpoint lane and hands each to the core;
 //! - [`outbox`]: the outbox scheduler, whose [`Dispatcher`](outbox::Dispatcher)
 //!   delivers the rows of a producer's outbox to registered webhooks and
-//!   in-process handlers.
+//!   in-process handlers (the `websub-dispatcher` crate).
 //!
 //! The core every channel shares (the attempt, its verdict and retry
 //! policy, the clients, the network policy, the outcome recorder, the
-//! metrics and the adaptive limit) is the `websub-delivery` crate,
-//! re-exported here. What stands on the hub's own storage is here:
-//!
-//! - [`health`]: failures counted per endpoint, and endpoints disabled after
-//!   too many in a row;
-//! - [`changes`]: each change of an endpoint's state, counted and kept;
-//! - [`operator`]: the changes sent to the optional operator webhook, an
-//!   endpoint like any other.
+//! metrics, the adaptive limit, endpoint [`health`] and its [`changes`],
+//! and the [`operator`] webhook they are sent to) is the `websub-delivery`
+//! crate, re-exported here; it keeps endpoint state through the hub's event
+//! log ([`EndpointStates`](crate::storage::events::EndpointStates)). The
+//! outbox scheduler is the `websub-dispatcher` crate, so a service can
+//! embed it without the hub.
 
-pub mod changes;
-pub mod health;
-pub mod operator;
-pub mod outbox;
 pub mod websub;
 
 pub use websub_delivery::{
-    Channel, attempt, client, direct, limit, metrics, net, pool, recorder, retry, verdict,
+    Answer, Batching, Channel, Endpoints, Judge, MESSAGING_SCHEME, NextStep, OutcomeStore, Request,
+    RetryPolicy, SignatureScheme, Verdict, WEBSUB_SCHEME, attempt, changes, client, direct,
+    error_chain, health, limit, metrics, net, operator, pool, recorder, retry, verdict,
 };
-
-pub use attempt::{Answer, MESSAGING_SCHEME, Request, SignatureScheme, WEBSUB_SCHEME, error_chain};
-pub use health::Endpoints;
-pub use recorder::{Batching, OutcomeStore};
-pub use retry::{NextStep, RetryPolicy};
-pub use verdict::{Judge, Verdict};
+/// The outbox scheduler: the `websub-dispatcher` crate, which re-exports
+/// the producer side (`websub-outbox`) too.
+pub use websub_dispatcher as outbox;

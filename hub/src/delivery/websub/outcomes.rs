@@ -70,7 +70,7 @@ impl OutcomeStore for LogOutcomes {
         }
         inner
             .endpoints
-            .tally(batch.iter().filter_map(Tallied::of), now)
+            .tally(batch.iter().filter_map(tallied), now)
             .await;
         Ok(())
     }
@@ -120,5 +120,17 @@ pub(super) fn batching(policy: &DeliveryPolicy, events: &dyn DeliveryOutcomes) -
         limit: policy.batch_size,
         gathering: Duration::from_millis(if writers == 1 { 10 } else { 2 }),
         writers,
+    }
+}
+
+/// How the tally counts a WebSub completion, if it counts at all.
+fn tallied(completion: &Completion) -> Option<Tallied<'_>> {
+    match &completion.outcome {
+        Outcome::Delivered => Some(Tallied::Delivered(&completion.subscriber)),
+        Outcome::Exhausted { error } => Some(Tallied::Exhausted {
+            endpoint: &completion.subscriber,
+            error,
+        }),
+        _ => None,
     }
 }

@@ -9,10 +9,9 @@ use uuid::Uuid;
 
 use super::{
     Activity, ActivityWindow, AdminSessions, Attempt, Claimed, Completion, DeliveryFilter,
-    DeliveryHealth, DeliveryRecord, DeliverySummary, DenyList, EndpointChanges, EndpointRecord,
-    EventLogError, Exhaustion, FailedDelivery, FailedFilter, LoggedEvent, NewEvent,
-    OrderedSubscription, Outcome, Recorded, Replayed, SubscriptionSigning, Undelivered,
-    WebhookAttempt,
+    DeliveryHealth, DeliveryRecord, DeliverySummary, DenyList, EndpointStates, EventLogError,
+    FailedDelivery, FailedFilter, LoggedEvent, NewEvent, OrderedSubscription, Outcome, Recorded,
+    Replayed, SubscriptionSigning, Undelivered,
 };
 
 /// Where the hub records events and delivery outcomes: nine parts by
@@ -366,84 +365,9 @@ pub trait DeliveryOutcomes: DeliveryQueue {
         subscriber: &str,
     ) -> Result<Vec<Attempt>, EventLogError>;
 
-    /// Keeps the attempts of outbox webhooks, whose delivery rows live in
-    /// the producer's database. [`LogUpkeep::purge_before`] deletes them by
-    /// age.
-    async fn keep_webhook_attempts(
-        &self,
-        attempts: &[WebhookAttempt<'_>],
-    ) -> Result<(), EventLogError>;
-
-    /// The attempts of one outbox webhook delivery, oldest first.
-    async fn webhook_attempts(
-        &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Vec<Attempt>, EventLogError>;
-
     /// How many writes the log makes progress on at once: a writer beyond
     /// them only waits, with a batch that could have grown meanwhile.
     fn writes_at_once(&self) -> usize;
-}
-
-/// Endpoint state: failures counted per endpoint, endpoints disabled and
-/// enabled, and the history of their changes.
-#[async_trait]
-pub trait EndpointStates: Send + Sync + std::fmt::Debug {
-    /// The endpoints of `channel` (a [`Channel`](crate::delivery::Channel)
-    /// label) that failed since their last delivery or are disabled,
-    /// disabled first, at most `limit`.
-    async fn endpoints(
-        &self,
-        channel: &str,
-        limit: usize,
-    ) -> Result<Vec<EndpointRecord>, EventLogError>;
-
-    /// One endpoint of `channel` as [`EndpointStates::endpoints`] lists it,
-    /// if it failed since its last delivery or is disabled.
-    async fn endpoint(
-        &self,
-        channel: &str,
-        endpoint: &str,
-    ) -> Result<Option<EndpointRecord>, EventLogError>;
-
-    /// Counts outcomes against their endpoints: each exhaustion is one more
-    /// failure in a row, and an endpoint that reaches `disable_after` (when
-    /// not 0) is disabled at `now`; a delivery to an enabled endpoint clears
-    /// its failures. Returns the endpoints this call disabled.
-    async fn tally_endpoints(
-        &self,
-        channel: &str,
-        exhausted: &[Exhaustion<'_>],
-        delivered: &[&str],
-        disable_after: u32,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<String>, EventLogError>;
-
-    /// Disables `endpoint` at `now` for `reason`, or (`reason` none) enables
-    /// it again with its failures cleared. Returns whether it changed.
-    async fn set_endpoint_disabled(
-        &self,
-        channel: &str,
-        endpoint: &str,
-        reason: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<bool, EventLogError>;
-
-    /// The events whose outbox webhook `subscriber` was attempted at or
-    /// after `since`, each once, at most `limit`: among a recovered
-    /// webhook's rows, those that ran out of retries while it was failing,
-    /// as the hub's own history tells them (the rows themselves are the
-    /// producer's, and carry no mark of it).
-    async fn webhook_events_attempted_since(
-        &self,
-        subscriber: &str,
-        since: DateTime<Utc>,
-        limit: usize,
-    ) -> Result<Vec<Uuid>, EventLogError>;
-
-    /// The history of endpoint changes, in the same database.
-    fn changes(&self) -> &dyn EndpointChanges;
 }
 
 /// What operators and subscribers read and do: deliveries listed and

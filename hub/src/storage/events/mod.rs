@@ -10,7 +10,6 @@
 //! types they share and their errors; the contract, [`EventLog`] in six
 //! parts, is in `contract`.
 
-pub mod changes;
 mod contract;
 pub mod denials;
 mod operate;
@@ -22,19 +21,26 @@ pub mod sqlite;
 
 pub(crate) use contract::complete_unwritten_split;
 pub use contract::{
-    DeliveryOperations, DeliveryOutcomes, DeliveryQueue, EndpointStates, EventIntake, EventLog,
-    ExpansionClaim, LogUpkeep, Owed, partition_span,
+    DeliveryOperations, DeliveryOutcomes, DeliveryQueue, EventIntake, EventLog, ExpansionClaim,
+    LogUpkeep, Owed, partition_span,
 };
 pub use operate::{
-    Activity, ActivityBucket, ActivityWindow, DeliveryFilter, DeliveryState, DeliverySummary,
-    EndpointActivity, EndpointRecord, Exhaustion, Replayed, WebhookAttempt,
+    Activity, ActivityBucket, ActivityWindow, DeliveryFilter, DeliverySummary, EndpointActivity,
+    Replayed,
 };
+// Endpoint state, what the delivery core asks of the log: the
+// `websub-delivery` crate's contract, which both backends implement.
+pub use websub_delivery::state::{
+    DeliveryState, EndpointRecord, EndpointStates, EventLogError, Exhaustion, WebhookAttempt,
+};
+// The history of endpoint changes, kept beside the log.
+pub use websub_delivery::history as changes;
 
 pub use denials::{Denial, DeniedField, DenyList};
 pub use sessions::{AdminSession, AdminSessions};
 pub use signing::{Signing, SigningScheme, SubscriptionSigning};
 
-pub use changes::{
+pub use websub_delivery::history::{
     ChangeFilter, EndpointChange, EndpointChanges, EndpointState, MAX_CHANGES, NewChange, Sent,
     WebhookState,
 };
@@ -192,22 +198,7 @@ pub struct Completion {
     pub attempt: Option<Attempt>,
 }
 
-/// One attempt of a delivery, as its history keeps it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attempt {
-    /// When it started.
-    pub at: DateTime<Utc>,
-    /// How long it took, in microseconds.
-    pub duration_micros: i64,
-    /// The answer's status, when one came.
-    pub status: Option<u16>,
-    /// Why it failed, as the delivery records it; none when delivered.
-    pub error: Option<String>,
-    /// The first [`RESPONSE_EXCERPT_BYTES`] of the answer's body.
-    pub response: Bytes,
-}
-
-pub use websub_delivery::attempt::RESPONSE_EXCERPT_BYTES;
+pub use websub_delivery::attempt::{Attempt, RESPONSE_EXCERPT_BYTES};
 
 /// The full state of one delivery record, for inspection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -286,25 +277,6 @@ pub struct FailedFilter<'a> {
 /// Events one [`DeliveryOperations::replay`] sends again at most.
 pub const REPLAY_LIMIT: usize = 10_000;
 
-/// Failures of the event log.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum EventLogError {
-    /// The database failed.
-    #[error("event log database failed: {0}")]
-    Database(#[from] sqlx::Error),
-    /// Migrations failed.
-    #[error("event log migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
-    /// `expand` of an event that is not in the log (never recorded, or
-    /// purged).
-    #[error("no event {0} in the log")]
-    UnknownEvent(Uuid),
-    /// A stored value could not be decoded.
-    #[error("invalid stored event data: {0}")]
-    Invalid(String),
-}
-
 /// The oldest claim still alive at `now`, or `None` when the visibility
 /// timeout reaches before the Unix epoch (no claim is that old).
 fn stale_bound(now: DateTime<Utc>, visibility: std::time::Duration) -> Option<DateTime<Utc>> {
@@ -344,6 +316,27 @@ fn sorted_unique<'a>(subscribers: impl IntoIterator<Item = &'a str>) -> Vec<&'a 
 /// A database count as the unsigned number it is.
 fn count(value: i64) -> Result<u64, EventLogError> {
     u64::try_from(value).map_err(|_| EventLogError::Invalid(format!("negative count {value}")))
+}
+
+/// A stored count of failures or retries as the number it is.
+fn small_count(value: Option<i64>) -> Result<Option<u32>, EventLogError> {
+    value
+        .map(|value| {
+            u32::try_from(value).map_err(|_| EventLogError::Invalid(format!("count {value}")))
+        })
+        .transpose()
+}
+
+/// A stored state name as the state.
+fn state_of(name: &str) -> Result<EndpointState, EventLogError> {
+    EndpointState::parse(name)
+        .ok_or_else(|| EventLogError::Invalid(format!("endpoint state {name:?}")))
+}
+
+/// A stored webhook state name as the state.
+fn webhook_state_of(name: &str) -> Result<WebhookState, EventLogError> {
+    WebhookState::parse(name)
+        .ok_or_else(|| EventLogError::Invalid(format!("webhook state {name:?}")))
 }
 
 /// Opens the event log a database URL names (`sqlite:PATH` or

@@ -4,76 +4,11 @@
 //! and the health of endpoints that have been failing.
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::EventLogError;
-
-/// Where a delivery stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum DeliveryState {
-    /// Due, retrying or in flight.
-    Pending,
-    /// The subscriber answered 2xx.
-    Delivered,
-    /// Closed without a delivery: the subscription went away (a 410, an
-    /// expired lease, an unsubscribe).
-    Dropped,
-    /// Out of retries; an operator may retry it.
-    Failed,
-    /// Not sent: its endpoint was disabled. Replayable.
-    Skipped,
-}
-
-impl DeliveryState {
-    /// Every state, in the order a list explains them.
-    pub const ALL: [Self; 5] = [
-        Self::Pending,
-        Self::Delivered,
-        Self::Dropped,
-        Self::Failed,
-        Self::Skipped,
-    ];
-
-    /// The state as the APIs and the database's filters spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Delivered => "delivered",
-            Self::Dropped => "dropped",
-            Self::Failed => "failed",
-            Self::Skipped => "skipped",
-        }
-    }
-
-    /// The state `name` spells, if any.
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|state| state.as_str() == name)
-    }
-
-    /// The state of a record with these columns: due or not, closed or not,
-    /// and how its last outcome ended.
-    pub(super) fn of(
-        processed: bool,
-        due: bool,
-        outcome: Option<&str>,
-    ) -> Result<Self, EventLogError> {
-        Ok(match (processed, due, outcome) {
-            (false, true, _) => Self::Pending,
-            (false, false, _) => Self::Failed,
-            (true, _, None | Some("delivered")) => Self::Delivered,
-            (true, _, Some("dropped")) => Self::Dropped,
-            (true, _, Some("skipped")) => Self::Skipped,
-            (true, _, Some(other)) => {
-                return Err(EventLogError::Invalid(format!(
-                    "a closed record with outcome {other:?}"
-                )));
-            }
-        })
-    }
-}
+use super::{DeliveryState, EventLogError};
 
 /// The SQL that computes a record's [`DeliveryState`] from the columns of
 /// `websub_deliveries AS d`, the same in both dialects.
@@ -136,34 +71,6 @@ pub struct Replayed {
     pub resume_since: Option<DateTime<Utc>>,
 }
 
-/// An endpoint that failed since its last delivery, or that is disabled.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
-pub struct EndpointRecord {
-    /// The channel: `websub` or `webhook`.
-    pub channel: String,
-    /// The callback URL (or the webhook's name).
-    pub endpoint: String,
-    /// Deliveries to it that exhausted their retries in a row.
-    pub failures: u32,
-    /// When the latest of them failed.
-    pub last_failure_at: Option<DateTime<Utc>>,
-    /// Why it failed.
-    pub last_error: Option<String>,
-    /// When it was disabled; `None` while enabled.
-    pub disabled_at: Option<DateTime<Utc>>,
-    /// Why it was disabled.
-    pub disabled_reason: Option<String>,
-}
-
-/// One delivery that exhausted its retries, for the endpoints' tally.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Exhaustion<'a> {
-    /// The endpoint it went to.
-    pub endpoint: &'a str,
-    /// Why its last attempt failed.
-    pub error: &'a str,
-}
-
 /// Why the tally disabled an endpoint.
 pub(super) fn disabled_after(failures: i64) -> String {
     if failures == 1 {
@@ -171,17 +78,6 @@ pub(super) fn disabled_after(failures: i64) -> String {
     } else {
         format!("{failures} deliveries in a row exhausted their retries")
     }
-}
-
-/// One attempt of an outbox webhook delivery, to keep.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WebhookAttempt<'a> {
-    /// The outbox event.
-    pub event_id: Uuid,
-    /// The webhook's name.
-    pub subscriber: &'a str,
-    /// The attempt, its error filled in.
-    pub attempt: &'a super::Attempt,
 }
 
 /// Which span of time [`DeliveryOperations::activity`](super::DeliveryOperations::activity)

@@ -8,12 +8,12 @@ use chrono::{DateTime, Utc};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-use super::super::changes::{small_count, state_of, webhook_state_of};
 use super::super::sql::changes::{COLUMNS, DELIVERED, FAILED, PURGE, RELEASED, RETRY, SHED, TRIM};
 use super::super::{
     ChangeFilter, EndpointChange, EndpointChanges, EventLogError, MAX_CHANGES, NewChange, Sent,
     invalid,
 };
+use super::super::{small_count, state_of, webhook_state_of};
 use super::PostgresEventLog;
 
 const APPEND: &str = "INSERT INTO websub_endpoint_changes \

@@ -604,6 +604,15 @@ impl DeliveryOutcomes for PostgresEventLog {
         attempts_in(&self.pool, ATTEMPTS, event_id, subscriber).await
     }
 
+    /// Each write its own connection and transaction: they overlap on the
+    /// server.
+    fn writes_at_once(&self) -> usize {
+        4
+    }
+}
+
+#[async_trait]
+impl EndpointStates for PostgresEventLog {
     async fn keep_webhook_attempts(
         &self,
         attempts: &[WebhookAttempt<'_>],
@@ -619,15 +628,6 @@ impl DeliveryOutcomes for PostgresEventLog {
         attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
     }
 
-    /// Each write its own connection and transaction: they overlap on the
-    /// server.
-    fn writes_at_once(&self) -> usize {
-        4
-    }
-}
-
-#[async_trait]
-impl EndpointStates for PostgresEventLog {
     async fn endpoints(
         &self,
         channel: &str,

@@ -7,12 +7,12 @@ use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Connection, Row};
 
-use super::super::changes::{small_count, state_of, webhook_state_of};
 use super::super::sql::changes::{COLUMNS, DELIVERED, FAILED, PURGE, RELEASED, RETRY, SHED, TRIM};
 use super::super::{
     ChangeFilter, EndpointChange, EndpointChanges, EventLogError, MAX_CHANGES, NewChange, Sent,
     invalid,
 };
+use super::super::{small_count, state_of, webhook_state_of};
 use super::SqliteEventLog;
 use super::rows::{from_micros, optional_time};
 

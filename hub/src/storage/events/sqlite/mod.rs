@@ -591,6 +591,14 @@ impl DeliveryOutcomes for SqliteEventLog {
         attempts_in(&self.pool, ATTEMPTS, event_id, subscriber).await
     }
 
+    /// One: the writes of this log queue for its one write connection.
+    fn writes_at_once(&self) -> usize {
+        1
+    }
+}
+
+#[async_trait]
+impl EndpointStates for SqliteEventLog {
     async fn keep_webhook_attempts(
         &self,
         attempts: &[WebhookAttempt<'_>],
@@ -610,14 +618,6 @@ impl DeliveryOutcomes for SqliteEventLog {
         attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
     }
 
-    /// One: the writes of this log queue for its one write connection.
-    fn writes_at_once(&self) -> usize {
-        1
-    }
-}
-
-#[async_trait]
-impl EndpointStates for SqliteEventLog {
     async fn endpoints(
         &self,
         channel: &str,

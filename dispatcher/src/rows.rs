@@ -79,7 +79,7 @@ pub(crate) struct RowCompletion {
     pub(crate) outcome: RowOutcome,
     /// The attempt it came from, for the history; none when nothing was
     /// sent.
-    pub(crate) attempt: Option<crate::storage::events::Attempt>,
+    pub(crate) attempt: Option<websub_delivery::attempt::Attempt>,
 }
 
 pub(super) fn claimed_row(row: &PgRow) -> Result<ClaimedRow, sqlx::Error> {

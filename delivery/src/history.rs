@@ -2,9 +2,9 @@
 //! change an endpoint went through (failing, open, recovered, disabled,
 //! enabled), in the order it was recorded, for operators to read, and the
 //! queue the optional operator webhook is sent from. The decisions are the
-//! delivery core's ([`crate::delivery::changes`]); this is where they are
+//! delivery core's ([`crate::changes`]); this is where they are
 //! kept, behind a trait of its own that both backends of the event log
-//! implement ([`EndpointStates::changes`](super::EndpointStates::changes)).
+//! implement ([`EndpointStates::changes`](crate::state::EndpointStates::changes)).
 //!
 //! The table is bounded twice: at most [`MAX_CHANGES`] rows in all (each
 //! append trims the oldest beyond it), and the retention purges rows older
@@ -15,20 +15,20 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
-use super::EventLogError;
+use crate::state::EventLogError;
 
 /// The most changes kept: appending more deletes the oldest. At a few
 /// changes per endpoint per outage, this is months of a busy hub's history.
 pub const MAX_CHANGES: i64 = 100_000;
 
 /// What an endpoint became.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum EndpointState {
     /// Attempts to it fail (recorded as the failures in a row reach each
-    /// stage, see [`crate::delivery::changes::failing_stage`]).
+    /// stage, see [`crate::changes::failing_stage`]).
     Failing,
     /// Its breaker opened: deliveries wait while probes test it.
     Open,
@@ -90,7 +90,8 @@ pub struct NewChange {
 }
 
 /// Where the operator webhook's delivery of a change stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum WebhookState {
     /// Not sent yet (or no operator webhook is configured).
@@ -123,7 +124,8 @@ impl WebhookState {
 }
 
 /// A recorded change.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EndpointChange {
     /// Its place in the history: later changes have higher ids.
     pub id: i64,
@@ -229,27 +231,6 @@ pub trait EndpointChanges: Send + Sync + std::fmt::Debug {
 
     /// Deletes the changes recorded before `cutoff`. Returns how many.
     async fn purge_changes_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError>;
-}
-
-/// A stored count of failures or retries as the number it is.
-pub(super) fn small_count(value: Option<i64>) -> Result<Option<u32>, EventLogError> {
-    value
-        .map(|value| {
-            u32::try_from(value).map_err(|_| EventLogError::Invalid(format!("count {value}")))
-        })
-        .transpose()
-}
-
-/// A stored state name as the state.
-pub(super) fn state_of(name: &str) -> Result<EndpointState, EventLogError> {
-    EndpointState::parse(name)
-        .ok_or_else(|| EventLogError::Invalid(format!("endpoint state {name:?}")))
-}
-
-/// A stored webhook state name as the state.
-pub(super) fn webhook_state_of(name: &str) -> Result<WebhookState, EventLogError> {
-    WebhookState::parse(name)
-        .ok_or_else(|| EventLogError::Invalid(format!("webhook state {name:?}")))
 }
 
 #[cfg(test)]

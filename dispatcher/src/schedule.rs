@@ -21,7 +21,7 @@
 //!   first row of the line not delivered or out of retries) is claimed by
 //!   a statement of its own, only when due and nothing of it is in flight.
 //!
-//! The WebSub scheduler (`crate::delivery::websub`) has none of this: its records
+//! The hub's WebSub scheduler has none of this: its records
 //! are written claimed by the expansion and shared out per callback host;
 //! here the producer's fixed tables, registrations rather than rows, and
 //! fairness per subscriber call for holding rows per subscriber.
@@ -38,19 +38,19 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, debug_span, warn};
 use uuid::Uuid;
 
-use crate::storage::events::Attempt;
+use websub_delivery::attempt::Attempt;
 
-use super::super::rows::{ClaimedRow, NewEvents, RowCompletion, RowOutcome};
-use super::super::sql::Rooms;
 use super::Dispatcher;
 use super::deliver::{Prepared, RowOutcomes, batching, completion};
 use super::lanes::{Lane, patience};
 use super::registry::Registry;
 use super::scans::{ClaimRound, Expanded, Expansion, ScanResult};
 use super::signals::{MAX_NOTIFIED_IDS, Scan};
-use crate::delivery::recorder;
 use crate::future::or_never;
-use crate::telemetry::traces;
+use crate::rows::{ClaimedRow, NewEvents, RowCompletion, RowOutcome};
+use crate::sql::Rooms;
+use websub_delivery::recorder;
+use websub_delivery::traces;
 
 /// How soon a pass runs again after a statement failed (or the poll
 /// interval, if shorter).
@@ -63,10 +63,7 @@ impl Dispatcher {
     pub async fn run(self, shutdown: CancellationToken) {
         let config = &self.inner.config;
         let background = TaskTracker::new();
-        background.spawn(super::super::listener::listen(
-            self.clone(),
-            shutdown.clone(),
-        ));
+        background.spawn(crate::listener::listen(self.clone(), shutdown.clone()));
         background.spawn(self.clone().advise_on_scan_index());
         background.spawn(self.clone().sample_gauges(shutdown.clone()));
         if let Some(endpoints) = self.endpoints() {

@@ -16,7 +16,7 @@
 //!   twice the interval each time up to [`LONGEST_PROBE`].
 //! - **recovered**: the first successful probe closes it; what waited is
 //!   due at once, with the deliveries that ran out of retries while it was
-//!   failing (see [`DeliveryQueue::release_endpoint`](crate::storage::events::DeliveryQueue::release_endpoint)).
+//!   failing (the hub's event log releases what waited on it).
 //! - **disabled**: open for `disable_after` (days by default), the
 //!   endpoint is disabled as an operator would, until one enables it.
 //!
@@ -41,10 +41,8 @@ use tracing::{info, warn};
 
 use super::Channel;
 use super::changes::{ChangeSink, change, failing_stage, was_failing};
-use crate::storage::events::{
-    Completion, EndpointRecord, EndpointState, EndpointStates, EventLogError, Exhaustion,
-    NewChange, Outcome,
-};
+use crate::history::{EndpointState, NewChange};
+use crate::state::{EndpointRecord, EndpointStates, EventLogError, Exhaustion};
 
 /// `websub_endpoints_disabled_total{channel, by}`: endpoints disabled, by
 /// the hub after failures (`by="failures"`) or by an operator
@@ -185,20 +183,6 @@ pub enum Tallied<'a> {
         /// Why the last attempt failed.
         error: &'a str,
     },
-}
-
-impl<'a> Tallied<'a> {
-    /// How the tally counts a WebSub completion, if it counts at all.
-    pub fn of(completion: &'a Completion) -> Option<Self> {
-        match &completion.outcome {
-            Outcome::Delivered => Some(Self::Delivered(&completion.subscriber)),
-            Outcome::Exhausted { error } => Some(Self::Exhausted {
-                endpoint: &completion.subscriber,
-                error,
-            }),
-            _ => None,
-        }
-    }
 }
 
 /// One channel's endpoint health. Cheap to clone; clones share state.

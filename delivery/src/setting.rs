@@ -1,7 +1,6 @@
 //! Settings as text: the error that names a bad setting and its value, and
 //! the parsing and writing of durations, shared by the hub's configuration,
-//! the outbox dispatcher's and the feeds'. A leaf: it imports nothing of the
-//! crate, so every module that validates settings can use it.
+//! the outbox dispatcher's and the feeds'.
 
 use std::time::Duration;
 
@@ -40,7 +39,8 @@ pub enum ConfigError {
     },
 }
 
-pub(crate) fn invalid(
+/// The error of `setting` refused at `value`, for `reason`.
+pub fn invalid(
     setting: &'static str,
     value: impl ToString,
     reason: impl Into<String>,
@@ -52,7 +52,8 @@ pub(crate) fn invalid(
     }
 }
 
-pub(crate) fn secs(duration: Duration) -> String {
+/// `duration` as a setting spells it in seconds (`1.5s`).
+pub fn secs(duration: Duration) -> String {
     format!("{}s", duration.as_secs_f64())
 }
 

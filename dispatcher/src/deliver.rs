@@ -12,21 +12,21 @@ use reqwest::header::HeaderValue;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::super::rows::{ClaimedRow, RowCompletion, RowOutcome};
 use super::Dispatcher;
 use super::config::DispatcherConfig;
 use super::operated::Operated;
 use super::registry::{Handler, WebhookSubscriber};
 use super::signals::Scan;
-use crate::delivery::attempt::{self, Attempted, Request};
-use crate::delivery::client::{self, ClientIdentity, Purpose};
-use crate::delivery::health::{Breaker, Gate, Tried};
-use crate::delivery::limit::Reply;
-use crate::delivery::outbox::{WebhookFormat, cloudevents};
-use crate::delivery::recorder::{Batching, OutcomeStore};
-use crate::delivery::{Verdict, error_chain};
-use crate::storage::events::Attempt;
-use crate::telemetry::traces;
+use crate::rows::{ClaimedRow, RowCompletion, RowOutcome};
+use crate::{WebhookFormat, cloudevents};
+use websub_delivery::attempt::Attempt;
+use websub_delivery::attempt::{self, Attempted, Request};
+use websub_delivery::client::{self, ClientIdentity, Purpose};
+use websub_delivery::health::{Breaker, Gate, Tried};
+use websub_delivery::limit::Reply;
+use websub_delivery::recorder::{Batching, OutcomeStore};
+use websub_delivery::traces;
+use websub_delivery::{Verdict, error_chain};
 use websub_outbox::{ENVELOPE_CONTENT_TYPE, Envelope};
 
 impl Dispatcher {
@@ -237,7 +237,7 @@ impl Dispatcher {
         &self,
         name: &str,
         identity: &ClientIdentity,
-    ) -> Result<reqwest::Client, crate::delivery::net::NetError> {
+    ) -> Result<reqwest::Client, websub_delivery::net::NetError> {
         let mut clients = self
             .inner
             .own_clients

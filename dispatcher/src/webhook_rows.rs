@@ -7,18 +7,16 @@
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Serialize;
 use sqlx::{AssertSqlSafe, Row};
-use utoipa::ToSchema;
 use uuid::Uuid;
+use websub_delivery::state::{DeliveryState, bounded};
 
-use crate::storage::events::DeliveryState;
-
-use super::Dispatcher;
-use super::signals::Scan;
-use crate::delivery::outbox::sql::skipped_row;
-use crate::storage::bounded;
+use crate::Dispatcher;
+use crate::signals::Scan;
+use crate::sql::skipped_row;
 
 /// One webhook delivery row, as an operator lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WebhookDelivery {
     /// The feed's outbox table.
     pub outbox: String,

@@ -1,4 +1,12 @@
-//! The outbox dispatcher: expands events into one delivery row per
+//! The outbox's in-process dispatcher: what a service embeds to deliver the
+//! rows of its own outbox to in-process handlers and to webhooks, without
+//! the hub. The producer side (the tables, [`Outbox`], the envelope) is the
+//! `websub-outbox` crate, re-exported here; the delivery core (the attempt,
+//! its verdict, retries, clients, endpoint health) is `websub-delivery`.
+//! The hub runs one of these per feed and re-exports it as
+//! `websub_hub::delivery::outbox`.
+//!
+//! The dispatcher expands events into one delivery row per
 //! registered subscriber, claims due rows, hands each to its in-process
 //! handler or POSTs it to its webhook, and records the outcome per row —
 //! processed, or retried with backoff until the retry limit, keeping the
@@ -22,14 +30,19 @@
 //! time in recording order ([`WebhookSubscriber::ordered`]): those are
 //! claimed one by one, the head of its line only, never by an expansion.
 
+pub mod cloudevents;
 mod config;
 mod deliver;
+mod future;
 mod lanes;
+mod listener;
 mod operated;
 mod registry;
+mod rows;
 mod scans;
 mod schedule;
 mod signals;
+mod sql;
 mod webhook_rows;
 
 use std::collections::HashMap;
@@ -43,17 +56,16 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::sql::Queries;
-use super::{OutboxError, purge_expired};
-use crate::config::text::ConfigError;
-use crate::delivery::attempt::SignatureScheme;
-use crate::delivery::client::{self, ClientIdentity, Purpose};
-use crate::delivery::net::NetError;
-use crate::delivery::{Channel, Judge};
 use config::static_headers;
 use lanes::{Lanes, waves};
 use registry::Registry;
 use signals::Pending;
+use sql::Queries;
+use websub_delivery::attempt::SignatureScheme;
+use websub_delivery::client::{self, ClientIdentity, Purpose};
+use websub_delivery::net::NetError;
+use websub_delivery::setting::ConfigError;
+use websub_delivery::{Channel, Judge};
 
 pub use config::{DispatcherConfig, WebhookSignature};
 pub use registry::{
@@ -61,6 +73,11 @@ pub use registry::{
     WebhookSubscriber,
 };
 pub use webhook_rows::{WebhookDelivery, WebhookFilter};
+
+pub use cloudevents::WebhookFormat;
+pub use websub_delivery::net::NetPolicy;
+pub use websub_delivery::{NextStep, RetryPolicy};
+pub use websub_outbox::*;
 
 /// Failures building a dispatcher.
 #[derive(Debug, thiserror::Error)]
@@ -200,7 +217,8 @@ impl Dispatcher {
         self
     }
 
-    /// Keeps every webhook attempt in `events` (the hub's log) and tallies
+    /// Keeps every webhook attempt in `events` (the hub's log, or any
+    /// keeper of endpoint state) and tallies
     /// the webhooks' health there: a webhook whose deliveries exhaust their
     /// retries `disable_after` times in a row is disabled (never, when 0),
     /// and its rows are closed as skipped until an operator enables it.
@@ -209,7 +227,7 @@ impl Dispatcher {
     /// Without it, a dispatcher keeps no history and disables nothing.
     pub fn with_operations(
         self,
-        events: Arc<dyn crate::storage::events::EventLog>,
+        events: Arc<dyn websub_delivery::state::EndpointStates>,
         disable_after: u32,
     ) -> Self {
         let _ = self.inner.operated.set(operated::Operated::new(
@@ -221,7 +239,7 @@ impl Dispatcher {
     }
 
     /// The webhooks' health, when [`Dispatcher::with_operations`] set it up.
-    pub fn endpoints(&self) -> Option<&crate::delivery::Endpoints> {
+    pub fn endpoints(&self) -> Option<&websub_delivery::Endpoints> {
         self.inner
             .operated
             .get()
@@ -267,10 +285,11 @@ impl Dispatcher {
         let config = &self.inner.config;
         let tables = &config.tables;
         let outbox = tables.outbox();
-        let found =
-            crate::storage::bounded(config.query_timeout, &self.inner.pool, async |connection| {
-                super::sql::scan_index(connection, tables).await
-            });
+        let found = websub_delivery::state::bounded(
+            config.query_timeout,
+            &self.inner.pool,
+            async |connection| sql::scan_index(connection, tables).await,
+        );
         match found.await {
             Ok((true, _)) => {
                 debug!(%outbox, "polling scans read the outbox by its created_at index")
@@ -297,9 +316,10 @@ impl Dispatcher {
         let tables = &self.inner.config.tables;
         loop {
             let limit = self.inner.config.query_timeout;
-            let purge = crate::storage::bounded(limit, &self.inner.pool, async |connection| {
-                purge_expired(connection, tables, ttl).await
-            });
+            let purge =
+                websub_delivery::state::bounded(limit, &self.inner.pool, async |connection| {
+                    purge_expired(connection, tables, ttl).await
+                });
             match purge.await {
                 Ok(0) => debug!("retention sweep: nothing expired"),
                 Ok(deleted) => info!(deleted, "retention sweep deleted expired outbox events"),
@@ -343,7 +363,7 @@ const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
 impl Dispatcher {
     /// Keeps the feed's gauges current until `shutdown`: whether it listens
     /// (also set at every change of the listener), and its backlog.
-    pub(super) async fn sample_gauges(self, shutdown: CancellationToken) {
+    pub(crate) async fn sample_gauges(self, shutdown: CancellationToken) {
         let outbox = self.inner.config.tables.outbox().to_owned();
         let listening = metrics::gauge!(OUTBOX_LISTENER_CONNECTED, "outbox" => outbox.clone());
         let backlog = metrics::gauge!(OUTBOX_BACKLOG, "outbox" => outbox.clone());
@@ -352,17 +372,12 @@ impl Dispatcher {
             listening.set(if self.is_listening() { 1.0 } else { 0.0 });
             let names = self.registry().names.clone();
             let config = &self.inner.config;
-            let sampled = crate::storage::bounded(
+            let sampled = websub_delivery::state::bounded(
                 config.query_timeout,
                 &self.inner.pool,
                 async |connection| {
-                    super::sql::undelivered(
-                        connection,
-                        &config.tables,
-                        &names,
-                        config.retry.max_retries,
-                    )
-                    .await
+                    sql::undelivered(connection, &config.tables, &names, config.retry.max_retries)
+                        .await
                 },
             );
             match sampled.await {

@@ -6,13 +6,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use reqwest::header::{HeaderName, HeaderValue};
 
-use super::super::{OutboxTables, check_channel};
-use crate::config::text::{ConfigError, invalid};
-use crate::delivery::RetryPolicy;
-use crate::delivery::attempt::{MESSAGING_SCHEME, STANDARD_WEBHOOKS_SCHEME, SignatureScheme};
-use crate::delivery::client::Trust;
-use crate::delivery::net::NetPolicy;
-use crate::signature::{MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, standard_key};
+use crate::{OutboxTables, check_channel};
+use websub_delivery::RetryPolicy;
+use websub_delivery::attempt::{MESSAGING_SCHEME, STANDARD_WEBHOOKS_SCHEME, SignatureScheme};
+use websub_delivery::client::Trust;
+use websub_delivery::net::NetPolicy;
+use websub_delivery::setting::{ConfigError, invalid};
+use websub_protocol::signature::{
+    MESSAGING_EVENT_ID_HEADER, MESSAGING_SIGNATURE_HEADER, standard_key,
+};
 
 /// Everything a dispatcher needs besides its pool. [`Default`] gives the
 /// messaging contract's defaults; set what differs, then
@@ -22,7 +24,7 @@ pub struct DispatcherConfig {
     /// The outbox and deliveries tables.
     pub tables: OutboxTables,
     /// The `NOTIFY` channel to listen on; `None` is
-    /// [`OutboxTables::default_channel`], what [`Outbox`](crate::delivery::outbox::Outbox) notifies on
+    /// [`OutboxTables::default_channel`], what [`Outbox`](crate::Outbox) notifies on
     /// by default.
     pub channel: Option<String>,
     /// The subscriber in-process handlers deliver as. Stored in every one of
@@ -90,8 +92,8 @@ pub struct DispatcherConfig {
     pub concurrency: usize,
     /// Attempts in flight at once to one subscriber at most (16), so that a
     /// slow one cannot take every slot. Its limit adapts below this to how
-    /// its webhook answers (see [`crate::delivery::limit`]), from
-    /// [`crate::delivery::limit::INITIAL_LIMIT`] and never under
+    /// its webhook answers (see [`websub_delivery::limit`]), from
+    /// [`websub_delivery::limit::INITIAL_LIMIT`] and never under
     /// `per_subscriber_min`. A subscriber's rows are claimed up to four
     /// times this many ahead (fewer when the visibility timeout leaves less
     /// than four delivery timeouts of patience), so that its next attempt is
@@ -117,7 +119,7 @@ pub struct DispatcherConfig {
     /// default: no breaker, every row tried to its own retry limit, as the
     /// messaging contract has it). Beyond the contract: while open, the
     /// webhook's due rows wait without spending retries, and the next real
-    /// delivery probes it (see [`crate::delivery::health`]). Only with
+    /// delivery probes it (see [`websub_delivery::health`]). Only with
     /// [`super::Dispatcher::with_operations`], whose log keeps the health.
     pub breaker_open_after: u32,
     /// When a webhook's breaker closes again, re-open its rows that ran out

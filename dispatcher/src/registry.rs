@@ -9,10 +9,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use url::Url;
 
-use super::super::sql::{MatchColumns, Registrations};
 use super::Dispatcher;
 use super::signals::Scan;
-use crate::delivery::net::NetPolicy;
+use crate::sql::{MatchColumns, Registrations};
+use websub_delivery::net::NetPolicy;
 use websub_outbox::Envelope;
 
 /// A webhook subscriber of one event name.
@@ -38,10 +38,10 @@ pub struct WebhookSubscriber {
     /// The client certificate it is shown when it asks for one, in place of
     /// the dispatcher's ([`super::DispatcherConfig::trust`]). Beyond the
     /// messaging contract.
-    pub identity: Option<crate::delivery::client::ClientIdentity>,
+    pub identity: Option<websub_delivery::client::ClientIdentity>,
     /// How its events are sent: the envelope (the default) or CloudEvents.
     /// Beyond the messaging contract.
-    pub format: crate::delivery::outbox::WebhookFormat,
+    pub format: crate::WebhookFormat,
 }
 
 impl WebhookSubscriber {
@@ -54,7 +54,7 @@ impl WebhookSubscriber {
             ordered: false,
             max_in_flight: None,
             identity: None,
-            format: crate::delivery::outbox::WebhookFormat::Envelope,
+            format: crate::WebhookFormat::Envelope,
         }
     }
 }
@@ -209,7 +209,6 @@ pub enum RegistrationError {
 
 /// Why [`Dispatcher::reload_webhooks`] changed nothing.
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum ReloadError<E> {
     /// A registration the function made was refused (even if the function
     /// went on and returned `Ok`).
@@ -636,8 +635,8 @@ impl WebhookRegistrar for Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::delivery::net::NetPolicy;
     use std::sync::Arc;
+    use websub_delivery::net::NetPolicy;
 
     const ALLOW: NetPolicy = NetPolicy {
         allow_private_network: true,

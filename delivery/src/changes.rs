@@ -1,7 +1,7 @@
 //! Endpoint state changes as the delivery core records them: each change
 //! an endpoint's health goes through ([`EndpointState`]) is counted in
 //! `websub_endpoint_changes_total{channel, to}` and kept in the history
-//! ([`crate::storage::events::EndpointChanges`]), from where the optional operator
+//! ([`crate::history::EndpointChanges`]), from where the optional operator
 //! webhook ([`super::operator`]) sends it.
 //!
 //! Changes found on the attempt path (a breaker that opens, a callback that
@@ -22,7 +22,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::storage::events::{EndpointState, EndpointStates, NewChange};
+use crate::history::{EndpointState, NewChange};
+use crate::state::EndpointStates;
 
 /// `websub_endpoint_changes_total{channel, to}`: endpoint state changes,
 /// by channel and the state changed to (`failing`, `open`, `recovered`,

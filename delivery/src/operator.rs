@@ -37,7 +37,8 @@ use super::attempt::{self, Request, STANDARD_WEBHOOKS_SCHEME};
 use super::health::{Breaker, BreakerPolicy, DEFAULT_OPEN_AFTER, Gate, Tried};
 use super::{Channel, Endpoints, Judge, RetryPolicy, Verdict};
 use crate::clock::Clock;
-use crate::storage::events::{EndpointChange, EndpointState, EndpointStates, Sent};
+use crate::history::{EndpointChange, EndpointState, Sent};
+use crate::state::EndpointStates;
 
 /// `websub_operator_webhook_deliveries_total{outcome}`: endpoint changes
 /// sent to the operator webhook, by outcome: `delivered`, `retried`,
@@ -383,7 +384,7 @@ impl Sender {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::events::WebhookState;
+    use crate::history::WebhookState;
 
     #[test]
     fn the_body_names_the_change_and_its_hub() {

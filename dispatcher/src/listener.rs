@@ -31,9 +31,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-use super::dispatcher::Dispatcher;
-use crate::delivery::RetryPolicy;
+use crate::Dispatcher;
 use crate::future::or_never;
+use websub_delivery::RetryPolicy;
 
 /// Payload prefix of the listener's own liveness checks; never an event id.
 const PING_PREFIX: &str = "ping:";
@@ -235,7 +235,7 @@ fn send_check(dispatcher: &Dispatcher, limit: Duration) -> oneshot::Receiver<()>
     let channel = dispatcher.channel().to_owned();
     tokio::spawn(async move {
         let token = format!("{PING_PREFIX}{}", Uuid::new_v4());
-        let send = crate::storage::bounded(limit, &pool, async |connection| {
+        let send = websub_delivery::state::bounded(limit, &pool, async |connection| {
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(&channel)
                 .bind(&token)

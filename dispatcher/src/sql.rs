@@ -5,15 +5,15 @@
 //! clock `created_at` is written with, so that processes with skewed clocks
 //! agree on what is due.
 
-use crate::delivery::health::SKIPPED_REASON;
 use std::sync::Arc;
 use std::time::Duration;
+use websub_delivery::health::SKIPPED_REASON;
 
 use chrono::NaiveDateTime;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
-use crate::storage::bounded;
 use uuid::Uuid;
+use websub_delivery::state::bounded;
 
 use super::OutboxTables;
 use super::rows::{

@@ -21,7 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::Dispatcher;
 use super::config::DispatcherConfig;
 use super::registry::{Delivery, Registry};
-use crate::delivery::limit::{Limit, Reply};
+use websub_delivery::limit::{Limit, Reply};
 
 /// The rows this dispatcher holds claimed.
 #[derive(Debug, Default)]

@@ -15,11 +15,11 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use tracing::{info, warn};
 
-use super::super::rows::{RowCompletion, RowOutcome};
 use super::config::DispatcherConfig;
-use crate::delivery::health::{BreakerPolicy, Tallied};
-use crate::delivery::{Channel, Endpoints};
-use crate::storage::events::{EventLog, WebhookAttempt};
+use crate::rows::{RowCompletion, RowOutcome};
+use websub_delivery::health::{BreakerPolicy, Tallied};
+use websub_delivery::state::{EndpointStates, WebhookAttempt};
+use websub_delivery::{Channel, Endpoints};
 
 /// The most exhausted rows one recovery re-opens: a webhook down long
 /// enough to exhaust more than this many has an operator's attention (and
@@ -29,7 +29,7 @@ pub(super) const RESEND_LIMIT: usize = 10_000;
 /// The hub's log, for one dispatcher's webhooks.
 #[derive(Debug)]
 pub(super) struct Operated {
-    events: Arc<dyn EventLog>,
+    events: Arc<dyn EndpointStates>,
     pub(super) endpoints: Endpoints,
     /// Whether a recovery re-opens the rows exhausted while failing.
     resend_exhausted: bool,
@@ -40,7 +40,7 @@ pub(super) struct Operated {
 
 impl Operated {
     pub(super) fn new(
-        events: Arc<dyn EventLog>,
+        events: Arc<dyn EndpointStates>,
         disable_after: u32,
         config: &DispatcherConfig,
     ) -> Self {
