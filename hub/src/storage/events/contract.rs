@@ -471,8 +471,16 @@ pub trait DeliveryOperations: Send + Sync + std::fmt::Debug {
 #[async_trait]
 pub trait LogUpkeep: Send + Sync + std::fmt::Debug {
     /// The versions of this build's migrations that the database has not
-    /// applied (none on a ready log); a query, so also a sign of life.
-    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError>;
+    /// applied (none on a ready log); a query, so also a sign of life. One
+    /// that gets no answer within `limit` fails as timed out, and its
+    /// connection is closed rather than kept (see
+    /// [`bounded`](websub_delivery::state::bounded)): a readiness probe
+    /// that asks every few seconds of a database gone silent must not use
+    /// up its pool.
+    async fn unapplied_migrations(
+        &self,
+        limit: std::time::Duration,
+    ) -> Result<Vec<i64>, EventLogError>;
 
     /// Deletes events created before `cutoff` with their delivery records.
     /// Returns how many events were deleted.

@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use tracing::warn;
 
 use super::ApiState;
 
@@ -30,27 +31,36 @@ pub(super) struct Readiness {
 
 const OK: &str = "ok";
 
+/// What a failed check says: which dependency did not answer, never the
+/// database's own words (those go to the log).
+const EVENT_LOG_FAILED: &str = "failed: the event log's database did not answer";
+const STORE_FAILED: &str = "failed: the subscription store did not answer";
+const MIGRATIONS_UNKNOWN: &str = "unknown: the event log did not answer";
+
 pub(super) async fn ready(State(state): State<ApiState>) -> Response {
-    let (event_log, migrations) =
-        match tokio::time::timeout(CHECK_TIMEOUT, state.events.unapplied_migrations()).await {
-            Err(_) => (
-                timed_out(),
-                "unknown: the event log did not answer".to_owned(),
-            ),
-            Ok(Err(error)) => (
-                error.to_string(),
-                "unknown: the event log did not answer".to_owned(),
-            ),
-            Ok(Ok(missing)) if missing.is_empty() => (OK.to_owned(), OK.to_owned()),
-            Ok(Ok(missing)) => (
-                OK.to_owned(),
-                format!("not applied: {}", versions(&missing)),
-            ),
-        };
+    // Bounded inside the log: a statement that times out closes its
+    // connection instead of handing it back to wait on a silent peer.
+    let (event_log, migrations) = match state.events.unapplied_migrations(CHECK_TIMEOUT).await {
+        Err(error) => {
+            warn!(%error, "readiness: the event log did not answer");
+            (EVENT_LOG_FAILED.to_owned(), MIGRATIONS_UNKNOWN.to_owned())
+        }
+        Ok(missing) if missing.is_empty() => (OK.to_owned(), OK.to_owned()),
+        Ok(missing) => (
+            OK.to_owned(),
+            format!("not applied: {}", versions(&missing)),
+        ),
+    };
     // A count for nobody: one indexed read in every backend.
     let store = match tokio::time::timeout(CHECK_TIMEOUT, state.store.count_by_owner("")).await {
-        Err(_) => timed_out(),
-        Ok(Err(error)) => error.to_string(),
+        Err(_) => {
+            warn!("readiness: the subscription store did not answer within {CHECK_TIMEOUT:?}");
+            format!("failed: no answer within {CHECK_TIMEOUT:?}")
+        }
+        Ok(Err(error)) => {
+            warn!(%error, "readiness: the subscription store failed");
+            STORE_FAILED.to_owned()
+        }
         Ok(Ok(_)) => OK.to_owned(),
     };
     let ready = [&event_log, &migrations, &store]
@@ -68,10 +78,6 @@ pub(super) async fn ready(State(state): State<ApiState>) -> Response {
         store,
     };
     (status, Json(body)).into_response()
-}
-
-fn timed_out() -> String {
-    format!("no answer within {CHECK_TIMEOUT:?}")
 }
 
 fn versions(missing: &[i64]) -> String {

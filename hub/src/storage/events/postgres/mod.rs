@@ -694,10 +694,16 @@ impl EndpointStates for PostgresEventLog {
 
 #[async_trait]
 impl LogUpkeep for PostgresEventLog {
-    async fn unapplied_migrations(&self) -> Result<Vec<i64>, EventLogError> {
-        let applied: Vec<i64> = sqlx::query_scalar(super::sql::APPLIED_MIGRATIONS)
-            .fetch_all(&self.pool)
-            .await?;
+    async fn unapplied_migrations(
+        &self,
+        limit: std::time::Duration,
+    ) -> Result<Vec<i64>, EventLogError> {
+        let applied: Vec<i64> = crate::storage::bounded(limit, &self.pool, async |connection| {
+            sqlx::query_scalar(super::sql::APPLIED_MIGRATIONS)
+                .fetch_all(&mut *connection)
+                .await
+        })
+        .await?;
         Ok(super::unapplied(&migrator(), &applied))
     }
 
