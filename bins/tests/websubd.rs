@@ -96,7 +96,7 @@ fn the_help_lists_every_setting_with_its_default() {
     for (flag, default) in [
         ("--delivery-batch-size <N>", "500"),
         ("--verification-timeout <DURATION>", "10s"),
-        ("--verification-concurrency <N>", "64"),
+        ("--verification-concurrency <N>", "256"),
         ("--reaper-interval <DURATION>", "1m"),
         ("--max-form-bytes <BYTES>", "65536"),
         ("--max-content-bytes <BYTES>", "16777216"),

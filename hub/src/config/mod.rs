@@ -306,7 +306,15 @@ impl Default for VerificationPolicy {
     fn default() -> Self {
         Self {
             timeout: Duration::from_secs(10),
-            concurrency: 64,
+            // A verification in flight is a task and a callback connection,
+            // and holds no database connection: its writes go in groups.
+            // With 64, subscribing waited on verifiers (some 2 800 pending
+            // at a time in a 10 000-request run), and a handful of
+            // callbacks slow to answer held most of them; 256 keep up with
+            // what the hub accepts, and fit well inside the descriptors
+            // kept for everything but deliveries (`descriptors::RESERVED`).
+            // See docs/benchmarks.md.
+            concurrency: 256,
             // With the timeout, a callback that never answers is given up
             // after about a minute: 10 s, a 10 s wait, 10 s, 20 s, 10 s.
             attempts: 3,
