@@ -285,18 +285,36 @@ fn stale_bound(now: DateTime<Utc>, visibility: std::time::Duration) -> Option<Da
         .filter(|bound| *bound >= DateTime::UNIX_EPOCH)
 }
 
-/// A column that does not decode is a stored value the backend cannot hold,
-/// not a failure of the database.
-/// The versions of `migrator`'s migrations missing from `applied`.
-fn unapplied(migrator: &sqlx::migrate::Migrator, applied: &[i64]) -> Vec<i64> {
-    migrator
+/// The versions of `migrator`'s migrations that the database of `pool`
+/// has not applied, read within `limit` (see
+/// [`LogUpkeep::unapplied_migrations`]).
+async fn unapplied<Db>(
+    migrator: &sqlx::migrate::Migrator,
+    pool: &sqlx::Pool<Db>,
+    limit: std::time::Duration,
+) -> Result<Vec<i64>, EventLogError>
+where
+    Db: sqlx::Database,
+    for<'c> &'c mut Db::Connection: sqlx::Executor<'c, Database = Db>,
+    Db::Arguments: sqlx::IntoArguments<Db>,
+    (i64,): for<'r> sqlx::FromRow<'r, Db::Row>,
+{
+    let applied: Vec<i64> = crate::storage::bounded(limit, pool, async |connection| {
+        sqlx::query_scalar(sql::APPLIED_MIGRATIONS)
+            .fetch_all(&mut *connection)
+            .await
+    })
+    .await?;
+    Ok(migrator
         .iter()
         .filter(|migration| migration.migration_type.is_up_migration())
         .map(|migration| migration.version)
         .filter(|version| !applied.contains(version))
-        .collect()
+        .collect())
 }
 
+/// A column that does not decode is a stored value the backend cannot hold,
+/// not a failure of the database.
 fn invalid(error: sqlx::Error) -> EventLogError {
     EventLogError::Invalid(error.to_string())
 }

@@ -690,13 +690,7 @@ impl LogUpkeep for SqliteEventLog {
         &self,
         limit: std::time::Duration,
     ) -> Result<Vec<i64>, EventLogError> {
-        let applied: Vec<i64> = crate::storage::bounded(limit, &self.pool, async |connection| {
-            sqlx::query_scalar(super::sql::APPLIED_MIGRATIONS)
-                .fetch_all(&mut *connection)
-                .await
-        })
-        .await?;
-        Ok(super::unapplied(&migrator(), &applied))
+        super::unapplied(&migrator(), &self.pool, limit).await
     }
 
     async fn purge_before(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
