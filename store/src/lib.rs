@@ -122,6 +122,25 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// [`save_all`](Self::save_all)s `subscriptions`, except that one
+    /// replacing a subscription of its pair keeps that one's `created_at`:
+    /// a renewal, of a subscription that has existed since then. The hub
+    /// saves what it verified this way. The provided method reads each pair
+    /// first; the SQL backends need no read.
+    async fn renew_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+        let mut renewed = Vec::with_capacity(subscriptions.len());
+        for subscription in subscriptions {
+            let mut subscription = subscription.clone();
+            match self.get(&subscription.topic, &subscription.callback).await {
+                Ok(existing) => subscription.created_at = existing.created_at,
+                Err(StoreError::UnknownSubscription { .. }) => {}
+                Err(error) => return Err(error),
+            }
+            renewed.push(subscription);
+        }
+        self.save_all(&renewed).await
+    }
+
     /// Returns the subscription of the pair, or
     /// [`StoreError::UnknownSubscription`].
     async fn get(&self, topic: &str, callback: &str) -> Result<Subscription, StoreError>;
@@ -203,6 +222,9 @@ impl<S: SubscriptionStore + ?Sized> SubscriptionStore for std::sync::Arc<S> {
     }
     async fn save_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
         (**self).save_all(subscriptions).await
+    }
+    async fn renew_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+        (**self).renew_all(subscriptions).await
     }
     async fn get(&self, topic: &str, callback: &str) -> Result<Subscription, StoreError> {
         (**self).get(topic, callback).await

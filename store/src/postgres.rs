@@ -31,14 +31,23 @@ const UPSERT: &str = concat!(
     replace_on_conflict!()
 );
 
+/// The rows of [`UPSERT_ALL`] and [`RENEW_ALL`]: one array per column.
+macro_rules! unnest_columns {
+    () => {
+        concat!(
+            "INSERT INTO websub_subscriptions (",
+            columns!(),
+            ") SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], \
+                 $5::timestamptz[], $6::timestamptz[], $7::timestamptz[], $8::text[])"
+        )
+    };
+}
+
 /// [`UPSERT`] of one array per column.
-const UPSERT_ALL: &str = concat!(
-    "INSERT INTO websub_subscriptions (",
-    columns!(),
-    ") SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], \
-         $5::timestamptz[], $6::timestamptz[], $7::timestamptz[], $8::text[])",
-    replace_on_conflict!()
-);
+const UPSERT_ALL: &str = concat!(unnest_columns!(), replace_on_conflict!());
+
+/// [`UPSERT_ALL`] keeping a stored pair's `created_at`.
+const RENEW_ALL: &str = concat!(unnest_columns!(), renew_on_conflict!());
 
 /// Subscriptions in a PostgreSQL database.
 ///
@@ -171,13 +180,13 @@ fn count(value: i64) -> Result<u64, StoreError> {
     u64::try_from(value).map_err(|_| StoreError::Invalid(format!("negative count {value}")))
 }
 
-#[async_trait]
-impl SubscriptionStore for PostgresStore {
-    async fn save(&self, subscription: &Subscription) -> Result<(), StoreError> {
-        upsert(&self.pool, subscription).await
-    }
-
-    async fn save_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+impl PostgresStore {
+    /// `statement` ([`UPSERT_ALL`] or [`RENEW_ALL`]) of `subscriptions`.
+    async fn upsert_all(
+        &self,
+        statement: &'static str,
+        subscriptions: &[Subscription],
+    ) -> Result<(), StoreError> {
         if subscriptions.is_empty() {
             return Ok(());
         }
@@ -188,7 +197,7 @@ impl SubscriptionStore for PostgresStore {
             |value: fn(&Subscription) -> Option<DateTime<Utc>>| -> Vec<Option<DateTime<Utc>>> {
                 subscriptions.iter().map(value).collect()
             };
-        sqlx::query(UPSERT_ALL)
+        sqlx::query(statement)
             .bind(column(|s| Some(&s.topic)))
             .bind(column(|s| Some(&s.callback)))
             .bind(column(|s| s.secret.as_deref()))
@@ -205,6 +214,21 @@ impl SubscriptionStore for PostgresStore {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+}
+
+#[async_trait]
+impl SubscriptionStore for PostgresStore {
+    async fn save(&self, subscription: &Subscription) -> Result<(), StoreError> {
+        upsert(&self.pool, subscription).await
+    }
+
+    async fn save_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+        self.upsert_all(UPSERT_ALL, subscriptions).await
+    }
+
+    async fn renew_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+        self.upsert_all(RENEW_ALL, subscriptions).await
     }
 
     async fn get(&self, topic: &str, callback: &str) -> Result<Subscription, StoreError> {

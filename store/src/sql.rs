@@ -13,10 +13,17 @@ macro_rules! columns {
 /// What a save replaces of a pair already stored: everything but the pair.
 macro_rules! replace_on_conflict {
     () => {
+        concat!(renew_on_conflict!(), ", created_at = excluded.created_at")
+    };
+}
+
+/// What a renewal replaces of a pair already stored: everything but the
+/// pair and when it was created.
+macro_rules! renew_on_conflict {
+    () => {
         " ON CONFLICT (topic, callback) DO UPDATE SET \
          secret = excluded.secret, \
          lease_seconds = excluded.lease_seconds, \
-         created_at = excluded.created_at, \
          verified_at = excluded.verified_at, \
          expires_at = excluded.expires_at, \
          owner = excluded.owner"

@@ -76,16 +76,26 @@ const UPSERT: &str = concat!(
     replace_on_conflict!()
 );
 
-/// [`UPSERT`] of a JSON array, each element an array of [`columns!`].
-/// `WHERE true` tells SQLite the `ON` is the upsert's, not a join's.
-const UPSERT_ALL: &str = concat!(
-    "INSERT INTO websub_subscriptions (",
-    columns!(),
-    ") SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
-              value ->> 5, value ->> 6, value ->> 7 \
-     FROM json_each(?1) WHERE true",
-    replace_on_conflict!()
-);
+/// The rows of [`UPSERT_ALL`] and [`RENEW_ALL`]: a JSON array, each
+/// element an array of [`columns!`]. `WHERE true` tells SQLite the `ON` is
+/// the upsert's, not a join's.
+macro_rules! json_columns {
+    () => {
+        concat!(
+            "INSERT INTO websub_subscriptions (",
+            columns!(),
+            ") SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
+                      value ->> 5, value ->> 6, value ->> 7 \
+             FROM json_each(?1) WHERE true"
+        )
+    };
+}
+
+/// [`UPSERT`] of a JSON array.
+const UPSERT_ALL: &str = concat!(json_columns!(), replace_on_conflict!());
+
+/// [`UPSERT_ALL`] keeping a stored pair's `created_at`.
+const RENEW_ALL: &str = concat!(json_columns!(), renew_on_conflict!());
 
 /// Subscriptions in a SQLite database file.
 ///
@@ -354,13 +364,13 @@ fn count(value: i64) -> Result<u64, StoreError> {
     u64::try_from(value).map_err(|_| StoreError::Invalid(format!("negative count {value}")))
 }
 
-#[async_trait]
-impl SubscriptionStore for SqliteStore {
-    async fn save(&self, subscription: &Subscription) -> Result<(), StoreError> {
-        upsert(&mut *self.writer.lock().await?, subscription).await
-    }
-
-    async fn save_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+impl SqliteStore {
+    /// `statement` ([`UPSERT_ALL`] or [`RENEW_ALL`]) of `subscriptions`.
+    async fn upsert_all(
+        &self,
+        statement: &'static str,
+        subscriptions: &[Subscription],
+    ) -> Result<(), StoreError> {
         if subscriptions.is_empty() {
             return Ok(());
         }
@@ -379,11 +389,26 @@ impl SubscriptionStore for SqliteStore {
                 ])
             })
             .collect();
-        sqlx::query(UPSERT_ALL)
+        sqlx::query(statement)
             .bind(serde_json::Value::Array(rows).to_string())
             .execute(&mut *self.writer.lock().await?)
             .await?;
         Ok(())
+    }
+}
+
+#[async_trait]
+impl SubscriptionStore for SqliteStore {
+    async fn save(&self, subscription: &Subscription) -> Result<(), StoreError> {
+        upsert(&mut *self.writer.lock().await?, subscription).await
+    }
+
+    async fn save_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+        self.upsert_all(UPSERT_ALL, subscriptions).await
+    }
+
+    async fn renew_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
+        self.upsert_all(RENEW_ALL, subscriptions).await
     }
 
     async fn get(&self, topic: &str, callback: &str) -> Result<Subscription, StoreError> {

@@ -89,6 +89,44 @@ pub async fn save_all_saves_each_as_save_would(store: SharedStore) {
     assert_eq!(callbacks_of(&store, &topic).await.len(), 2);
 }
 
+/// `renew_all` saves each of a group as `save_all` would, except that a
+/// pair already stored keeps when it was created; a new pair takes the
+/// `created_at` given, and an empty group is no change.
+pub async fn renew_all_keeps_when_a_pair_was_created(store: SharedStore) {
+    let topic = unique_topic();
+    let existing = leased(&topic, &unique_callback());
+    must_save(&store, &existing).await;
+    let later = existing.verified_at + Duration::seconds(30);
+    let renewal = Subscription {
+        secret: Some("a renewed secret".to_owned()),
+        lease_seconds: Some(60),
+        created_at: later,
+        verified_at: later,
+        expires_at: Some(later + Duration::seconds(60)),
+        owner: None,
+        ..existing.clone()
+    };
+    let fresh = Subscription {
+        created_at: later,
+        ..leased(&topic, &unique_callback())
+    };
+    store
+        .renew_all(&[renewal.clone(), fresh.clone()])
+        .await
+        .expect("renew_all");
+    store.renew_all(&[]).await.expect("renew_all of none");
+    assert_eq!(
+        must_get(&store, &topic, &renewal.callback).await,
+        Subscription {
+            created_at: existing.created_at,
+            ..renewal
+        },
+        "every field renewed but when it was created"
+    );
+    assert_eq!(must_get(&store, &topic, &fresh.callback).await, fresh);
+    assert_eq!(callbacks_of(&store, &topic).await.len(), 2);
+}
+
 /// `get` of a pair never saved is `UnknownSubscription`.
 pub async fn get_missing_is_unknown_subscription(store: SharedStore) {
     let (topic, callback) = (unique_topic(), unique_callback());

@@ -115,19 +115,20 @@ pub(super) fn failed<A>(count: usize, error: BacklogError) -> Vec<Result<A, Back
         .collect()
 }
 
-/// Saves `subscriptions` in one write and answers each; when that fails,
-/// each is saved on its own, so that each hears its own answer (one over a
-/// store's limit fails alone).
-pub(super) async fn save_all(
+/// Saves `subscriptions` in one write, each renewing the subscription of
+/// its pair if there is one (see [`SubscriptionStore::renew_all`]), and
+/// answers each; when that fails, each is saved on its own, so that each
+/// hears its own answer (one over a store's limit fails alone).
+pub(super) async fn renew_all(
     store: &dyn SubscriptionStore,
     subscriptions: &[Subscription],
 ) -> Vec<Result<(), StoreError>> {
-    if store.save_all(subscriptions).await.is_ok() {
+    if store.renew_all(subscriptions).await.is_ok() {
         return subscriptions.iter().map(|_| Ok(())).collect();
     }
     let mut saved = Vec::with_capacity(subscriptions.len());
     for subscription in subscriptions {
-        saved.push(store.save(subscription).await);
+        saved.push(store.renew_all(std::slice::from_ref(subscription)).await);
     }
     saved
 }

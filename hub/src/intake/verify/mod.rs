@@ -575,22 +575,14 @@ impl Subscriptions {
             )
             .await
             .map_err(ProcessError::Verification)?;
-        let created_at = match self
-            .inner
-            .store
-            .get(&request.topic, &request.callback)
-            .await
-        {
-            Ok(existing) => existing.created_at,
-            Err(StoreError::UnknownSubscription { .. }) => requested_at,
-            Err(error) => return Err(ProcessError::Store(error)),
-        };
+        // A renewal keeps when the subscription was created: the save does
+        // (`renew_all`), without a read of its own.
         let subscription = Subscription {
             topic: request.topic,
             callback: request.callback,
             secret: request.secret,
             lease_seconds: Some(lease_seconds),
-            created_at,
+            created_at: requested_at,
             verified_at: requested_at,
             expires_at: Some(requested_at + chrono::Duration::seconds(i64::from(lease_seconds))),
             owner: request.owner,
@@ -710,7 +702,7 @@ impl Subscriptions {
                 let store = self.inner.store.clone();
                 GroupCommit::start(move |subscriptions: Vec<Subscription>| {
                     let store = store.clone();
-                    async move { group_commit::save_all(store.as_ref(), &subscriptions).await }
+                    async move { group_commit::renew_all(store.as_ref(), &subscriptions).await }
                 })
             });
             return saves
@@ -728,7 +720,20 @@ impl Subscriptions {
                     other => SaveError::Store(other),
                 });
         };
-        match quota.check_total(&*self.inner.store, subscription).await {
+        // Saved on its own, counted under the owner's lock: a renewal
+        // reads when it was created first.
+        let mut subscription = subscription.clone();
+        match self
+            .inner
+            .store
+            .get(&subscription.topic, &subscription.callback)
+            .await
+        {
+            Ok(existing) => subscription.created_at = existing.created_at,
+            Err(StoreError::UnknownSubscription { .. }) => {}
+            Err(error) => return Err(SaveError::Store(error)),
+        }
+        match quota.check_total(&*self.inner.store, &subscription).await {
             Ok(()) => Ok(()),
             Err(QuotaError::LimitReached { limit, used }) => Err(SaveError::Refused {
                 reason: format!("subscription limit reached: {used} of {limit} in use"),
