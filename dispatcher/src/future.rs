@@ -1,4 +1,5 @@
-//! Waiting on something that may not exist, in the dispatcher's event loops.
+//! Waiting on something that may not exist, in the dispatcher's event
+//! loops.
 
 /// `future`'s output, or never when there is none: a `select!` branch on
 /// something that may not exist (a scan in flight, a retry deadline).

@@ -6,9 +6,9 @@
 //! The hub runs one of these per feed and re-exports it as
 //! `websub_hub::delivery::outbox`.
 //!
-//! The dispatcher expands events into one delivery row per
-//! registered subscriber, claims due rows, hands each to its in-process
-//! handler or POSTs it to its webhook, and records the outcome per row —
+//! The dispatcher expands events into one delivery row per registered
+//! subscriber, claims due rows, hands each to its in-process handler or
+//! POSTs it to its webhook, and records the outcome per row —
 //! processed, or retried with backoff until the retry limit, keeping the
 //! last error.
 //!
@@ -217,13 +217,12 @@ impl Dispatcher {
         self
     }
 
-    /// Keeps every webhook attempt in `events` (the hub's log, or any
-    /// keeper of endpoint state) and tallies
-    /// the webhooks' health there: a webhook whose deliveries exhaust their
-    /// retries `disable_after` times in a row is disabled (never, when 0),
-    /// and its rows are closed as skipped until an operator enables it.
-    /// The configuration's `breaker_open_after` and `resend_exhausted` take
-    /// effect here.
+    /// Keeps every webhook attempt in `events` (the hub's log, or any other
+    /// keeper of endpoint state) and tallies the webhooks' health there: a
+    /// webhook whose deliveries exhaust their retries `disable_after` times
+    /// in a row is disabled (never, when 0), and its rows are closed as
+    /// skipped until an operator enables it. The configuration's
+    /// `breaker_open_after` and `resend_exhausted` take effect here.
     /// Without it, a dispatcher keeps no history and disables nothing.
     pub fn with_operations(
         self,
