@@ -130,13 +130,7 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug {
     async fn renew_all(&self, subscriptions: &[Subscription]) -> Result<(), StoreError> {
         let mut renewed = Vec::with_capacity(subscriptions.len());
         for subscription in subscriptions {
-            let mut subscription = subscription.clone();
-            match self.get(&subscription.topic, &subscription.callback).await {
-                Ok(existing) => subscription.created_at = existing.created_at,
-                Err(StoreError::UnknownSubscription { .. }) => {}
-                Err(error) => return Err(error),
-            }
-            renewed.push(subscription);
+            renewed.push(as_renewal(self, subscription.clone()).await?);
         }
         self.save_all(&renewed).await
     }
@@ -213,6 +207,21 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug {
         subscription: &Subscription,
         quota: &OwnerQuota,
     ) -> Result<(), StoreError>;
+}
+
+/// `subscription` as a renewal saves it: with the `created_at` of the
+/// subscription of its pair in `store`, if there is one (see
+/// [`SubscriptionStore::renew_all`]).
+pub async fn as_renewal<S: SubscriptionStore + ?Sized>(
+    store: &S,
+    mut subscription: Subscription,
+) -> Result<Subscription, StoreError> {
+    match store.get(&subscription.topic, &subscription.callback).await {
+        Ok(existing) => subscription.created_at = existing.created_at,
+        Err(StoreError::UnknownSubscription { .. }) => {}
+        Err(error) => return Err(error),
+    }
+    Ok(subscription)
 }
 
 #[async_trait]

@@ -86,6 +86,41 @@ impl PostgresStore {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
+
+    /// `statement` ([`UPSERT_ALL`] or [`RENEW_ALL`]) of `subscriptions`.
+    async fn upsert_all(
+        &self,
+        statement: &'static str,
+        subscriptions: &[Subscription],
+    ) -> Result<(), StoreError> {
+        if subscriptions.is_empty() {
+            return Ok(());
+        }
+        let column = |value: fn(&Subscription) -> Option<&str>| -> Vec<Option<&str>> {
+            subscriptions.iter().map(value).collect()
+        };
+        let time =
+            |value: fn(&Subscription) -> Option<DateTime<Utc>>| -> Vec<Option<DateTime<Utc>>> {
+                subscriptions.iter().map(value).collect()
+            };
+        sqlx::query(statement)
+            .bind(column(|s| Some(&s.topic)))
+            .bind(column(|s| Some(&s.callback)))
+            .bind(column(|s| s.secret.as_deref()))
+            .bind(
+                subscriptions
+                    .iter()
+                    .map(|s| s.lease_seconds.map(i64::from))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(time(|s| Some(s.created_at)))
+            .bind(time(|s| Some(s.verified_at)))
+            .bind(time(|s| s.expires_at))
+            .bind(column(|s| s.owner.as_deref()))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
 }
 
 fn migrator() -> Migrator {
@@ -178,43 +213,6 @@ async fn lock_count_and_upsert(
 
 fn count(value: i64) -> Result<u64, StoreError> {
     u64::try_from(value).map_err(|_| StoreError::Invalid(format!("negative count {value}")))
-}
-
-impl PostgresStore {
-    /// `statement` ([`UPSERT_ALL`] or [`RENEW_ALL`]) of `subscriptions`.
-    async fn upsert_all(
-        &self,
-        statement: &'static str,
-        subscriptions: &[Subscription],
-    ) -> Result<(), StoreError> {
-        if subscriptions.is_empty() {
-            return Ok(());
-        }
-        let column = |value: fn(&Subscription) -> Option<&str>| -> Vec<Option<&str>> {
-            subscriptions.iter().map(value).collect()
-        };
-        let time =
-            |value: fn(&Subscription) -> Option<DateTime<Utc>>| -> Vec<Option<DateTime<Utc>>> {
-                subscriptions.iter().map(value).collect()
-            };
-        sqlx::query(statement)
-            .bind(column(|s| Some(&s.topic)))
-            .bind(column(|s| Some(&s.callback)))
-            .bind(column(|s| s.secret.as_deref()))
-            .bind(
-                subscriptions
-                    .iter()
-                    .map(|s| s.lease_seconds.map(i64::from))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(time(|s| Some(s.created_at)))
-            .bind(time(|s| Some(s.verified_at)))
-            .bind(time(|s| s.expires_at))
-            .bind(column(|s| s.owner.as_deref()))
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
 }
 
 #[async_trait]

@@ -150,6 +150,37 @@ impl SqliteStore {
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
+
+    /// `statement` ([`UPSERT_ALL`] or [`RENEW_ALL`]) of `subscriptions`.
+    async fn upsert_all(
+        &self,
+        statement: &'static str,
+        subscriptions: &[Subscription],
+    ) -> Result<(), StoreError> {
+        if subscriptions.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<serde_json::Value> = subscriptions
+            .iter()
+            .map(|subscription| {
+                serde_json::json!([
+                    subscription.topic,
+                    subscription.callback,
+                    subscription.secret,
+                    subscription.lease_seconds,
+                    subscription.created_at.timestamp_micros(),
+                    subscription.verified_at.timestamp_micros(),
+                    subscription.expires_at.map(|at| at.timestamp_micros()),
+                    subscription.owner,
+                ])
+            })
+            .collect();
+        sqlx::query(statement)
+            .bind(serde_json::Value::Array(rows).to_string())
+            .execute(&mut *self.writer.lock().await?)
+            .await?;
+        Ok(())
+    }
 }
 
 /// How every websub-hub component opens a SQLite file: `url_or_path` is a
@@ -362,39 +393,6 @@ fn invalid(error: sqlx::Error) -> StoreError {
 
 fn count(value: i64) -> Result<u64, StoreError> {
     u64::try_from(value).map_err(|_| StoreError::Invalid(format!("negative count {value}")))
-}
-
-impl SqliteStore {
-    /// `statement` ([`UPSERT_ALL`] or [`RENEW_ALL`]) of `subscriptions`.
-    async fn upsert_all(
-        &self,
-        statement: &'static str,
-        subscriptions: &[Subscription],
-    ) -> Result<(), StoreError> {
-        if subscriptions.is_empty() {
-            return Ok(());
-        }
-        let rows: Vec<serde_json::Value> = subscriptions
-            .iter()
-            .map(|subscription| {
-                serde_json::json!([
-                    subscription.topic,
-                    subscription.callback,
-                    subscription.secret,
-                    subscription.lease_seconds,
-                    subscription.created_at.timestamp_micros(),
-                    subscription.verified_at.timestamp_micros(),
-                    subscription.expires_at.map(|at| at.timestamp_micros()),
-                    subscription.owner,
-                ])
-            })
-            .collect();
-        sqlx::query(statement)
-            .bind(serde_json::Value::Array(rows).to_string())
-            .execute(&mut *self.writer.lock().await?)
-            .await?;
-        Ok(())
-    }
 }
 
 #[async_trait]

@@ -722,17 +722,9 @@ impl Subscriptions {
         };
         // Saved on its own, counted under the owner's lock: a renewal
         // reads when it was created first.
-        let mut subscription = subscription.clone();
-        match self
-            .inner
-            .store
-            .get(&subscription.topic, &subscription.callback)
+        let subscription = websub_store::as_renewal(&*self.inner.store, subscription.clone())
             .await
-        {
-            Ok(existing) => subscription.created_at = existing.created_at,
-            Err(StoreError::UnknownSubscription { .. }) => {}
-            Err(error) => return Err(SaveError::Store(error)),
-        }
+            .map_err(SaveError::Store)?;
         match quota.check_total(&*self.inner.store, &subscription).await {
             Ok(()) => Ok(()),
             Err(QuotaError::LimitReached { limit, used }) => Err(SaveError::Refused {
