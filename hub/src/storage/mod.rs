@@ -10,6 +10,7 @@
 //!   heartbeats, and the takeover of a dead one's claims.
 
 pub mod backlog;
+pub mod dialect;
 pub mod events;
 pub mod replicas;
 

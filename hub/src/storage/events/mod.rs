@@ -15,6 +15,7 @@ pub mod denials;
 mod operate;
 pub mod postgres;
 pub mod sessions;
+mod shared;
 pub mod signing;
 mod sql;
 pub mod sqlite;

@@ -11,7 +11,8 @@ use super::super::{
     Claimed, Completion, EventLogError, ExpansionClaim, complete_unwritten_split, sorted_unique,
     stale_bound,
 };
-use super::rows::{CompletionColumns, claimed_from_row, is_unique_violation, missing_event};
+use super::SqlEventLog;
+use super::rows::{CompletionColumns, is_unique_violation, missing_event};
 use super::statements::{
     CLAIM_LANES, CLAIM_ORDERED, COMPLETE, EVENT_EXISTS, EXPAND_AGAIN, EXPAND_CLAIMED_AGAIN,
     EXPAND_CLAIMED_FIRST, EXPAND_ORDERED, INSERT_DELIVERED, TAKE_EXPANSION,
@@ -113,7 +114,7 @@ pub(super) async fn claim_lanes(
         .fetch_all(&log.pool)
         .await?
         .iter()
-        .map(claimed_from_row)
+        .map(PostgresEventLog::claimed_of)
         .collect()
 }
 
@@ -136,7 +137,7 @@ pub(super) async fn claim_ordered(
             .fetch_optional(&log.pool)
             .await?
         {
-            claimed.push(claimed_from_row(&row)?);
+            claimed.push(PostgresEventLog::claimed_of(&row)?);
         }
     }
     Ok(claimed)

@@ -40,7 +40,7 @@ use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
 mod changes;
@@ -50,15 +50,16 @@ mod partitions;
 mod rows;
 mod statements;
 
+use super::shared::SqlEventLog;
+
 super::sessions::admin_sessions_of!(PostgresEventLog, |log| log.pool.acquire().await?);
 super::denials::deny_list_of!(PostgresEventLog, |log| log.pool.acquire().await?);
 super::signing::subscription_signing_of!(PostgresEventLog, |log| log.pool.acquire().await?);
 
 use statements::{
-    ATTEMPTS, CLAIM, DELIVER_SINCE, DROP_SINCE, DUE_LANES, EVENT, EVENT_EXISTS, EXPAND_AGAIN,
-    EXPAND_FIRST, HAS_RECORDS, INSERT_EVENT, INSERT_EVENT_ONCE, LATEST, MARK_EXPANDED,
-    MIGRATIONS_TABLE, ORDER, ORDERED_SUBSCRIPTIONS, PURGE, PURGE_WEBHOOK_ATTEMPTS, READ_COMMITTED,
-    RELEASE_ENDPOINT, UNEXPANDED_FREE, UNORDER, WEBHOOK_ATTEMPTS, WEBHOOK_EVENTS_SINCE,
+    ATTEMPTS, CLAIM, DELIVER_SINCE, EVENT, EVENT_EXISTS, EXPAND_AGAIN, EXPAND_FIRST, INSERT_EVENT,
+    INSERT_EVENT_ONCE, MARK_EXPANDED, MIGRATIONS_TABLE, PURGE, PURGE_WEBHOOK_ATTEMPTS,
+    READ_COMMITTED, UNEXPANDED_FREE, WEBHOOK_ATTEMPTS,
 };
 
 use super::{
@@ -67,7 +68,7 @@ use super::{
     OrderedSubscription, Owed, Recorded, WebhookAttempt,
 };
 use async_trait::async_trait;
-use rows::{attempt_from_row, claimed_from_row, event_from_row, is_unique_violation};
+use rows::is_unique_violation;
 
 /// Connections [`PostgresEventLog::connect`] keeps open while idle: what a
 /// dispatcher uses at once in a fan-out (the expander, the claim loop and its
@@ -225,23 +226,6 @@ async fn expand_in(
     Ok(created)
 }
 
-/// The attempts `sql` selects for one delivery, oldest first.
-async fn attempts_in(
-    pool: &PgPool,
-    sql: &'static str,
-    event_id: Uuid,
-    subscriber: &str,
-) -> Result<Vec<Attempt>, EventLogError> {
-    sqlx::query(sql)
-        .bind(event_id)
-        .bind(subscriber)
-        .fetch_all(pool)
-        .await?
-        .iter()
-        .map(attempt_from_row)
-        .collect()
-}
-
 #[async_trait]
 impl EventIntake for PostgresEventLog {
     async fn record(
@@ -321,7 +305,7 @@ impl EventIntake for PostgresEventLog {
             tx.commit().await?;
             if let Some(row) = stored {
                 return Ok(Recorded {
-                    event: event_from_row(&row)?,
+                    event: PostgresEventLog::event_of(&row)?,
                     created: false,
                 });
             }
@@ -338,35 +322,20 @@ impl EventIntake for PostgresEventLog {
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(event_from_row)
+            .map(PostgresEventLog::event_of)
             .collect()
     }
 
     async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError> {
-        sqlx::query(EVENT)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(event_from_row)
-            .transpose()
+        self.logged_event(id).await
     }
 
     async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError> {
-        Ok(sqlx::query_scalar(HAS_RECORDS)
-            .bind(event_id)
-            .fetch_one(&self.pool)
-            .await?)
+        self.any_records(event_id).await
     }
 
     async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError> {
-        sqlx::query(LATEST)
-            .bind(topic)
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(event_from_row)
-            .transpose()
+        self.latest_event(topic).await
     }
 }
 
@@ -451,46 +420,18 @@ impl DeliveryQueue for PostgresEventLog {
         ordered: bool,
         now: DateTime<Utc>,
     ) -> Result<(), EventLogError> {
-        let query = if ordered {
-            sqlx::query(ORDER).bind(topic).bind(callback).bind(now)
-        } else {
-            sqlx::query(UNORDER).bind(topic).bind(callback)
-        };
-        query.execute(&self.pool).await?;
-        Ok(())
+        self.keep_ordered(topic, callback, ordered, now).await
     }
 
     async fn ordered_subscriptions(
         &self,
         limit: usize,
     ) -> Result<Vec<OrderedSubscription>, EventLogError> {
-        sqlx::query(ORDERED_SUBSCRIPTIONS)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|row| {
-                Ok(OrderedSubscription {
-                    topic: row.try_get("topic").map_err(super::invalid)?,
-                    callback: row.try_get("callback").map_err(super::invalid)?,
-                    since: row.try_get("since").map_err(super::invalid)?,
-                })
-            })
-            .collect()
+        self.ordered(limit).await
     }
 
     async fn due_lanes(&self, limit: usize) -> Result<Vec<(String, DateTime<Utc>)>, EventLogError> {
-        sqlx::query(DUE_LANES)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|row| {
-                let lane: String = row.try_get("lane").map_err(super::invalid)?;
-                let due: DateTime<Utc> = row.try_get("due").map_err(super::invalid)?;
-                Ok((lane, due))
-            })
-            .collect()
+        self.lanes_due(limit).await
     }
 
     async fn release_claims(&self) -> Result<u64, EventLogError> {
@@ -508,15 +449,8 @@ impl DeliveryQueue for PostgresEventLog {
         reason: &str,
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
-        Ok(sqlx::query(DROP_SINCE)
-            .bind(topic)
-            .bind(subscriber)
-            .bind(since)
-            .bind(reason)
-            .bind(now)
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
+        self.drop_records_since(topic, subscriber, since, reason, now)
+            .await
     }
 
     async fn release_endpoint(
@@ -525,14 +459,7 @@ impl DeliveryQueue for PostgresEventLog {
         failing_since: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
-        Ok(sqlx::query(RELEASE_ENDPOINT)
-            .bind(crate::delivery::websub::lane_of(subscriber))
-            .bind(subscriber)
-            .bind(now)
-            .bind(failing_since)
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
+        self.release_failing(subscriber, failing_since, now).await
     }
 
     async fn claim(
@@ -552,7 +479,7 @@ impl DeliveryQueue for PostgresEventLog {
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(claimed_from_row)
+            .map(PostgresEventLog::claimed_of)
             .collect()
     }
 
@@ -601,7 +528,7 @@ impl DeliveryOutcomes for PostgresEventLog {
         event_id: Uuid,
         subscriber: &str,
     ) -> Result<Vec<Attempt>, EventLogError> {
-        attempts_in(&self.pool, ATTEMPTS, event_id, subscriber).await
+        self.attempts_by(ATTEMPTS, event_id, subscriber).await
     }
 
     /// Each write its own connection and transaction: they overlap on the
@@ -625,7 +552,8 @@ impl EndpointStates for PostgresEventLog {
         event_id: Uuid,
         subscriber: &str,
     ) -> Result<Vec<Attempt>, EventLogError> {
-        attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
+        self.attempts_by(WEBHOOK_ATTEMPTS, event_id, subscriber)
+            .await
     }
 
     async fn endpoints(
@@ -679,12 +607,7 @@ impl EndpointStates for PostgresEventLog {
         since: DateTime<Utc>,
         limit: usize,
     ) -> Result<Vec<Uuid>, EventLogError> {
-        Ok(sqlx::query_scalar(WEBHOOK_EVENTS_SINCE)
-            .bind(subscriber)
-            .bind(since)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await?)
+        self.webhook_events_since(subscriber, since, limit).await
     }
 
     fn changes(&self) -> &dyn super::EndpointChanges {
@@ -734,5 +657,22 @@ impl LogUpkeep for PostgresEventLog {
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
         partitions::partition_ahead(self, span, now).await
+    }
+}
+
+#[async_trait]
+impl SqlEventLog for PostgresEventLog {
+    type Db = Postgres;
+    type Writer<'a> = sqlx::pool::PoolConnection<Postgres>;
+
+    const DUE_LANES: &'static str = statements::DUE_LANES;
+    const RELEASE_ENDPOINT: &'static str = statements::RELEASE_ENDPOINT;
+
+    fn reads(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn writer(&self) -> Result<Self::Writer<'_>, EventLogError> {
+        Ok(self.pool.acquire().await?)
     }
 }

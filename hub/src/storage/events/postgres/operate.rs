@@ -17,7 +17,7 @@ use super::super::{
     DeliveryState, DeliverySummary, EndpointRecord, EventLogError, Exhaustion, FailedDelivery,
     FailedFilter, Replayed, Undelivered, WebhookAttempt, invalid,
 };
-use super::rows::{delivery_from_row, retry_count};
+use super::SqlEventLog;
 use super::statements::{
     DELIVERED_SINCE, DELIVERIES, DELIVERY, FAILED, HEALTH, RETRY_FAILED, UNDELIVERED,
 };
@@ -74,7 +74,7 @@ fn summary_from_row(row: &PgRow) -> Result<DeliverySummary, EventLogError> {
         created_at: row.try_get("created_at").map_err(invalid)?,
         state: DeliveryState::parse(state)
             .ok_or_else(|| EventLogError::Invalid(format!("delivery state {state:?}")))?,
-        retry_count: retry_count(row.try_get("retry_count").map_err(invalid)?)?,
+        retry_count: PostgresEventLog::count_of(row, "retry_count")?,
         last_error: row.try_get("last_error").map_err(invalid)?,
         processed_at: row.try_get("processed_at").map_err(invalid)?,
         next_attempt_at: row.try_get("next_attempt_at").map_err(invalid)?,
@@ -215,7 +215,7 @@ fn endpoint_from_row(row: &sqlx::postgres::PgRow) -> Result<EndpointRecord, Even
     Ok(EndpointRecord {
         channel: row.try_get("channel").map_err(invalid)?,
         endpoint: row.try_get("endpoint").map_err(invalid)?,
-        failures: retry_count(row.try_get("failures").map_err(invalid)?)?,
+        failures: PostgresEventLog::count_of(row, "failures")?,
         last_failure_at: row.try_get("last_failure_at").map_err(invalid)?,
         last_error: row.try_get("last_error").map_err(invalid)?,
         disabled_at: row.try_get("disabled_at").map_err(invalid)?,
@@ -415,7 +415,7 @@ impl DeliveryOperations for PostgresEventLog {
             .fetch_optional(&self.pool)
             .await?
             .as_ref()
-            .map(delivery_from_row)
+            .map(PostgresEventLog::delivery_of)
             .transpose()
     }
 
@@ -425,7 +425,7 @@ impl DeliveryOperations for PostgresEventLog {
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(delivery_from_row)
+            .map(PostgresEventLog::delivery_of)
             .collect()
     }
 
@@ -476,9 +476,7 @@ impl DeliveryOperations for PostgresEventLog {
                     topic: row.try_get("topic").map_err(super::super::invalid)?,
                     subscriber: row.try_get("subscriber").map_err(super::super::invalid)?,
                     created_at: row.try_get("created_at").map_err(super::super::invalid)?,
-                    retry_count: retry_count(
-                        row.try_get("retry_count").map_err(super::super::invalid)?,
-                    )?,
+                    retry_count: PostgresEventLog::count_of(row, "retry_count")?,
                     last_error: row.try_get("last_error").map_err(super::super::invalid)?,
                 })
             })

@@ -1,69 +1,11 @@
-//! The PostgreSQL event log's encodings: rows read back into the log's
-//! types, the column arrays a batch of completions and their attempts is
-//! written as, and the database's refusals read as the log's errors.
+//! The PostgreSQL event log's encodings: the column arrays a batch of
+//! completions and their attempts is written as, and the database's
+//! refusals read as the log's errors.
 
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use sqlx::Row;
-use sqlx::postgres::PgRow;
 use uuid::Uuid;
 
-use super::super::{
-    Attempt, Claimed, Completion, DeliveryRecord, DeliveryState, EventLogError, LoggedEvent,
-    Outcome,
-};
-
-pub(super) fn retry_count(value: i32) -> Result<u32, EventLogError> {
-    u32::try_from(value)
-        .map_err(|_| EventLogError::Invalid(format!("negative retry_count {value}")))
-}
-
-pub(super) fn event_from_row(row: &PgRow) -> Result<LoggedEvent, EventLogError> {
-    Ok(LoggedEvent {
-        id: row.try_get("id").map_err(super::super::invalid)?,
-        topic: row.try_get("topic").map_err(super::super::invalid)?,
-        content_type: row.try_get("content_type").map_err(super::super::invalid)?,
-        body: Bytes::from(
-            row.try_get::<Vec<u8>, _>("body")
-                .map_err(super::super::invalid)?,
-        ),
-        created_at: row.try_get("created_at").map_err(super::super::invalid)?,
-        original_id: row.try_get("original_id").map_err(super::super::invalid)?,
-        trace_context: row
-            .try_get("trace_context")
-            .map_err(super::super::invalid)?,
-    })
-}
-
-pub(super) fn claimed_from_row(row: &PgRow) -> Result<Claimed, EventLogError> {
-    Ok(Claimed {
-        event_id: row.try_get("event_id").map_err(super::super::invalid)?,
-        topic: row.try_get("topic").map_err(super::super::invalid)?,
-        subscriber: row.try_get("subscriber").map_err(super::super::invalid)?,
-        retry_count: retry_count(row.try_get("retry_count").map_err(super::super::invalid)?)?,
-    })
-}
-
-pub(super) fn delivery_from_row(row: &PgRow) -> Result<DeliveryRecord, EventLogError> {
-    let processed_at: Option<DateTime<Utc>> =
-        row.try_get("processed_at").map_err(super::super::invalid)?;
-    let next_attempt_at: Option<DateTime<Utc>> = row
-        .try_get("next_attempt_at")
-        .map_err(super::super::invalid)?;
-    let outcome: Option<&str> = row.try_get("outcome").map_err(super::super::invalid)?;
-    Ok(DeliveryRecord {
-        state: DeliveryState::of(processed_at.is_some(), next_attempt_at.is_some(), outcome)?,
-        event_id: row.try_get("event_id").map_err(super::super::invalid)?,
-        subscriber: row.try_get("subscriber").map_err(super::super::invalid)?,
-        processed_at,
-        retry_count: retry_count(row.try_get("retry_count").map_err(super::super::invalid)?)?,
-        last_error: row.try_get("last_error").map_err(super::super::invalid)?,
-        processing_since: row
-            .try_get("processing_since")
-            .map_err(super::super::invalid)?,
-        next_attempt_at,
-    })
-}
+use super::super::{Completion, EventLogError, Outcome};
 
 /// The completions as the column arrays [`COMPLETE`] unnests.
 pub(super) struct CompletionColumns<'a> {
@@ -135,20 +77,6 @@ impl<'a> CompletionColumns<'a> {
         }
         columns
     }
-}
-
-pub(super) fn attempt_from_row(row: &PgRow) -> Result<Attempt, EventLogError> {
-    let status: Option<i16> = row.try_get("status").map_err(super::super::invalid)?;
-    Ok(Attempt {
-        at: row.try_get("attempted_at").map_err(super::super::invalid)?,
-        duration_micros: row.try_get("duration_us").map_err(super::super::invalid)?,
-        status: status.and_then(|status| u16::try_from(status).ok()),
-        error: row.try_get("error").map_err(super::super::invalid)?,
-        response: Bytes::from(
-            row.try_get::<Vec<u8>, _>("response")
-                .map_err(super::super::invalid)?,
-        ),
-    })
 }
 
 /// A record refused because one like it exists.

@@ -13,8 +13,8 @@ use super::super::{
     invalid,
 };
 use super::super::{small_count, state_of, webhook_state_of};
+use super::SqlEventLog;
 use super::SqliteEventLog;
-use super::rows::{from_micros, optional_time};
 
 const APPEND: &str = "INSERT INTO websub_endpoint_changes \
      (channel, endpoint, state, at, failures, since, reason, source, next_attempt_at) \
@@ -47,16 +47,16 @@ fn change_from_row(row: &SqliteRow) -> Result<EndpointChange, EventLogError> {
         channel: row.try_get("channel").map_err(invalid)?,
         endpoint: row.try_get("endpoint").map_err(invalid)?,
         to: state_of(&state)?,
-        at: from_micros(row.try_get("at").map_err(invalid)?)?,
+        at: SqliteEventLog::time_of(row, "at")?,
         failures: small_count(row.try_get("failures").map_err(invalid)?)?,
-        since: optional_time(row, "since")?,
+        since: SqliteEventLog::optional_time_of(row, "since")?,
         reason: row.try_get("reason").map_err(invalid)?,
         source: row.try_get("source").map_err(invalid)?,
         webhook_state: webhook_state_of(&webhook_state)?,
         webhook_retries: small_count(Some(row.try_get("retry_count").map_err(invalid)?))?
             .unwrap_or_default(),
         webhook_error: row.try_get("last_error").map_err(invalid)?,
-        delivered_at: optional_time(row, "delivered_at")?,
+        delivered_at: SqliteEventLog::optional_time_of(row, "delivered_at")?,
     })
 }
 

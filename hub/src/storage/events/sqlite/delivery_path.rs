@@ -16,7 +16,7 @@ use super::super::{
     sorted_unique,
 };
 use super::rows::{
-    attempts_json, claimed_from_row, completions_json, delivered_by_event_json, delivered_json,
+    attempts_json, completions_json, delivered_by_event_json, delivered_json,
     is_foreign_key_violation, is_unique_violation,
 };
 use super::statements::{
@@ -24,7 +24,7 @@ use super::statements::{
     EXPAND_CLAIMED_AGAIN_SCRIPT, EXPAND_CLAIMED_FIRST_SCRIPT, EXPAND_ORDERED_SCRIPT,
     EXPAND_WAITING_SCRIPT, INSERT_DELIVERED_SCRIPT, LANES_PER_SCRIPT,
 };
-use super::{EXPAND_CHUNK, SqliteEventLog, event_must_exist, json_chunks};
+use super::{EXPAND_CHUNK, SqlEventLog, SqliteEventLog, event_must_exist, json_chunks};
 
 pub(super) async fn expand_claimed(
     log: &SqliteEventLog,
@@ -216,7 +216,7 @@ async fn claim_in_scripts<'q, T: Copy + 'q>(
             .chain(padding)
             .fold(sqlx::query(scripts[size].as_str()), &bind);
         for row in log.run_script(query).await? {
-            claimed.push(claimed_from_row(&row)?);
+            claimed.push(SqliteEventLog::claimed_of(&row)?);
         }
     }
     Ok(claimed)

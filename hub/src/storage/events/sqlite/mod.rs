@@ -44,9 +44,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sqlx::Connection;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
-use sqlx::{Connection, Row};
 use uuid::Uuid;
 use websub_store::sqlite::Writer;
 
@@ -58,15 +58,16 @@ mod rows;
 mod statements;
 mod writer;
 
+use super::shared::SqlEventLog;
+
 super::sessions::admin_sessions_of!(SqliteEventLog, |log| log.writer().await?);
 super::denials::deny_list_of!(SqliteEventLog, |log| log.writer().await?);
 super::signing::subscription_signing_of!(SqliteEventLog, |log| log.writer().await?);
 
 use statements::{
-    ANY_SINCE, ATTEMPTS, CLAIM, DELIVER_SINCE, DROP_SINCE, DUE_LANES, EVENT, EVENT_EXISTS, EXPAND,
-    HAS_RECORDS, INSERT_EVENT, INSERT_EVENT_ONCE, LATEST, MARK_EXPANDED, MIGRATIONS_TABLE, ORDER,
-    ORDERED_SUBSCRIPTIONS, RELEASE_CLAIMS, RELEASE_ENDPOINT, UNEXPANDED, UNORDER, WEBHOOK_ATTEMPTS,
-    WEBHOOK_EVENTS_SINCE,
+    ANY_SINCE, ATTEMPTS, CLAIM, DELIVER_SINCE, EVENT, EVENT_EXISTS, EXPAND, INSERT_EVENT,
+    INSERT_EVENT_ONCE, MARK_EXPANDED, MIGRATIONS_TABLE, RELEASE_CLAIMS, UNEXPANDED,
+    WEBHOOK_ATTEMPTS,
 };
 
 use super::{
@@ -74,7 +75,6 @@ use super::{
     EventIntake, EventLogError, Exhaustion, ExpansionClaim, LogUpkeep, LoggedEvent, NewEvent,
     OrderedSubscription, Owed, Recorded, WebhookAttempt,
 };
-use rows::{attempt_from_row, claimed_from_row, event_from_row, from_micros};
 
 /// The file is opened the way the subscription store opens it (the two share
 /// it by default): these are the store's pool size and busy timeout.
@@ -204,23 +204,6 @@ async fn event_must_exist(pool: &SqlitePool, event_id: Uuid) -> Result<(), Event
     }
 }
 
-/// The attempts `sql` selects for one delivery, oldest first.
-async fn attempts_in(
-    pool: &SqlitePool,
-    sql: &'static str,
-    event_id: Uuid,
-    subscriber: &str,
-) -> Result<Vec<Attempt>, EventLogError> {
-    sqlx::query(sql)
-        .bind(event_id)
-        .bind(subscriber)
-        .fetch_all(pool)
-        .await?
-        .iter()
-        .map(attempt_from_row)
-        .collect()
-}
-
 #[async_trait]
 impl EventIntake for SqliteEventLog {
     async fn record(
@@ -288,7 +271,7 @@ impl EventIntake for SqliteEventLog {
         } else {
             let row = sqlx::query(EVENT).bind(id).fetch_one(&mut *tx).await?;
             Recorded {
-                event: event_from_row(&row)?,
+                event: SqliteEventLog::event_of(&row)?,
                 created: false,
             }
         };
@@ -302,35 +285,20 @@ impl EventIntake for SqliteEventLog {
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(event_from_row)
+            .map(SqliteEventLog::event_of)
             .collect()
     }
 
     async fn event(&self, id: Uuid) -> Result<Option<LoggedEvent>, EventLogError> {
-        sqlx::query(EVENT)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(event_from_row)
-            .transpose()
+        self.logged_event(id).await
     }
 
     async fn has_records(&self, event_id: Uuid) -> Result<bool, EventLogError> {
-        Ok(sqlx::query_scalar(HAS_RECORDS)
-            .bind(event_id)
-            .fetch_one(&self.pool)
-            .await?)
+        self.any_records(event_id).await
     }
 
     async fn latest(&self, topic: &str) -> Result<Option<LoggedEvent>, EventLogError> {
-        sqlx::query(LATEST)
-            .bind(topic)
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(event_from_row)
-            .transpose()
+        self.latest_event(topic).await
     }
 }
 
@@ -395,50 +363,18 @@ impl DeliveryQueue for SqliteEventLog {
         ordered: bool,
         now: DateTime<Utc>,
     ) -> Result<(), EventLogError> {
-        let mut writer = self.writer().await?;
-        let query = if ordered {
-            sqlx::query(ORDER)
-                .bind(topic)
-                .bind(callback)
-                .bind(now.timestamp_micros())
-        } else {
-            sqlx::query(UNORDER).bind(topic).bind(callback)
-        };
-        query.execute(&mut *writer).await?;
-        Ok(())
+        self.keep_ordered(topic, callback, ordered, now).await
     }
 
     async fn ordered_subscriptions(
         &self,
         limit: usize,
     ) -> Result<Vec<OrderedSubscription>, EventLogError> {
-        sqlx::query(ORDERED_SUBSCRIPTIONS)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|row| {
-                Ok(OrderedSubscription {
-                    topic: row.try_get("topic").map_err(super::invalid)?,
-                    callback: row.try_get("callback").map_err(super::invalid)?,
-                    since: from_micros(row.try_get("since").map_err(super::invalid)?)?,
-                })
-            })
-            .collect()
+        self.ordered(limit).await
     }
 
     async fn due_lanes(&self, limit: usize) -> Result<Vec<(String, DateTime<Utc>)>, EventLogError> {
-        sqlx::query(DUE_LANES)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|row| {
-                let lane: String = row.try_get("lane").map_err(super::invalid)?;
-                let due: i64 = row.try_get("due").map_err(super::invalid)?;
-                Ok((lane, from_micros(due)?))
-            })
-            .collect()
+        self.lanes_due(limit).await
     }
 
     async fn release_claims(&self) -> Result<u64, EventLogError> {
@@ -457,16 +393,8 @@ impl DeliveryQueue for SqliteEventLog {
         reason: &str,
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
-        let mut writer = self.writer().await?;
-        Ok(sqlx::query(DROP_SINCE)
-            .bind(topic)
-            .bind(subscriber)
-            .bind(since.timestamp_micros())
-            .bind(reason)
-            .bind(now.timestamp_micros())
-            .execute(&mut *writer)
-            .await?
-            .rows_affected())
+        self.drop_records_since(topic, subscriber, since, reason, now)
+            .await
     }
 
     async fn release_endpoint(
@@ -475,15 +403,7 @@ impl DeliveryQueue for SqliteEventLog {
         failing_since: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
-        let mut writer = self.writer().await?;
-        Ok(sqlx::query(RELEASE_ENDPOINT)
-            .bind(crate::delivery::websub::lane_of(subscriber))
-            .bind(subscriber)
-            .bind(now.timestamp_micros())
-            .bind(failing_since.timestamp_micros())
-            .execute(&mut *writer)
-            .await?
-            .rows_affected())
+        self.release_failing(subscriber, failing_since, now).await
     }
 
     async fn claim(
@@ -508,7 +428,7 @@ impl DeliveryQueue for SqliteEventLog {
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        rows.iter().map(claimed_from_row).collect()
+        rows.iter().map(SqliteEventLog::claimed_of).collect()
     }
 
     /// Yes: the log's file is opened by one process at a time.
@@ -588,7 +508,7 @@ impl DeliveryOutcomes for SqliteEventLog {
         event_id: Uuid,
         subscriber: &str,
     ) -> Result<Vec<Attempt>, EventLogError> {
-        attempts_in(&self.pool, ATTEMPTS, event_id, subscriber).await
+        self.attempts_by(ATTEMPTS, event_id, subscriber).await
     }
 
     /// One: the writes of this log queue for its one write connection.
@@ -615,7 +535,8 @@ impl EndpointStates for SqliteEventLog {
         event_id: Uuid,
         subscriber: &str,
     ) -> Result<Vec<Attempt>, EventLogError> {
-        attempts_in(&self.pool, WEBHOOK_ATTEMPTS, event_id, subscriber).await
+        self.attempts_by(WEBHOOK_ATTEMPTS, event_id, subscriber)
+            .await
     }
 
     async fn endpoints(
@@ -671,12 +592,7 @@ impl EndpointStates for SqliteEventLog {
         since: DateTime<Utc>,
         limit: usize,
     ) -> Result<Vec<Uuid>, EventLogError> {
-        Ok(sqlx::query_scalar(WEBHOOK_EVENTS_SINCE)
-            .bind(subscriber)
-            .bind(since.timestamp_micros())
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
-            .await?)
+        self.webhook_events_since(subscriber, since, limit).await
     }
 
     fn changes(&self) -> &dyn super::EndpointChanges {

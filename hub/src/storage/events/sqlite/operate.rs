@@ -21,8 +21,9 @@ use super::super::{
     DeliveryState, DeliverySummary, EndpointRecord, EventLogError, Exhaustion, FailedDelivery,
     FailedFilter, Replayed, Undelivered, WebhookAttempt, invalid,
 };
+use super::SqlEventLog;
 use super::SqliteEventLog;
-use super::rows::{delivery_from_row, from_micros, hex, optional_time, retry_count};
+use super::rows::{from_micros, hex};
 use super::statements::{
     DELIVERED_SINCE, DELIVERIES, DELIVERY, FAILED, HEALTH, RETRY_FAILED, UNDELIVERED,
 };
@@ -72,13 +73,13 @@ fn summary_from_row(row: &SqliteRow) -> Result<DeliverySummary, EventLogError> {
         original_id: row.try_get("original_id").map_err(invalid)?,
         topic: row.try_get("topic").map_err(invalid)?,
         subscriber: row.try_get("subscriber").map_err(invalid)?,
-        created_at: from_micros(row.try_get("created_at").map_err(invalid)?)?,
+        created_at: SqliteEventLog::time_of(row, "created_at")?,
         state: DeliveryState::parse(state)
             .ok_or_else(|| EventLogError::Invalid(format!("delivery state {state:?}")))?,
-        retry_count: retry_count(row)?,
+        retry_count: SqliteEventLog::count_of(row, "retry_count")?,
         last_error: row.try_get("last_error").map_err(invalid)?,
-        processed_at: optional_time(row, "processed_at")?,
-        next_attempt_at: optional_time(row, "next_attempt_at")?,
+        processed_at: SqliteEventLog::optional_time_of(row, "processed_at")?,
+        next_attempt_at: SqliteEventLog::optional_time_of(row, "next_attempt_at")?,
     })
 }
 
@@ -211,9 +212,9 @@ fn endpoint_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<EndpointRecord, Ev
         endpoint: row.try_get("endpoint").map_err(invalid)?,
         failures: u32::try_from(failures)
             .map_err(|_| EventLogError::Invalid(format!("failures {failures}")))?,
-        last_failure_at: optional_time(row, "last_failure_at")?,
+        last_failure_at: SqliteEventLog::optional_time_of(row, "last_failure_at")?,
         last_error: row.try_get("last_error").map_err(invalid)?,
-        disabled_at: optional_time(row, "disabled_at")?,
+        disabled_at: SqliteEventLog::optional_time_of(row, "disabled_at")?,
         disabled_reason: row.try_get("disabled_reason").map_err(invalid)?,
     })
 }
@@ -396,7 +397,7 @@ impl DeliveryOperations for SqliteEventLog {
             .fetch_optional(&self.pool)
             .await?
             .as_ref()
-            .map(delivery_from_row)
+            .map(SqliteEventLog::delivery_of)
             .transpose()
     }
 
@@ -406,7 +407,7 @@ impl DeliveryOperations for SqliteEventLog {
             .fetch_all(&self.pool)
             .await?
             .iter()
-            .map(delivery_from_row)
+            .map(SqliteEventLog::delivery_of)
             .collect()
     }
 
@@ -435,7 +436,7 @@ impl DeliveryOperations for SqliteEventLog {
             .fetch_one(&self.pool)
             .await?;
         Ok(DeliveryHealth {
-            last_success: optional_time(&row, "last_success")?,
+            last_success: SqliteEventLog::optional_time_of(&row, "last_success")?,
             last_error: row.try_get("last_error").map_err(super::super::invalid)?,
             pending: super::super::count(row.try_get("pending").map_err(super::super::invalid)?)?,
             failed: super::super::count(row.try_get("failed").map_err(super::super::invalid)?)?,
@@ -463,7 +464,7 @@ impl DeliveryOperations for SqliteEventLog {
                     created_at: from_micros(
                         row.try_get("created_at").map_err(super::super::invalid)?,
                     )?,
-                    retry_count: retry_count(row)?,
+                    retry_count: SqliteEventLog::count_of(row, "retry_count")?,
                     last_error: row.try_get("last_error").map_err(super::super::invalid)?,
                 })
             })

@@ -1,78 +1,14 @@
-//! The SQLite event log's encodings: rows read back into the log's types
-//! (times are µs since the epoch), and the JSON arrays a batch of
-//! completions and their attempts is written as.
+//! The SQLite event log's encodings: times as µs since the epoch, the
+//! JSON arrays a batch of completions and their attempts is written as, and
+//! the database's refusals read as the log's errors.
 
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
 
-use super::super::{
-    Attempt, Claimed, Completion, DeliveryRecord, DeliveryState, EventLogError, LoggedEvent,
-    Outcome,
-};
+use super::super::{Completion, EventLogError, Outcome};
 
 pub(super) fn from_micros(micros: i64) -> Result<DateTime<Utc>, EventLogError> {
     DateTime::from_timestamp_micros(micros)
         .ok_or_else(|| EventLogError::Invalid(format!("timestamp {micros} µs out of range")))
-}
-
-pub(super) fn optional_time(
-    row: &SqliteRow,
-    column: &str,
-) -> Result<Option<DateTime<Utc>>, EventLogError> {
-    row.try_get::<Option<i64>, _>(column)
-        .map_err(super::super::invalid)?
-        .map(from_micros)
-        .transpose()
-}
-
-pub(super) fn retry_count(row: &SqliteRow) -> Result<u32, EventLogError> {
-    let value: i64 = row.try_get("retry_count").map_err(super::super::invalid)?;
-    u32::try_from(value)
-        .map_err(|_| EventLogError::Invalid(format!("retry_count {value} out of range")))
-}
-
-pub(super) fn event_from_row(row: &SqliteRow) -> Result<LoggedEvent, EventLogError> {
-    Ok(LoggedEvent {
-        id: row.try_get("id").map_err(super::super::invalid)?,
-        topic: row.try_get("topic").map_err(super::super::invalid)?,
-        content_type: row.try_get("content_type").map_err(super::super::invalid)?,
-        body: Bytes::from(
-            row.try_get::<Vec<u8>, _>("body")
-                .map_err(super::super::invalid)?,
-        ),
-        created_at: from_micros(row.try_get("created_at").map_err(super::super::invalid)?)?,
-        original_id: row.try_get("original_id").map_err(super::super::invalid)?,
-        trace_context: row
-            .try_get("trace_context")
-            .map_err(super::super::invalid)?,
-    })
-}
-
-pub(super) fn claimed_from_row(row: &SqliteRow) -> Result<Claimed, EventLogError> {
-    Ok(Claimed {
-        event_id: row.try_get("event_id").map_err(super::super::invalid)?,
-        topic: row.try_get("topic").map_err(super::super::invalid)?,
-        subscriber: row.try_get("subscriber").map_err(super::super::invalid)?,
-        retry_count: retry_count(row)?,
-    })
-}
-
-pub(super) fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRecord, EventLogError> {
-    let processed_at = optional_time(row, "processed_at")?;
-    let next_attempt_at = optional_time(row, "next_attempt_at")?;
-    let outcome: Option<&str> = row.try_get("outcome").map_err(super::super::invalid)?;
-    Ok(DeliveryRecord {
-        event_id: row.try_get("event_id").map_err(super::super::invalid)?,
-        subscriber: row.try_get("subscriber").map_err(super::super::invalid)?,
-        state: DeliveryState::of(processed_at.is_some(), next_attempt_at.is_some(), outcome)?,
-        processed_at,
-        retry_count: retry_count(row)?,
-        last_error: row.try_get("last_error").map_err(super::super::invalid)?,
-        processing_since: optional_time(row, "processing_since")?,
-        next_attempt_at,
-    })
 }
 
 pub(super) fn is_unique_violation(error: &sqlx::Error) -> bool {
@@ -223,18 +159,4 @@ pub(super) fn hex(bytes: &[u8]) -> String {
             let _ = write!(text, "{byte:02x}");
             text
         })
-}
-
-pub(super) fn attempt_from_row(row: &SqliteRow) -> Result<Attempt, EventLogError> {
-    let status: Option<i64> = row.try_get("status").map_err(super::super::invalid)?;
-    Ok(Attempt {
-        at: from_micros(row.try_get("attempted_at").map_err(super::super::invalid)?)?,
-        duration_micros: row.try_get("duration_us").map_err(super::super::invalid)?,
-        status: status.and_then(|status| u16::try_from(status).ok()),
-        error: row.try_get("error").map_err(super::super::invalid)?,
-        response: Bytes::from(
-            row.try_get::<Vec<u8>, _>("response")
-                .map_err(super::super::invalid)?,
-        ),
-    })
 }

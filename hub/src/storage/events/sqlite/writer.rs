@@ -29,3 +29,20 @@ impl SqliteEventLog {
         self.writer.run_script(script).await
     }
 }
+
+#[async_trait::async_trait]
+impl super::SqlEventLog for SqliteEventLog {
+    type Db = Sqlite;
+    type Writer<'a> = MappedMutexGuard<'a, SqliteConnection>;
+
+    const DUE_LANES: &'static str = super::statements::DUE_LANES;
+    const RELEASE_ENDPOINT: &'static str = super::statements::RELEASE_ENDPOINT;
+
+    fn reads(&self) -> &sqlx::SqlitePool {
+        &self.pool
+    }
+
+    async fn writer(&self) -> Result<Self::Writer<'_>, EventLogError> {
+        Ok(self.writer.lock().await?)
+    }
+}
