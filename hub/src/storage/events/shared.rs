@@ -11,12 +11,16 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use sqlx::{ColumnIndex, Database, Encode, Executor, IntoArguments, Pool, Row, Type};
+use sqlx::{
+    AssertSqlSafe, ColumnIndex, Database, Encode, Executor, IntoArguments, Pool, Row, Type,
+};
 use uuid::Uuid;
 
+use super::operate::{BucketRow, endpoint_activity, fill_buckets};
 use super::{
-    Attempt, Claimed, DeliveryRecord, DeliveryState, EventLogError, LoggedEvent,
-    OrderedSubscription, invalid, sql,
+    Activity, ActivityWindow, Attempt, Claimed, DeliveryFilter, DeliveryHealth, DeliveryOperations,
+    DeliveryRecord, DeliveryState, DeliverySummary, EndpointRecord, EventLogError, FailedDelivery,
+    FailedFilter, LoggedEvent, OrderedSubscription, Replayed, Undelivered, invalid, sql,
 };
 use crate::storage::dialect::{Dialect, Stored};
 
@@ -29,6 +33,9 @@ where
     for<'n> &'n str: ColumnIndex<<Self::Db as Database>::Row>,
     usize: ColumnIndex<<Self::Db as Database>::Row>,
     for<'q> &'q str: Encode<'q, Self::Db> + Type<Self::Db>,
+    for<'q> Option<&'q str>: Encode<'q, Self::Db>,
+    Option<Uuid>: for<'q> Encode<'q, Self::Db>,
+    Option<<Self::Db as Dialect>::Time>: for<'q> Encode<'q, Self::Db>,
     Uuid: Stored<Self::Db>,
     String: Stored<Self::Db>,
     Vec<u8>: Stored<Self::Db>,
@@ -51,6 +58,42 @@ where
     /// Hands a failing endpoint's claimed records back (see
     /// [`super::DeliveryQueue::release_endpoint`]).
     const RELEASE_ENDPOINT: &'static str;
+
+    /// The exhausted records a [`FailedFilter`] matches, newest first.
+    const FAILED: &'static str;
+
+    /// Makes the records [`Self::FAILED`] matches due again.
+    const RETRY_FAILED: &'static str;
+
+    /// A delivery's recent health (see [`DeliveryOperations::health`]).
+    const HEALTH: &'static str;
+
+    /// The records a [`DeliveryFilter`] matches, newest first.
+    fn listing() -> &'static str;
+
+    /// The attempts of a window counted by bucket (see
+    /// [`super::sql::activity::buckets`]): the distance from a time to the
+    /// window's start in µs is the dialect's.
+    fn activity_buckets() -> &'static str;
+
+    /// See [`DeliveryOperations::redeliver`]: how a copy is locked against a
+    /// purge is the database's.
+    async fn redeliver_copy(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, EventLogError>;
+
+    /// See [`DeliveryOperations::replay`].
+    async fn replay_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Replayed, EventLogError>;
 
     /// The pool reads go to.
     fn reads(&self) -> &Pool<Self::Db>;
@@ -142,6 +185,92 @@ where
             error: row.try_get("error").map_err(invalid)?,
             response: Bytes::from(row.try_get::<Vec<u8>, _>("response").map_err(invalid)?),
         })
+    }
+
+    /// An endpoint's state from a row of [`sql::operate::ENDPOINTS`]' columns.
+    fn endpoint_of(row: &<Self::Db as Database>::Row) -> Result<EndpointRecord, EventLogError> {
+        Ok(EndpointRecord {
+            channel: row.try_get("channel").map_err(invalid)?,
+            endpoint: row.try_get("endpoint").map_err(invalid)?,
+            failures: Self::count_of(row, "failures")?,
+            last_failure_at: Self::optional_time_of(row, "last_failure_at")?,
+            last_error: row.try_get("last_error").map_err(invalid)?,
+            disabled_at: Self::optional_time_of(row, "disabled_at")?,
+            disabled_reason: row.try_get("disabled_reason").map_err(invalid)?,
+        })
+    }
+
+    /// A listed record from a row of [`Self::listing`].
+    fn summary_of(row: &<Self::Db as Database>::Row) -> Result<DeliverySummary, EventLogError> {
+        let state: String = row.try_get("state").map_err(invalid)?;
+        Ok(DeliverySummary {
+            event_id: row.try_get("event_id").map_err(invalid)?,
+            original_id: row.try_get("original_id").map_err(invalid)?,
+            topic: row.try_get("topic").map_err(invalid)?,
+            subscriber: row.try_get("subscriber").map_err(invalid)?,
+            created_at: Self::time_of(row, "created_at")?,
+            state: DeliveryState::parse(&state)
+                .ok_or_else(|| EventLogError::Invalid(format!("delivery state {state:?}")))?,
+            retry_count: Self::count_of(row, "retry_count")?,
+            last_error: row.try_get("last_error").map_err(invalid)?,
+            processed_at: Self::optional_time_of(row, "processed_at")?,
+            next_attempt_at: Self::optional_time_of(row, "next_attempt_at")?,
+        })
+    }
+
+    /// See [`super::EndpointStates::endpoints`].
+    async fn endpoints_of(
+        &self,
+        channel: &str,
+        limit: usize,
+    ) -> Result<Vec<EndpointRecord>, EventLogError> {
+        sqlx::query(sql::operate::ENDPOINTS)
+            .bind(channel)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(self.reads())
+            .await?
+            .iter()
+            .map(Self::endpoint_of)
+            .collect()
+    }
+
+    /// See [`super::EndpointStates::endpoint`].
+    async fn endpoint_in(
+        &self,
+        channel: &str,
+        endpoint: &str,
+    ) -> Result<Option<EndpointRecord>, EventLogError> {
+        sqlx::query(sql::operate::ENDPOINT)
+            .bind(channel)
+            .bind(endpoint)
+            .fetch_optional(self.reads())
+            .await?
+            .as_ref()
+            .map(Self::endpoint_of)
+            .transpose()
+    }
+
+    /// See [`super::EndpointStates::set_endpoint_disabled`].
+    async fn disable_endpoint(
+        &self,
+        channel: &str,
+        endpoint: &str,
+        reason: Option<&str>,
+        now: DateTime<Utc>,
+    ) -> Result<bool, EventLogError> {
+        let query = match reason {
+            Some(reason) => sqlx::query(sql::operate::DISABLE)
+                .bind(endpoint)
+                .bind(Self::Db::time(now))
+                .bind(reason)
+                .bind(channel),
+            None => sqlx::query(sql::operate::ENABLE)
+                .bind(endpoint)
+                .bind(channel),
+        };
+        let mut writer = self.writer().await?;
+        let done = query.execute(&mut *writer).await?;
+        Ok(Self::Db::affected(&done) > 0)
     }
 
     /// See [`super::EventIntake::event`].
@@ -301,5 +430,203 @@ where
             .iter()
             .map(|row| row.try_get(0usize).map_err(invalid))
             .collect()
+    }
+}
+
+// The operators' calls are the same on both databases but for the few
+// statements each spells its own way; the bounds are those of
+// [`SqlEventLog`], which Rust does not carry over from its declaration.
+#[async_trait]
+impl<Log> DeliveryOperations for Log
+where
+    Log: SqlEventLog + Send + std::fmt::Debug,
+    for<'c> &'c mut <Log::Db as Database>::Connection: Executor<'c, Database = Log::Db>,
+    <Log::Db as Database>::Arguments: IntoArguments<Log::Db>,
+    for<'n> &'n str: ColumnIndex<<Log::Db as Database>::Row>,
+    usize: ColumnIndex<<Log::Db as Database>::Row>,
+    for<'q> &'q str: Encode<'q, Log::Db> + Type<Log::Db>,
+    for<'q> Option<&'q str>: Encode<'q, Log::Db>,
+    Option<Uuid>: for<'q> Encode<'q, Log::Db>,
+    Option<<Log::Db as Dialect>::Time>: for<'q> Encode<'q, Log::Db>,
+    Uuid: Stored<Log::Db>,
+    String: Stored<Log::Db>,
+    Vec<u8>: Stored<Log::Db>,
+    i64: Stored<Log::Db>,
+    i32: Stored<Log::Db>,
+    i16: Stored<Log::Db>,
+    bool: Stored<Log::Db>,
+{
+    async fn activity(&self, window: ActivityWindow) -> Result<Activity, EventLogError> {
+        let since = Log::Db::time(window.since);
+        let until = Log::Db::time(window.until());
+        let rows: Vec<BucketRow> = sqlx::query_as(AssertSqlSafe(Log::activity_buckets()))
+            .bind(since)
+            .bind(until)
+            .bind(window.bucket_micros())
+            .fetch_all(self.reads())
+            .await?;
+        let endpoints = i64::try_from(window.endpoints).unwrap_or(i64::MAX);
+        let mut ranked = Vec::with_capacity(2);
+        for statement in [&*sql::activity::BUSIEST, &*sql::activity::FAILING] {
+            let rows: Vec<(String, i64, i64)> = sqlx::query_as(AssertSqlSafe(statement.as_str()))
+                .bind(since)
+                .bind(until)
+                .bind(endpoints)
+                .fetch_all(self.reads())
+                .await?;
+            ranked.push(endpoint_activity(rows)?);
+        }
+        let failing = ranked.pop().unwrap_or_default();
+        let busiest = ranked.pop().unwrap_or_default();
+        Ok(Activity {
+            buckets: fill_buckets(&window, &rows)?,
+            busiest,
+            failing,
+        })
+    }
+
+    async fn delivery(
+        &self,
+        event_id: Uuid,
+        subscriber: &str,
+    ) -> Result<Option<DeliveryRecord>, EventLogError> {
+        sqlx::query(sql::DELIVERY)
+            .bind(event_id)
+            .bind(subscriber)
+            .fetch_optional(self.reads())
+            .await?
+            .as_ref()
+            .map(Log::delivery_of)
+            .transpose()
+    }
+
+    async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {
+        sqlx::query(sql::DELIVERIES)
+            .bind(event_id)
+            .fetch_all(self.reads())
+            .await?
+            .iter()
+            .map(Log::delivery_of)
+            .collect()
+    }
+
+    async fn undelivered(&self) -> Result<Undelivered, EventLogError> {
+        let row = sqlx::query(sql::UNDELIVERED)
+            .fetch_one(self.reads())
+            .await?;
+        Ok(Undelivered {
+            records: super::count(row.try_get("records").map_err(invalid)?)?,
+            oldest: Log::optional_time_of(&row, "oldest")?,
+        })
+    }
+
+    async fn health(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        window: usize,
+    ) -> Result<DeliveryHealth, EventLogError> {
+        let row = sqlx::query(Log::HEALTH)
+            .bind(topic)
+            .bind(subscriber)
+            .bind(i64::try_from(window).unwrap_or(i64::MAX))
+            .fetch_one(self.reads())
+            .await?;
+        Ok(DeliveryHealth {
+            last_success: Log::optional_time_of(&row, "last_success")?,
+            last_error: row.try_get("last_error").map_err(invalid)?,
+            pending: super::count(row.try_get("pending").map_err(invalid)?)?,
+            failed: super::count(row.try_get("failed").map_err(invalid)?)?,
+        })
+    }
+
+    async fn failed(
+        &self,
+        filter: FailedFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<FailedDelivery>, EventLogError> {
+        sqlx::query(Log::FAILED)
+            .bind(filter.topic)
+            .bind(filter.subscriber)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(filter.event_id)
+            .fetch_all(self.reads())
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(FailedDelivery {
+                    event_id: row.try_get("event_id").map_err(invalid)?,
+                    topic: row.try_get("topic").map_err(invalid)?,
+                    subscriber: row.try_get("subscriber").map_err(invalid)?,
+                    created_at: Log::time_of(row, "created_at")?,
+                    retry_count: Log::count_of(row, "retry_count")?,
+                    last_error: row.try_get("last_error").map_err(invalid)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn retry_failed(
+        &self,
+        filter: FailedFilter<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let query = sqlx::query(Log::RETRY_FAILED)
+            .bind(filter.topic)
+            .bind(filter.subscriber)
+            .bind(Log::Db::time(now))
+            .bind(filter.event_id);
+        let mut writer = self.writer().await?;
+        let done = query.execute(&mut *writer).await?;
+        Ok(Log::Db::affected(&done))
+    }
+
+    async fn list(
+        &self,
+        filter: DeliveryFilter<'_>,
+        limit: usize,
+    ) -> Result<Vec<DeliverySummary>, EventLogError> {
+        sqlx::query(AssertSqlSafe(Log::listing()))
+            .bind(filter.event_id)
+            .bind(filter.topic)
+            .bind(filter.subscriber)
+            .bind(filter.state.map(DeliveryState::as_str))
+            .bind(filter.since.map(Log::Db::time))
+            .bind(filter.until.map(Log::Db::time))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(self.reads())
+            .await?
+            .iter()
+            .map(Log::summary_of)
+            .collect()
+    }
+
+    async fn redeliver(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, EventLogError> {
+        self.redeliver_copy(event_id, subscribers, now).await
+    }
+
+    async fn replay(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Replayed, EventLogError> {
+        self.replay_since(topic, subscriber, since, limit, now)
+            .await
+    }
+
+    async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
+        let row = sqlx::query(sql::DELIVERED_SINCE)
+            .bind(Log::Db::time(since))
+            .fetch_one(self.reads())
+            .await?;
+        super::count(row.try_get("delivered").map_err(invalid)?)
     }
 }

@@ -166,6 +166,8 @@ pub(super) mod operate {
 /// microseconds from `$1` to an attempt, which each dialect spells its own
 /// way (times are integers on SQLite, `TIMESTAMPTZ` on PostgreSQL).
 pub(super) mod activity {
+    use std::sync::LazyLock;
+
     // Successful attempts are kept in the records they closed, failed ones
     // are rows of their own; an attempt row without an error is a success
     // from before records kept them. As in DELIVERED_SINCE, the events'
@@ -206,24 +208,24 @@ pub(super) mod activity {
     }
 
     /// The `$3` endpoints with the most attempts answered 2xx.
-    pub(in crate::storage::events) fn busiest() -> String {
+    pub(in crate::storage::events) static BUSIEST: LazyLock<String> = LazyLock::new(|| {
         format!(
             "{ATTEMPTS} \
              SELECT subscriber, sum(ok) AS delivered, count(*) - sum(ok) AS failed \
              FROM attempts GROUP BY subscriber HAVING sum(ok) > 0 \
              ORDER BY delivered DESC, subscriber LIMIT $3"
         )
-    }
+    });
 
     /// The `$3` endpoints with the most failed attempts.
-    pub(in crate::storage::events) fn failing() -> String {
+    pub(in crate::storage::events) static FAILING: LazyLock<String> = LazyLock::new(|| {
         format!(
             "{ATTEMPTS} \
              SELECT subscriber, sum(ok) AS delivered, count(*) - sum(ok) AS failed \
              FROM attempts GROUP BY subscriber HAVING count(*) - sum(ok) > 0 \
              ORDER BY failed DESC, subscriber LIMIT $3"
         )
-    }
+    });
 }
 
 /// The conflict clause of both logs' `INSERT_DELIVERED` (a record written

@@ -561,7 +561,7 @@ impl EndpointStates for PostgresEventLog {
         channel: &str,
         limit: usize,
     ) -> Result<Vec<EndpointRecord>, EventLogError> {
-        operate::endpoints(&self.pool, channel, limit).await
+        self.endpoints_of(channel, limit).await
     }
 
     async fn endpoint(
@@ -569,7 +569,7 @@ impl EndpointStates for PostgresEventLog {
         channel: &str,
         endpoint: &str,
     ) -> Result<Option<EndpointRecord>, EventLogError> {
-        operate::endpoint(&self.pool, channel, endpoint).await
+        self.endpoint_in(channel, endpoint).await
     }
 
     async fn tally_endpoints(
@@ -598,7 +598,7 @@ impl EndpointStates for PostgresEventLog {
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<bool, EventLogError> {
-        operate::set_endpoint_disabled(&self.pool, channel, endpoint, reason, now).await
+        self.disable_endpoint(channel, endpoint, reason, now).await
     }
 
     async fn webhook_events_attempted_since(
@@ -667,6 +667,37 @@ impl SqlEventLog for PostgresEventLog {
 
     const DUE_LANES: &'static str = statements::DUE_LANES;
     const RELEASE_ENDPOINT: &'static str = statements::RELEASE_ENDPOINT;
+    const FAILED: &'static str = statements::FAILED;
+    const RETRY_FAILED: &'static str = statements::RETRY_FAILED;
+    const HEALTH: &'static str = statements::HEALTH;
+
+    fn listing() -> &'static str {
+        &operate::LISTING
+    }
+
+    fn activity_buckets() -> &'static str {
+        &operate::ACTIVITY_BUCKETS
+    }
+
+    async fn redeliver_copy(
+        &self,
+        event_id: Uuid,
+        subscribers: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, EventLogError> {
+        operate::redeliver(&self.pool, event_id, subscribers, now).await
+    }
+
+    async fn replay_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: DateTime<Utc>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<super::Replayed, EventLogError> {
+        operate::replay(&self.pool, topic, subscriber, since, limit, now).await
+    }
 
     fn reads(&self) -> &PgPool {
         &self.pool

@@ -1,33 +1,25 @@
-//! The PostgreSQL statements behind the operators' calls: listing delivery
-//! records, redeliveries and replays, and the endpoints' tally; and the
-//! log's [`DeliveryOperations`], which call them.
+//! The PostgreSQL parts of the operators' calls, those its dialect spells its
+//! own way: the list's statement, redeliveries and replays, the endpoints'
+//! tally, the activity buckets and the outbox webhooks' attempts kept. The
+//! calls themselves are written once ([`super::super::shared`]).
 
 use std::sync::LazyLock;
 
-use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgPool, PgRow};
-use sqlx::{AssertSqlSafe, Postgres, Row, Transaction};
+use sqlx::postgres::PgPool;
+use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use super::super::operate::{BucketRow, STATE_SQL, endpoint_activity, fill_buckets};
-use super::super::sql::operate::{DISABLE, DISABLE_TALLIED, ENABLE, ENDPOINT, ENDPOINTS};
-use super::super::{
-    Activity, ActivityWindow, DeliveryFilter, DeliveryHealth, DeliveryOperations, DeliveryRecord,
-    DeliveryState, DeliverySummary, EndpointRecord, EventLogError, Exhaustion, FailedDelivery,
-    FailedFilter, Replayed, Undelivered, WebhookAttempt, invalid,
-};
-use super::SqlEventLog;
-use super::statements::{
-    DELIVERED_SINCE, DELIVERIES, DELIVERY, FAILED, HEALTH, RETRY_FAILED, UNDELIVERED,
-};
-use super::{PostgresEventLog, READ_COMMITTED};
+use super::super::operate::STATE_SQL;
+use super::super::sql::operate::DISABLE_TALLIED;
+use super::super::{EventLogError, Exhaustion, Replayed, WebhookAttempt};
+use super::READ_COMMITTED;
 
 /// Newest first; each filter is a parameter that is NULL when unset, so one
 /// statement serves them all. A topic walks the (topic, created_at) index;
 /// otherwise the events' `created_at` index is walked backwards and each
 /// event probes the deliveries' primary key, stopping at the limit.
-fn list_sql() -> String {
+pub(super) static LISTING: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT * FROM ( \
              SELECT d.event_id, e.original_id, e.topic, d.subscriber::TEXT AS subscriber, \
@@ -42,44 +34,7 @@ fn list_sql() -> String {
          WHERE ($4::TEXT IS NULL OR state = $4) \
          ORDER BY created_at DESC, event_id DESC, subscriber LIMIT $7"
     )
-}
-
-pub(super) async fn list(
-    pool: &PgPool,
-    filter: DeliveryFilter<'_>,
-    limit: usize,
-) -> Result<Vec<DeliverySummary>, EventLogError> {
-    sqlx::query(AssertSqlSafe(list_sql()))
-        .bind(filter.event_id)
-        .bind(filter.topic)
-        .bind(filter.subscriber)
-        .bind(filter.state.map(DeliveryState::as_str))
-        .bind(filter.since)
-        .bind(filter.until)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(pool)
-        .await?
-        .iter()
-        .map(summary_from_row)
-        .collect()
-}
-
-fn summary_from_row(row: &PgRow) -> Result<DeliverySummary, EventLogError> {
-    let state: &str = row.try_get("state").map_err(invalid)?;
-    Ok(DeliverySummary {
-        event_id: row.try_get("event_id").map_err(invalid)?,
-        original_id: row.try_get("original_id").map_err(invalid)?,
-        topic: row.try_get("topic").map_err(invalid)?,
-        subscriber: row.try_get("subscriber").map_err(invalid)?,
-        created_at: row.try_get("created_at").map_err(invalid)?,
-        state: DeliveryState::parse(state)
-            .ok_or_else(|| EventLogError::Invalid(format!("delivery state {state:?}")))?,
-        retry_count: PostgresEventLog::count_of(row, "retry_count")?,
-        last_error: row.try_get("last_error").map_err(invalid)?,
-        processed_at: row.try_get("processed_at").map_err(invalid)?,
-        next_attempt_at: row.try_get("next_attempt_at").map_err(invalid)?,
-    })
-}
+});
 
 // One copy per (original, copy) pair, already expanded: only the records
 // written with it are ever delivered.
@@ -181,48 +136,6 @@ pub(super) async fn replay(
     })
 }
 
-pub(super) async fn endpoints(
-    pool: &PgPool,
-    channel: &str,
-    limit: usize,
-) -> Result<Vec<EndpointRecord>, EventLogError> {
-    sqlx::query(ENDPOINTS)
-        .bind(channel)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(pool)
-        .await?
-        .iter()
-        .map(endpoint_from_row)
-        .collect()
-}
-
-pub(super) async fn endpoint(
-    pool: &PgPool,
-    channel: &str,
-    endpoint: &str,
-) -> Result<Option<EndpointRecord>, EventLogError> {
-    sqlx::query(ENDPOINT)
-        .bind(channel)
-        .bind(endpoint)
-        .fetch_optional(pool)
-        .await?
-        .as_ref()
-        .map(endpoint_from_row)
-        .transpose()
-}
-
-fn endpoint_from_row(row: &sqlx::postgres::PgRow) -> Result<EndpointRecord, EventLogError> {
-    Ok(EndpointRecord {
-        channel: row.try_get("channel").map_err(invalid)?,
-        endpoint: row.try_get("endpoint").map_err(invalid)?,
-        failures: PostgresEventLog::count_of(row, "failures")?,
-        last_failure_at: row.try_get("last_failure_at").map_err(invalid)?,
-        last_error: row.try_get("last_error").map_err(invalid)?,
-        disabled_at: row.try_get("disabled_at").map_err(invalid)?,
-        disabled_reason: row.try_get("disabled_reason").map_err(invalid)?,
-    })
-}
-
 // One row per exhaustion; several for one endpoint add up. The last error
 // wins. An endpoint that reaches the threshold while enabled is disabled,
 // and returned.
@@ -286,34 +199,6 @@ pub(super) async fn tally_endpoints(
     Ok(disabled)
 }
 
-pub(super) async fn set_endpoint_disabled(
-    pool: &PgPool,
-    channel: &str,
-    endpoint: &str,
-    reason: Option<&str>,
-    now: DateTime<Utc>,
-) -> Result<bool, EventLogError> {
-    let changed = match reason {
-        Some(reason) => {
-            sqlx::query(DISABLE)
-                .bind(endpoint)
-                .bind(now)
-                .bind(reason)
-                .bind(channel)
-                .execute(pool)
-                .await?
-        }
-        None => {
-            sqlx::query(ENABLE)
-                .bind(endpoint)
-                .bind(channel)
-                .execute(pool)
-                .await?
-        }
-    };
-    Ok(changed.rows_affected() > 0)
-}
-
 const KEEP_WEBHOOK_ATTEMPTS: &str = "INSERT INTO websub_webhook_attempts \
      (event_id, subscriber, attempted_at, duration_us, status, error, response) \
      SELECT * FROM unnest($1::UUID[], $2::TEXT[], $3::TIMESTAMPTZ[], $4::BIGINT[], \
@@ -364,173 +249,6 @@ pub(super) async fn keep_webhook_attempts(
 
 // The distance from a TIMESTAMPTZ is an interval; its seconds, in
 // microseconds, are exact at the precision PostgreSQL keeps.
-static ACTIVITY_BUCKETS: LazyLock<String> = LazyLock::new(|| {
+pub(super) static ACTIVITY_BUCKETS: LazyLock<String> = LazyLock::new(|| {
     super::super::sql::activity::buckets("(extract(epoch FROM at - $1) * 1000000)::BIGINT")
 });
-static BUSIEST: LazyLock<String> = LazyLock::new(super::super::sql::activity::busiest);
-static FAILING: LazyLock<String> = LazyLock::new(super::super::sql::activity::failing);
-
-async fn activity(pool: &PgPool, window: ActivityWindow) -> Result<Activity, EventLogError> {
-    let until = window.until();
-    let rows: Vec<BucketRow> = sqlx::query_as(AssertSqlSafe(ACTIVITY_BUCKETS.as_str()))
-        .bind(window.since)
-        .bind(until)
-        .bind(window.bucket_micros())
-        .fetch_all(pool)
-        .await?;
-    let endpoints = i64::try_from(window.endpoints).unwrap_or(i64::MAX);
-    let mut ranked = Vec::with_capacity(2);
-    for statement in [&*BUSIEST, &*FAILING] {
-        let rows: Vec<(String, i64, i64)> = sqlx::query_as(AssertSqlSafe(statement.as_str()))
-            .bind(window.since)
-            .bind(until)
-            .bind(endpoints)
-            .fetch_all(pool)
-            .await?;
-        ranked.push(endpoint_activity(rows)?);
-    }
-    let failing = ranked.pop().unwrap_or_default();
-    let busiest = ranked.pop().unwrap_or_default();
-    Ok(Activity {
-        buckets: fill_buckets(&window, &rows)?,
-        busiest,
-        failing,
-    })
-}
-
-#[async_trait]
-impl DeliveryOperations for PostgresEventLog {
-    async fn activity(&self, window: ActivityWindow) -> Result<Activity, EventLogError> {
-        activity(&self.pool, window).await
-    }
-
-    async fn delivery(
-        &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Option<DeliveryRecord>, EventLogError> {
-        sqlx::query(DELIVERY)
-            .bind(event_id)
-            .bind(subscriber)
-            .fetch_optional(&self.pool)
-            .await?
-            .as_ref()
-            .map(PostgresEventLog::delivery_of)
-            .transpose()
-    }
-
-    async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {
-        sqlx::query(DELIVERIES)
-            .bind(event_id)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(PostgresEventLog::delivery_of)
-            .collect()
-    }
-
-    async fn undelivered(&self) -> Result<Undelivered, EventLogError> {
-        let row = sqlx::query(UNDELIVERED).fetch_one(&self.pool).await?;
-        Ok(Undelivered {
-            records: super::super::count(row.try_get("records").map_err(super::super::invalid)?)?,
-            oldest: row.try_get("oldest").map_err(super::super::invalid)?,
-        })
-    }
-
-    async fn health(
-        &self,
-        topic: &str,
-        subscriber: &str,
-        window: usize,
-    ) -> Result<DeliveryHealth, EventLogError> {
-        let row = sqlx::query(HEALTH)
-            .bind(topic)
-            .bind(subscriber)
-            .bind(i64::try_from(window).unwrap_or(i64::MAX))
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(DeliveryHealth {
-            last_success: row.try_get("last_success").map_err(super::super::invalid)?,
-            last_error: row.try_get("last_error").map_err(super::super::invalid)?,
-            pending: super::super::count(row.try_get("pending").map_err(super::super::invalid)?)?,
-            failed: super::super::count(row.try_get("failed").map_err(super::super::invalid)?)?,
-        })
-    }
-
-    async fn failed(
-        &self,
-        filter: FailedFilter<'_>,
-        limit: usize,
-    ) -> Result<Vec<FailedDelivery>, EventLogError> {
-        sqlx::query(FAILED)
-            .bind(filter.topic)
-            .bind(filter.subscriber)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .bind(filter.event_id)
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|row| {
-                Ok(FailedDelivery {
-                    event_id: row.try_get("event_id").map_err(super::super::invalid)?,
-                    topic: row.try_get("topic").map_err(super::super::invalid)?,
-                    subscriber: row.try_get("subscriber").map_err(super::super::invalid)?,
-                    created_at: row.try_get("created_at").map_err(super::super::invalid)?,
-                    retry_count: PostgresEventLog::count_of(row, "retry_count")?,
-                    last_error: row.try_get("last_error").map_err(super::super::invalid)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn retry_failed(
-        &self,
-        filter: FailedFilter<'_>,
-        now: DateTime<Utc>,
-    ) -> Result<u64, EventLogError> {
-        Ok(sqlx::query(RETRY_FAILED)
-            .bind(filter.topic)
-            .bind(filter.subscriber)
-            .bind(now)
-            .bind(filter.event_id)
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
-    }
-
-    async fn list(
-        &self,
-        filter: DeliveryFilter<'_>,
-        limit: usize,
-    ) -> Result<Vec<DeliverySummary>, EventLogError> {
-        list(&self.pool, filter, limit).await
-    }
-
-    async fn redeliver(
-        &self,
-        event_id: Uuid,
-        subscribers: &[&str],
-        now: DateTime<Utc>,
-    ) -> Result<Option<Uuid>, EventLogError> {
-        redeliver(&self.pool, event_id, subscribers, now).await
-    }
-
-    async fn replay(
-        &self,
-        topic: &str,
-        subscriber: &str,
-        since: DateTime<Utc>,
-        limit: usize,
-        now: DateTime<Utc>,
-    ) -> Result<Replayed, EventLogError> {
-        replay(&self.pool, topic, subscriber, since, limit, now).await
-    }
-
-    async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
-        let row = sqlx::query(DELIVERED_SINCE)
-            .bind(since)
-            .fetch_one(&self.pool)
-            .await?;
-        super::super::count(row.try_get("delivered").map_err(super::super::invalid)?)
-    }
-}

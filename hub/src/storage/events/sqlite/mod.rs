@@ -544,7 +544,7 @@ impl EndpointStates for SqliteEventLog {
         channel: &str,
         limit: usize,
     ) -> Result<Vec<EndpointRecord>, EventLogError> {
-        operate::endpoints(&self.pool, channel, limit).await
+        self.endpoints_of(channel, limit).await
     }
 
     async fn endpoint(
@@ -552,7 +552,7 @@ impl EndpointStates for SqliteEventLog {
         channel: &str,
         endpoint: &str,
     ) -> Result<Option<EndpointRecord>, EventLogError> {
-        operate::endpoint(&self.pool, channel, endpoint).await
+        self.endpoint_in(channel, endpoint).await
     }
 
     async fn tally_endpoints(
@@ -582,8 +582,7 @@ impl EndpointStates for SqliteEventLog {
         reason: Option<&str>,
         now: DateTime<Utc>,
     ) -> Result<bool, EventLogError> {
-        let mut writer = self.writer().await?;
-        operate::set_endpoint_disabled(&mut writer, channel, endpoint, reason, now).await
+        self.disable_endpoint(channel, endpoint, reason, now).await
     }
 
     async fn webhook_events_attempted_since(

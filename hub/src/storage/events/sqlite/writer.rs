@@ -37,6 +37,39 @@ impl super::SqlEventLog for SqliteEventLog {
 
     const DUE_LANES: &'static str = super::statements::DUE_LANES;
     const RELEASE_ENDPOINT: &'static str = super::statements::RELEASE_ENDPOINT;
+    const FAILED: &'static str = super::statements::FAILED;
+    const RETRY_FAILED: &'static str = super::statements::RETRY_FAILED;
+    const HEALTH: &'static str = super::statements::HEALTH;
+
+    fn listing() -> &'static str {
+        &super::operate::LISTING
+    }
+
+    fn activity_buckets() -> &'static str {
+        &super::operate::ACTIVITY_BUCKETS
+    }
+
+    async fn redeliver_copy(
+        &self,
+        event_id: uuid::Uuid,
+        subscribers: &[&str],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<uuid::Uuid>, EventLogError> {
+        let mut writer = self.writer().await?;
+        super::operate::redeliver(&mut writer, event_id, subscribers, now).await
+    }
+
+    async fn replay_since(
+        &self,
+        topic: &str,
+        subscriber: &str,
+        since: chrono::DateTime<chrono::Utc>,
+        limit: usize,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<super::super::Replayed, EventLogError> {
+        let mut writer = self.writer().await?;
+        super::operate::replay(&mut writer, topic, subscriber, since, limit, now).await
+    }
 
     fn reads(&self) -> &sqlx::SqlitePool {
         &self.pool
