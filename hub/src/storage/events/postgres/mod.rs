@@ -699,6 +699,14 @@ impl SqlEventLog for PostgresEventLog {
         operate::replay(&self.pool, topic, subscriber, since, limit, now).await
     }
 
+    fn change_claim() -> &'static str {
+        &changes::CLAIM
+    }
+
+    async fn append(&self, changes: &[super::NewChange]) -> Result<(), EventLogError> {
+        changes::append(self, changes).await
+    }
+
     fn reads(&self) -> &PgPool {
         &self.pool
     }

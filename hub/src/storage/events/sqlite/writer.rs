@@ -71,11 +71,19 @@ impl super::SqlEventLog for SqliteEventLog {
         super::operate::replay(&mut writer, topic, subscriber, since, limit, now).await
     }
 
+    fn change_claim() -> &'static str {
+        &super::changes::CLAIM
+    }
+
+    async fn append(&self, changes: &[super::super::NewChange]) -> Result<(), EventLogError> {
+        super::changes::append(self, changes).await
+    }
+
     fn reads(&self) -> &sqlx::SqlitePool {
         &self.pool
     }
 
     async fn writer(&self) -> Result<Self::Writer<'_>, EventLogError> {
-        Ok(self.writer.lock().await?)
+        SqliteEventLog::writer(self).await
     }
 }

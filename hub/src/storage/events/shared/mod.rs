@@ -12,17 +12,20 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use sqlx::{
-    AssertSqlSafe, ColumnIndex, Database, Encode, Executor, IntoArguments, Pool, Row, Type,
+    AssertSqlSafe, ColumnIndex, Connection, Database, Encode, Executor, IntoArguments, Pool, Row,
+    Type,
 };
 use uuid::Uuid;
 
-use super::operate::{BucketRow, endpoint_activity, fill_buckets};
 use super::{
-    Activity, ActivityWindow, Attempt, Claimed, DeliveryFilter, DeliveryHealth, DeliveryOperations,
-    DeliveryRecord, DeliveryState, DeliverySummary, EndpointRecord, EventLogError, FailedDelivery,
-    FailedFilter, LoggedEvent, OrderedSubscription, Replayed, Undelivered, invalid, sql,
+    Attempt, ChangeFilter, Claimed, DeliveryRecord, DeliveryState, DeliverySummary, EndpointChange,
+    EndpointRecord, EventLogError, LoggedEvent, NewChange, OrderedSubscription, Replayed, Sent,
+    invalid, small_count, sql, state_of, webhook_state_of,
 };
 use crate::storage::dialect::{Dialect, Stored};
+
+pub(super) mod changes;
+mod operations;
 
 /// A backend's log, as the code written once for both databases sees it.
 #[async_trait]
@@ -94,6 +97,15 @@ where
         limit: usize,
         now: DateTime<Utc>,
     ) -> Result<Replayed, EventLogError>;
+
+    /// Claims the endpoint changes not yet sent whose time has come (see
+    /// [`EndpointChanges::claim_unsent`]): `$1` now, `$2` the claim's end,
+    /// `$3` how many, returning [`sql::changes::COLUMNS`].
+    fn change_claim() -> &'static str;
+
+    /// Appends `changes` (not empty) to the endpoints' history and trims
+    /// it to [`MAX_CHANGES`], in one transaction.
+    async fn append(&self, changes: &[NewChange]) -> Result<(), EventLogError>;
 
     /// The pool reads go to.
     fn reads(&self) -> &Pool<Self::Db>;
@@ -215,6 +227,29 @@ where
             last_error: row.try_get("last_error").map_err(invalid)?,
             processed_at: Self::optional_time_of(row, "processed_at")?,
             next_attempt_at: Self::optional_time_of(row, "next_attempt_at")?,
+        })
+    }
+
+    /// A change from a row of [`sql::changes::COLUMNS`].
+    fn change_of(row: &<Self::Db as Database>::Row) -> Result<EndpointChange, EventLogError> {
+        let state: String = row.try_get("state").map_err(invalid)?;
+        let webhook_state: String = row.try_get("webhook_state").map_err(invalid)?;
+        let failures: Option<i32> = row.try_get("failures").map_err(invalid)?;
+        let retries: i32 = row.try_get("retry_count").map_err(invalid)?;
+        Ok(EndpointChange {
+            id: row.try_get("id").map_err(invalid)?,
+            channel: row.try_get("channel").map_err(invalid)?,
+            endpoint: row.try_get("endpoint").map_err(invalid)?,
+            to: state_of(&state)?,
+            at: Self::time_of(row, "at")?,
+            failures: small_count(failures.map(i64::from))?,
+            since: Self::optional_time_of(row, "since")?,
+            reason: row.try_get("reason").map_err(invalid)?,
+            source: row.try_get("source").map_err(invalid)?,
+            webhook_state: webhook_state_of(&webhook_state)?,
+            webhook_retries: small_count(Some(i64::from(retries)))?.unwrap_or_default(),
+            webhook_error: row.try_get("last_error").map_err(invalid)?,
+            delivered_at: Self::optional_time_of(row, "delivered_at")?,
         })
     }
 
@@ -431,202 +466,99 @@ where
             .map(|row| row.try_get(0usize).map_err(invalid))
             .collect()
     }
-}
 
-// The operators' calls are the same on both databases but for the few
-// statements each spells its own way; the bounds are those of
-// [`SqlEventLog`], which Rust does not carry over from its declaration.
-#[async_trait]
-impl<Log> DeliveryOperations for Log
-where
-    Log: SqlEventLog + Send + std::fmt::Debug,
-    for<'c> &'c mut <Log::Db as Database>::Connection: Executor<'c, Database = Log::Db>,
-    <Log::Db as Database>::Arguments: IntoArguments<Log::Db>,
-    for<'n> &'n str: ColumnIndex<<Log::Db as Database>::Row>,
-    usize: ColumnIndex<<Log::Db as Database>::Row>,
-    for<'q> &'q str: Encode<'q, Log::Db> + Type<Log::Db>,
-    for<'q> Option<&'q str>: Encode<'q, Log::Db>,
-    Option<Uuid>: for<'q> Encode<'q, Log::Db>,
-    Option<<Log::Db as Dialect>::Time>: for<'q> Encode<'q, Log::Db>,
-    Uuid: Stored<Log::Db>,
-    String: Stored<Log::Db>,
-    Vec<u8>: Stored<Log::Db>,
-    i64: Stored<Log::Db>,
-    i32: Stored<Log::Db>,
-    i16: Stored<Log::Db>,
-    bool: Stored<Log::Db>,
-{
-    async fn activity(&self, window: ActivityWindow) -> Result<Activity, EventLogError> {
-        let since = Log::Db::time(window.since);
-        let until = Log::Db::time(window.until());
-        let rows: Vec<BucketRow> = sqlx::query_as(AssertSqlSafe(Log::activity_buckets()))
-            .bind(since)
-            .bind(until)
-            .bind(window.bucket_micros())
-            .fetch_all(self.reads())
-            .await?;
-        let endpoints = i64::try_from(window.endpoints).unwrap_or(i64::MAX);
-        let mut ranked = Vec::with_capacity(2);
-        for statement in [&*sql::activity::BUSIEST, &*sql::activity::FAILING] {
-            let rows: Vec<(String, i64, i64)> = sqlx::query_as(AssertSqlSafe(statement.as_str()))
-                .bind(since)
-                .bind(until)
-                .bind(endpoints)
-                .fetch_all(self.reads())
-                .await?;
-            ranked.push(endpoint_activity(rows)?);
-        }
-        let failing = ranked.pop().unwrap_or_default();
-        let busiest = ranked.pop().unwrap_or_default();
-        Ok(Activity {
-            buckets: fill_buckets(&window, &rows)?,
-            busiest,
-            failing,
-        })
-    }
-
-    async fn delivery(
+    /// See [`super::EndpointChanges::list_changes`].
+    async fn changes_listed(
         &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Option<DeliveryRecord>, EventLogError> {
-        sqlx::query(sql::DELIVERY)
-            .bind(event_id)
-            .bind(subscriber)
-            .fetch_optional(self.reads())
-            .await?
-            .as_ref()
-            .map(Log::delivery_of)
-            .transpose()
-    }
-
-    async fn deliveries(&self, event_id: Uuid) -> Result<Vec<DeliveryRecord>, EventLogError> {
-        sqlx::query(sql::DELIVERIES)
-            .bind(event_id)
-            .fetch_all(self.reads())
-            .await?
-            .iter()
-            .map(Log::delivery_of)
-            .collect()
-    }
-
-    async fn undelivered(&self) -> Result<Undelivered, EventLogError> {
-        let row = sqlx::query(sql::UNDELIVERED)
-            .fetch_one(self.reads())
-            .await?;
-        Ok(Undelivered {
-            records: super::count(row.try_get("records").map_err(invalid)?)?,
-            oldest: Log::optional_time_of(&row, "oldest")?,
-        })
-    }
-
-    async fn health(
-        &self,
-        topic: &str,
-        subscriber: &str,
-        window: usize,
-    ) -> Result<DeliveryHealth, EventLogError> {
-        let row = sqlx::query(Log::HEALTH)
-            .bind(topic)
-            .bind(subscriber)
-            .bind(i64::try_from(window).unwrap_or(i64::MAX))
-            .fetch_one(self.reads())
-            .await?;
-        Ok(DeliveryHealth {
-            last_success: Log::optional_time_of(&row, "last_success")?,
-            last_error: row.try_get("last_error").map_err(invalid)?,
-            pending: super::count(row.try_get("pending").map_err(invalid)?)?,
-            failed: super::count(row.try_get("failed").map_err(invalid)?)?,
-        })
-    }
-
-    async fn failed(
-        &self,
-        filter: FailedFilter<'_>,
+        filter: ChangeFilter<'_>,
         limit: usize,
-    ) -> Result<Vec<FailedDelivery>, EventLogError> {
-        sqlx::query(Log::FAILED)
-            .bind(filter.topic)
-            .bind(filter.subscriber)
+    ) -> Result<Vec<EndpointChange>, EventLogError> {
+        sqlx::query(AssertSqlSafe(changes::LIST.as_str()))
+            .bind(filter.channel)
+            .bind(filter.endpoint)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .bind(filter.event_id)
             .fetch_all(self.reads())
             .await?
             .iter()
-            .map(|row| {
-                Ok(FailedDelivery {
-                    event_id: row.try_get("event_id").map_err(invalid)?,
-                    topic: row.try_get("topic").map_err(invalid)?,
-                    subscriber: row.try_get("subscriber").map_err(invalid)?,
-                    created_at: Log::time_of(row, "created_at")?,
-                    retry_count: Log::count_of(row, "retry_count")?,
-                    last_error: row.try_get("last_error").map_err(invalid)?,
-                })
-            })
+            .map(Self::change_of)
             .collect()
     }
 
-    async fn retry_failed(
+    /// See [`super::EndpointChanges::claim_unsent`].
+    async fn changes_claimed(
         &self,
-        filter: FailedFilter<'_>,
         now: DateTime<Utc>,
-    ) -> Result<u64, EventLogError> {
-        let query = sqlx::query(Log::RETRY_FAILED)
-            .bind(filter.topic)
-            .bind(filter.subscriber)
-            .bind(Log::Db::time(now))
-            .bind(filter.event_id);
+        until: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<EndpointChange>, EventLogError> {
+        let query = sqlx::query(AssertSqlSafe(Self::change_claim()))
+            .bind(Self::Db::time(now))
+            .bind(Self::Db::time(until))
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX));
         let mut writer = self.writer().await?;
-        let done = query.execute(&mut *writer).await?;
-        Ok(Log::Db::affected(&done))
-    }
-
-    async fn list(
-        &self,
-        filter: DeliveryFilter<'_>,
-        limit: usize,
-    ) -> Result<Vec<DeliverySummary>, EventLogError> {
-        sqlx::query(AssertSqlSafe(Log::listing()))
-            .bind(filter.event_id)
-            .bind(filter.topic)
-            .bind(filter.subscriber)
-            .bind(filter.state.map(DeliveryState::as_str))
-            .bind(filter.since.map(Log::Db::time))
-            .bind(filter.until.map(Log::Db::time))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(self.reads())
+        let mut claimed = query
+            .fetch_all(&mut *writer)
             .await?
             .iter()
-            .map(Log::summary_of)
-            .collect()
+            .map(Self::change_of)
+            .collect::<Result<Vec<_>, _>>()?;
+        claimed.sort_by_key(|change| change.id);
+        Ok(claimed)
     }
 
-    async fn redeliver(
-        &self,
-        event_id: Uuid,
-        subscribers: &[&str],
-        now: DateTime<Utc>,
-    ) -> Result<Option<Uuid>, EventLogError> {
-        self.redeliver_copy(event_id, subscribers, now).await
-    }
-
-    async fn replay(
-        &self,
-        topic: &str,
-        subscriber: &str,
-        since: DateTime<Utc>,
-        limit: usize,
-        now: DateTime<Utc>,
-    ) -> Result<Replayed, EventLogError> {
-        self.replay_since(topic, subscriber, since, limit, now)
-            .await
-    }
-
-    async fn delivered_since(&self, since: DateTime<Utc>) -> Result<u64, EventLogError> {
-        let row = sqlx::query(sql::DELIVERED_SINCE)
-            .bind(Log::Db::time(since))
-            .fetch_one(self.reads())
+    /// See [`super::EndpointChanges::settle_sent`].
+    async fn changes_settled(&self, settled: &[(i64, Sent)]) -> Result<(), EventLogError> {
+        if settled.is_empty() {
+            return Ok(());
+        }
+        let mut writer = self.writer().await?;
+        let mut tx = writer
+            .begin_with(<Self::Db as Dialect>::BEGIN_WRITE)
             .await?;
-        super::count(row.try_get("delivered").map_err(invalid)?)
+        for (id, sent) in settled {
+            let query = match sent {
+                Sent::Delivered(at) => sqlx::query(sql::changes::DELIVERED)
+                    .bind(id)
+                    .bind(Self::Db::time(*at)),
+                Sent::Retry {
+                    error,
+                    next_attempt_at,
+                    counted,
+                } => sqlx::query(sql::changes::RETRY)
+                    .bind(id)
+                    .bind(Self::Db::time(*next_attempt_at))
+                    .bind(error.as_str())
+                    .bind(i32::from(*counted)),
+                Sent::Failed { error } => sqlx::query(sql::changes::FAILED)
+                    .bind(id)
+                    .bind(error.as_str()),
+                Sent::Released => sqlx::query(sql::changes::RELEASED).bind(id),
+            };
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// See [`super::EndpointChanges::shed_unsent`].
+    async fn changes_shed(
+        &self,
+        keep: usize,
+        older_than: DateTime<Utc>,
+    ) -> Result<u64, EventLogError> {
+        let query = sqlx::query(sql::changes::SHED)
+            .bind(i64::try_from(keep).unwrap_or(i64::MAX))
+            .bind(Self::Db::time(older_than));
+        let mut writer = self.writer().await?;
+        let shed = query.execute(&mut *writer).await?;
+        Ok(Self::Db::affected(&shed))
+    }
+
+    /// See [`super::EndpointChanges::purge_changes_before`].
+    async fn changes_purged(&self, cutoff: DateTime<Utc>) -> Result<u64, EventLogError> {
+        let query = sqlx::query(sql::changes::PURGE).bind(Self::Db::time(cutoff));
+        let mut writer = self.writer().await?;
+        let purged = query.execute(&mut *writer).await?;
+        Ok(Self::Db::affected(&purged))
     }
 }
