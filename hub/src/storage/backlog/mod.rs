@@ -28,6 +28,7 @@
 //! beside the event log's and are created by its migrations.
 
 pub mod postgres;
+mod shared;
 mod sql;
 pub mod sqlite;
 pub mod worker;

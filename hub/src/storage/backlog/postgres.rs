@@ -9,19 +9,13 @@ use std::collections::HashSet;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::Row;
-use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::Postgres;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use uuid::Uuid;
 
-use super::sql::{
-    FETCH_DONE, FETCH_FAILED, FORGET_VALIDATORS, INTENT_FAILED, KEEP_VALIDATORS, PURGE_FETCHES,
-    PURGE_INTENTS, RELEASE_FETCH, SUBSCRIBING, WAITING,
-};
-use super::{
-    Admission, Backlog, BacklogError, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult,
-    IntentState, Listing, Validators, Waiting, admissions, mode, releases, stale_bound, unsigned,
-};
-use crate::protocol::SubscriptionRequest;
+use super::shared::SqlBacklog;
+use super::{BacklogError, Intent};
 
 /// Connections of the backlog's pool: admissions, claims and outcomes are
 /// single short statements.
@@ -135,17 +129,29 @@ impl PostgresBacklog {
     }
 }
 
-fn limit(value: usize) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-fn attempts(row: &PgRow) -> Result<u32, BacklogError> {
-    unsigned(i64::from(row.try_get::<i32, _>("attempts")?))
-}
-
 #[async_trait]
-impl Backlog for PostgresBacklog {
-    async fn request_fetches(
+impl SqlBacklog for PostgresBacklog {
+    type Db = Postgres;
+    type Writer<'a> = PoolConnection<Postgres>;
+
+    const CLAIM_FETCHES: &'static str = CLAIM_FETCHES;
+    const CLAIM_INTENTS: &'static str = CLAIM_INTENTS;
+    const FETCHES: &'static str = FETCHES;
+    const INTENTS: &'static str = INTENTS;
+
+    fn reads(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn writer(&self) -> Result<Self::Writer<'_>, BacklogError> {
+        Ok(self.pool.acquire().await?)
+    }
+
+    fn claimant(&self) -> Option<Uuid> {
+        Some(self.replica)
+    }
+
+    async fn write_fetches(
         &self,
         topics: &[String],
         now: DateTime<Utc>,
@@ -165,112 +171,11 @@ impl Backlog for PostgresBacklog {
         Ok(())
     }
 
-    async fn claim_fetches(
-        &self,
-        limit_to: usize,
-        now: DateTime<Utc>,
-        visibility: std::time::Duration,
-    ) -> Result<Vec<ClaimedFetch>, BacklogError> {
-        let rows = sqlx::query(CLAIM_FETCHES)
-            .bind(now)
-            .bind(stale_bound(now, visibility))
-            .bind(limit(limit_to))
-            .bind(self.replica)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(ClaimedFetch {
-                    topic: row.try_get("topic")?,
-                    requested_at: row.try_get("requested_at")?,
-                    generation: row.try_get("generation")?,
-                    attempts: attempts(row)?,
-                    trace_context: row.try_get("trace_context")?,
-                    validators: Validators {
-                        etag: row.try_get("etag")?,
-                        last_modified: row.try_get("last_modified")?,
-                    },
-                })
-            })
-            .collect()
-    }
-
-    async fn finish_fetch(
-        &self,
-        fetch: &ClaimedFetch,
-        result: FetchResult,
-        now: DateTime<Utc>,
-    ) -> Result<(), BacklogError> {
-        match result {
-            FetchResult::Done { validators } => {
-                if let Some(validators) = validators {
-                    if validators == Validators::default() {
-                        sqlx::query(FORGET_VALIDATORS)
-                            .bind(&fetch.topic)
-                            .execute(&self.pool)
-                            .await?;
-                    } else {
-                        sqlx::query(KEEP_VALIDATORS)
-                            .bind(&fetch.topic)
-                            .bind(&validators.etag)
-                            .bind(&validators.last_modified)
-                            .bind(now)
-                            .execute(&self.pool)
-                            .await?;
-                    }
-                }
-                let done = sqlx::query(FETCH_DONE)
-                    .bind(&fetch.topic)
-                    .bind(fetch.generation)
-                    .execute(&self.pool)
-                    .await?;
-                if done.rows_affected() == 0 {
-                    sqlx::query(RELEASE_FETCH)
-                        .bind(&fetch.topic)
-                        .bind(now)
-                        .execute(&self.pool)
-                        .await?;
-                }
-            }
-            FetchResult::Retry { at, error } => {
-                fetch_failed(&self.pool, fetch, &error, Some(at), now).await?;
-            }
-            FetchResult::Failed { error } => {
-                fetch_failed(&self.pool, fetch, &error, None, now).await?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn fetches(
-        &self,
-        listing: Listing<'_>,
-        limit_to: usize,
-    ) -> Result<Vec<FetchState>, BacklogError> {
-        let rows = sqlx::query(FETCHES)
-            .bind(listing.failed)
-            .bind(limit(limit_to))
-            .bind(listing.search)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(FetchState {
-                    topic: row.try_get("topic")?,
-                    requested_at: row.try_get("requested_at")?,
-                    attempts: attempts(row)?,
-                    next_attempt_at: row.try_get("next_attempt_at")?,
-                    last_error: row.try_get("last_error")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn request_intents(
+    async fn write_intents(
         &self,
         intents: &[Intent],
         bound: u64,
-    ) -> Result<Vec<Admission>, BacklogError> {
+    ) -> Result<HashSet<Uuid>, BacklogError> {
         let requests = || intents.iter().map(|intent| &intent.request);
         let written: Vec<Uuid> = sqlx::query_scalar(REQUEST_INTENTS)
             .bind(requests().map(|r| r.topic.as_str()).collect::<Vec<_>>())
@@ -296,163 +201,31 @@ impl Backlog for PostgresBacklog {
             .bind(i64::try_from(bound).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await?;
-        let written: std::collections::HashSet<Uuid> = written.into_iter().collect();
-        admissions(self, intents, &written).await
+        Ok(written.into_iter().collect())
     }
 
-    async fn waiting(&self) -> Result<Waiting, BacklogError> {
-        let (verifications, fetches): (i64, i64) =
-            sqlx::query_as(WAITING).fetch_one(&self.pool).await?;
-        Ok(Waiting {
-            verifications: u64::try_from(verifications).unwrap_or(0),
-            fetches: u64::try_from(fetches).unwrap_or(0),
-        })
-    }
-
-    async fn claim_intents(
-        &self,
-        limit_to: usize,
-        now: DateTime<Utc>,
-        visibility: std::time::Duration,
-    ) -> Result<Vec<Intent>, BacklogError> {
-        let rows = sqlx::query(CLAIM_INTENTS)
-            .bind(now)
-            .bind(stale_bound(now, visibility))
-            .bind(limit(limit_to))
-            .bind(self.replica)
+    async fn delete_intents(&self, done: &[&Intent]) -> Result<HashSet<Uuid>, BacklogError> {
+        let ids: Vec<Uuid> = sqlx::query_scalar(INTENTS_DONE)
+            .bind(
+                done.iter()
+                    .map(|intent| &intent.request.topic)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                done.iter()
+                    .map(|intent| &intent.request.callback)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(done.iter().map(|intent| intent.id).collect::<Vec<_>>())
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
-            .map(|row| {
-                let lease: Option<i64> = row.try_get("lease_seconds")?;
-                Ok(Intent {
-                    id: row.try_get("id")?,
-                    request: SubscriptionRequest {
-                        mode: mode(row.try_get("mode")?)?,
-                        topic: row.try_get("topic")?,
-                        callback: row.try_get("callback")?,
-                        lease_seconds: lease.and_then(|seconds| u64::try_from(seconds).ok()),
-                        secret: row.try_get("secret")?,
-                        owner: row.try_get("owner")?,
-                    },
-                    requested_at: row.try_get("requested_at")?,
-                    attempts: attempts(row)?,
-                })
-            })
-            .collect()
+        Ok(ids.into_iter().collect())
     }
 
-    async fn finish_intents(
-        &self,
-        finished: &[(Intent, IntentResult)],
-    ) -> Result<(), BacklogError> {
-        let done: Vec<&Intent> = finished
-            .iter()
-            .filter(|(_, result)| *result == IntentResult::Done)
-            .map(|(intent, _)| intent)
-            .collect();
-        let deleted: HashSet<Uuid> = if done.is_empty() {
-            HashSet::new()
-        } else {
-            let ids: Vec<Uuid> = sqlx::query_scalar(INTENTS_DONE)
-                .bind(
-                    done.iter()
-                        .map(|intent| &intent.request.topic)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    done.iter()
-                        .map(|intent| &intent.request.callback)
-                        .collect::<Vec<_>>(),
-                )
-                .bind(done.iter().map(|intent| intent.id).collect::<Vec<_>>())
-                .fetch_all(&self.pool)
-                .await?;
-            ids.into_iter().collect()
-        };
-        for (intent, next, error) in releases(finished, &deleted) {
-            let request = &intent.request;
-            sqlx::query(INTENT_FAILED)
-                .bind(&request.topic)
-                .bind(&request.callback)
-                .bind(error.map(|_| intent.id))
-                .bind(next)
-                .bind(error)
-                .execute(&self.pool)
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn intents(
-        &self,
-        listing: Listing<'_>,
-        limit_to: usize,
-    ) -> Result<Vec<IntentState>, BacklogError> {
-        let rows = sqlx::query(INTENTS)
-            .bind(listing.owner)
-            .bind(listing.failed)
-            .bind(limit(limit_to))
-            .bind(listing.search)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(IntentState {
-                    mode: mode(row.try_get("mode")?)?,
-                    topic: row.try_get("topic")?,
-                    callback: row.try_get("callback")?,
-                    owner: row.try_get("owner")?,
-                    requested_at: row.try_get("requested_at")?,
-                    attempts: attempts(row)?,
-                    next_attempt_at: row.try_get("next_attempt_at")?,
-                    last_error: row.try_get("last_error")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn subscribing(&self, topic: &str) -> Result<bool, BacklogError> {
-        Ok(sqlx::query_scalar(SUBSCRIBING)
-            .bind(topic)
-            .fetch_one(&self.pool)
-            .await?)
-    }
-
-    async fn purge_failed_before(&self, cutoff: DateTime<Utc>) -> Result<u64, BacklogError> {
-        let fetches = sqlx::query(PURGE_FETCHES)
-            .bind(cutoff)
-            .execute(&self.pool)
-            .await?;
-        let intents = sqlx::query(PURGE_INTENTS)
-            .bind(cutoff)
-            .execute(&self.pool)
-            .await?;
-        Ok(fetches.rows_affected() + intents.rows_affected())
-    }
-
-    async fn release_claims(&self) -> Result<u64, BacklogError> {
-        // Replicas share this backlog: a claim found at start may be a
-        // live replica's. A dead one's are handed back by the replicas'
-        // heartbeat (crate::storage::replicas), the rest by their timeouts.
+    /// None: replicas share this backlog, and a claim found at start may be
+    /// a live replica's. A dead one's are handed back by the replicas'
+    /// heartbeat ([`crate::storage::replicas`]), the rest by their timeouts.
+    async fn release_all(&self) -> Result<u64, BacklogError> {
         Ok(0)
     }
-}
-
-async fn fetch_failed(
-    pool: &PgPool,
-    fetch: &ClaimedFetch,
-    error: &str,
-    next: Option<DateTime<Utc>>,
-    now: DateTime<Utc>,
-) -> Result<(), BacklogError> {
-    sqlx::query(FETCH_FAILED)
-        .bind(&fetch.topic)
-        .bind(fetch.generation)
-        .bind(error)
-        .bind(next)
-        .bind(now)
-        .execute(pool)
-        .await?;
-    Ok(())
 }

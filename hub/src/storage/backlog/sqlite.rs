@@ -9,20 +9,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::{SqlitePool, SqliteRow};
-use sqlx::{Connection, Row};
+use sqlx::Sqlite;
+use sqlx::sqlite::{SqliteConnection, SqlitePool};
+use tokio::sync::MappedMutexGuard;
 use uuid::Uuid;
 use websub_store::sqlite::Writer;
 
-use super::sql::{
-    FETCH_DONE, FETCH_FAILED, FORGET_VALIDATORS, INTENT_FAILED, KEEP_VALIDATORS, PURGE_FETCHES,
-    PURGE_INTENTS, RELEASE_FETCH, SUBSCRIBING, WAITING,
-};
-use super::{
-    Admission, Backlog, BacklogError, ClaimedFetch, FetchResult, FetchState, Intent, IntentResult,
-    IntentState, Listing, Validators, Waiting, admissions, mode, releases, stale_bound, unsigned,
-};
-use crate::protocol::SubscriptionRequest;
+use super::shared::SqlBacklog;
+use super::{BacklogError, Intent};
 
 // `WHERE true` is SQLite's required disambiguation between an upsert's ON and
 // a join's ON after INSERT … SELECT.
@@ -125,37 +119,39 @@ impl SqliteBacklog {
     }
 }
 
-fn limit(value: usize) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-fn time(micros: i64) -> Result<DateTime<Utc>, BacklogError> {
-    DateTime::from_timestamp_micros(micros)
-        .ok_or_else(|| BacklogError::Invalid(format!("timestamp out of range: {micros}")))
-}
-
-fn optional_time(row: &SqliteRow, column: &str) -> Result<Option<DateTime<Utc>>, BacklogError> {
-    row.try_get::<Option<i64>, _>(column)?.map(time).transpose()
-}
-
-fn attempts(row: &SqliteRow) -> Result<u32, BacklogError> {
-    unsigned(row.try_get("attempts")?)
-}
-
-fn json(topics: &[String]) -> String {
-    serde_json::to_string(topics).unwrap_or_else(|_| "[]".to_owned())
-}
-
 #[async_trait]
-impl Backlog for SqliteBacklog {
-    async fn request_fetches(
+impl SqlBacklog for SqliteBacklog {
+    type Db = Sqlite;
+    type Writer<'a> = MappedMutexGuard<'a, SqliteConnection>;
+
+    const CLAIM_FETCHES: &'static str = CLAIM_FETCHES;
+    const CLAIM_INTENTS: &'static str = CLAIM_INTENTS;
+    const FETCHES: &'static str = FETCHES;
+    const INTENTS: &'static str = INTENTS;
+
+    fn reads(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    async fn writer(&self) -> Result<Self::Writer<'_>, BacklogError> {
+        Ok(self.writer.lock().await?)
+    }
+
+    /// None: the file is opened by one process at a time.
+    fn claimant(&self) -> Option<Uuid> {
+        None
+    }
+
+    async fn write_fetches(
         &self,
         topics: &[String],
         now: DateTime<Utc>,
         trace_context: Option<&str>,
     ) -> Result<(), BacklogError> {
+        let topics = serde_json::to_string(topics)
+            .map_err(|error| BacklogError::Invalid(error.to_string()))?;
         sqlx::query(REQUEST_FETCHES)
-            .bind(json(topics))
+            .bind(topics)
             .bind(now.timestamp_micros())
             .bind(trace_context)
             .execute(&mut *self.writer.lock().await?)
@@ -163,124 +159,11 @@ impl Backlog for SqliteBacklog {
         Ok(())
     }
 
-    async fn claim_fetches(
-        &self,
-        limit_to: usize,
-        now: DateTime<Utc>,
-        visibility: std::time::Duration,
-    ) -> Result<Vec<ClaimedFetch>, BacklogError> {
-        let rows = sqlx::query(CLAIM_FETCHES)
-            .bind(now.timestamp_micros())
-            .bind(stale_bound(now, visibility).timestamp_micros())
-            .bind(limit(limit_to))
-            .fetch_all(&mut *self.writer.lock().await?)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(ClaimedFetch {
-                    topic: row.try_get("topic")?,
-                    requested_at: time(row.try_get("requested_at")?)?,
-                    generation: row.try_get("generation")?,
-                    attempts: attempts(row)?,
-                    trace_context: row.try_get("trace_context")?,
-                    validators: Validators {
-                        etag: row.try_get("etag")?,
-                        last_modified: row.try_get("last_modified")?,
-                    },
-                })
-            })
-            .collect()
-    }
-
-    async fn finish_fetch(
-        &self,
-        fetch: &ClaimedFetch,
-        result: FetchResult,
-        now: DateTime<Utc>,
-    ) -> Result<(), BacklogError> {
-        let now = now.timestamp_micros();
-        // When a failure is due again; none once it failed for good.
-        let next_attempt_at = match &result {
-            FetchResult::Retry { at, .. } => Some(at.timestamp_micros()),
-            _ => None,
-        };
-        let mut writer = self.writer.lock().await?;
-        let mut tx = writer.begin().await?;
-        match result {
-            FetchResult::Done { validators } => {
-                if let Some(validators) = validators {
-                    if validators == Validators::default() {
-                        sqlx::query(FORGET_VALIDATORS)
-                            .bind(&fetch.topic)
-                            .execute(&mut *tx)
-                            .await?;
-                    } else {
-                        sqlx::query(KEEP_VALIDATORS)
-                            .bind(&fetch.topic)
-                            .bind(&validators.etag)
-                            .bind(&validators.last_modified)
-                            .bind(now)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                }
-                let done = sqlx::query(FETCH_DONE)
-                    .bind(&fetch.topic)
-                    .bind(fetch.generation)
-                    .execute(&mut *tx)
-                    .await?;
-                if done.rows_affected() == 0 {
-                    sqlx::query(RELEASE_FETCH)
-                        .bind(&fetch.topic)
-                        .bind(now)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-            }
-            FetchResult::Retry { error, .. } | FetchResult::Failed { error } => {
-                sqlx::query(FETCH_FAILED)
-                    .bind(&fetch.topic)
-                    .bind(fetch.generation)
-                    .bind(error)
-                    .bind(next_attempt_at)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-        }
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn fetches(
-        &self,
-        listing: Listing<'_>,
-        limit_to: usize,
-    ) -> Result<Vec<FetchState>, BacklogError> {
-        let rows = sqlx::query(FETCHES)
-            .bind(listing.failed)
-            .bind(limit(limit_to))
-            .bind(listing.search)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(FetchState {
-                    topic: row.try_get("topic")?,
-                    requested_at: time(row.try_get("requested_at")?)?,
-                    attempts: attempts(row)?,
-                    next_attempt_at: optional_time(row, "next_attempt_at")?,
-                    last_error: row.try_get("last_error")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn request_intents(
+    async fn write_intents(
         &self,
         intents: &[Intent],
         bound: u64,
-    ) -> Result<Vec<Admission>, BacklogError> {
+    ) -> Result<HashSet<Uuid>, BacklogError> {
         let rows: Vec<serde_json::Value> = intents
             .iter()
             .map(|intent| {
@@ -299,70 +182,18 @@ impl Backlog for SqliteBacklog {
                 ])
             })
             .collect();
-        let written: Vec<Vec<u8>> = sqlx::query_scalar(REQUEST_INTENTS)
+        let written: Vec<Uuid> = sqlx::query_scalar(REQUEST_INTENTS)
             .bind(serde_json::Value::Array(rows).to_string())
             .bind(i64::try_from(bound).unwrap_or(i64::MAX))
             .fetch_all(&mut *self.writer.lock().await?)
             .await?;
-        let written = written
+        Ok(written.into_iter().collect())
+    }
+
+    async fn delete_intents(&self, done: &[&Intent]) -> Result<HashSet<Uuid>, BacklogError> {
+        let done: Vec<serde_json::Value> = done
             .iter()
-            .map(|id| Uuid::from_slice(id))
-            .collect::<Result<HashSet<Uuid>, _>>()
-            .map_err(|error| BacklogError::Invalid(error.to_string()))?;
-        admissions(self, intents, &written).await
-    }
-
-    async fn waiting(&self) -> Result<Waiting, BacklogError> {
-        let (verifications, fetches): (i64, i64) =
-            sqlx::query_as(WAITING).fetch_one(&self.pool).await?;
-        Ok(Waiting {
-            verifications: u64::try_from(verifications).unwrap_or(0),
-            fetches: u64::try_from(fetches).unwrap_or(0),
-        })
-    }
-
-    async fn claim_intents(
-        &self,
-        limit_to: usize,
-        now: DateTime<Utc>,
-        visibility: std::time::Duration,
-    ) -> Result<Vec<Intent>, BacklogError> {
-        let rows = sqlx::query(CLAIM_INTENTS)
-            .bind(now.timestamp_micros())
-            .bind(stale_bound(now, visibility).timestamp_micros())
-            .bind(limit(limit_to))
-            .fetch_all(&mut *self.writer.lock().await?)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let lease: Option<i64> = row.try_get("lease_seconds")?;
-                let id: Vec<u8> = row.try_get("id")?;
-                Ok(Intent {
-                    id: Uuid::from_slice(&id)
-                        .map_err(|error| BacklogError::Invalid(error.to_string()))?,
-                    request: SubscriptionRequest {
-                        mode: mode(row.try_get("mode")?)?,
-                        topic: row.try_get("topic")?,
-                        callback: row.try_get("callback")?,
-                        lease_seconds: lease.and_then(|seconds| u64::try_from(seconds).ok()),
-                        secret: row.try_get("secret")?,
-                        owner: row.try_get("owner")?,
-                    },
-                    requested_at: time(row.try_get("requested_at")?)?,
-                    attempts: attempts(row)?,
-                })
-            })
-            .collect()
-    }
-
-    async fn finish_intents(
-        &self,
-        finished: &[(Intent, IntentResult)],
-    ) -> Result<(), BacklogError> {
-        let done: Vec<serde_json::Value> = finished
-            .iter()
-            .filter(|(_, result)| *result == IntentResult::Done)
-            .map(|(intent, _)| {
+            .map(|intent| {
                 let request = &intent.request;
                 serde_json::json!([
                     request.topic,
@@ -371,87 +202,20 @@ impl Backlog for SqliteBacklog {
                 ])
             })
             .collect();
+        let ids: Vec<Uuid> = sqlx::query_scalar(INTENTS_DONE)
+            .bind(serde_json::Value::Array(done).to_string())
+            .fetch_all(&mut *self.writer.lock().await?)
+            .await?;
+        Ok(ids.into_iter().collect())
+    }
+
+    async fn release_all(&self) -> Result<u64, BacklogError> {
         let mut writer = self.writer.lock().await?;
-        let deleted = if done.is_empty() {
-            HashSet::new()
-        } else {
-            let ids: Vec<Vec<u8>> = sqlx::query_scalar(INTENTS_DONE)
-                .bind(serde_json::Value::Array(done).to_string())
-                .fetch_all(&mut *writer)
-                .await?;
-            ids.iter()
-                .map(|id| Uuid::from_slice(id))
-                .collect::<Result<HashSet<Uuid>, _>>()
-                .map_err(|error| BacklogError::Invalid(error.to_string()))?
-        };
-        for (intent, next, error) in releases(finished, &deleted) {
-            let request = &intent.request;
-            sqlx::query(INTENT_FAILED)
-                .bind(&request.topic)
-                .bind(&request.callback)
-                .bind(error.map(|_| intent.id.as_bytes().as_slice()))
-                .bind(next.map(|at| at.timestamp_micros()))
-                .bind(error)
-                .execute(&mut *writer)
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn intents(
-        &self,
-        listing: Listing<'_>,
-        limit_to: usize,
-    ) -> Result<Vec<IntentState>, BacklogError> {
-        let rows = sqlx::query(INTENTS)
-            .bind(listing.owner)
-            .bind(listing.failed)
-            .bind(limit(limit_to))
-            .bind(listing.search)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(IntentState {
-                    mode: mode(row.try_get("mode")?)?,
-                    topic: row.try_get("topic")?,
-                    callback: row.try_get("callback")?,
-                    owner: row.try_get("owner")?,
-                    requested_at: time(row.try_get("requested_at")?)?,
-                    attempts: attempts(row)?,
-                    next_attempt_at: optional_time(row, "next_attempt_at")?,
-                    last_error: row.try_get("last_error")?,
-                })
-            })
-            .collect()
-    }
-
-    async fn subscribing(&self, topic: &str) -> Result<bool, BacklogError> {
-        Ok(sqlx::query_scalar(SUBSCRIBING)
-            .bind(topic)
-            .fetch_one(&self.pool)
-            .await?)
-    }
-
-    async fn purge_failed_before(&self, cutoff: DateTime<Utc>) -> Result<u64, BacklogError> {
-        let cutoff = cutoff.timestamp_micros();
-        let fetches = sqlx::query(PURGE_FETCHES)
-            .bind(cutoff)
-            .execute(&mut *self.writer.lock().await?)
-            .await?;
-        let intents = sqlx::query(PURGE_INTENTS)
-            .bind(cutoff)
-            .execute(&mut *self.writer.lock().await?)
-            .await?;
-        Ok(fetches.rows_affected() + intents.rows_affected())
-    }
-
-    async fn release_claims(&self) -> Result<u64, BacklogError> {
         let fetches = sqlx::query(RELEASE_FETCH_CLAIMS)
-            .execute(&mut *self.writer.lock().await?)
+            .execute(&mut *writer)
             .await?;
         let intents = sqlx::query(RELEASE_INTENT_CLAIMS)
-            .execute(&mut *self.writer.lock().await?)
+            .execute(&mut *writer)
             .await?;
         Ok(fetches.rows_affected() + intents.rows_affected())
     }
