@@ -67,4 +67,4 @@ pub(super) async fn append(
     Ok(())
 }
 
-super::super::shared::changes::endpoint_changes_of!(PostgresEventLog);
+super::super::shared::endpoints::endpoint_changes_of!(PostgresEventLog);

@@ -59,13 +59,13 @@ super::signing::subscription_signing_of!(PostgresEventLog, |log| log.pool.acquir
 use statements::{
     ATTEMPTS, CLAIM, DELIVER_SINCE, EVENT, EVENT_EXISTS, EXPAND_AGAIN, EXPAND_FIRST, INSERT_EVENT,
     INSERT_EVENT_ONCE, MARK_EXPANDED, MIGRATIONS_TABLE, PURGE, PURGE_WEBHOOK_ATTEMPTS,
-    READ_COMMITTED, UNEXPANDED_FREE, WEBHOOK_ATTEMPTS,
+    READ_COMMITTED, UNEXPANDED_FREE,
 };
 
 use super::{
-    Attempt, Claimed, Completion, DeliveryOutcomes, DeliveryQueue, EndpointRecord, EndpointStates,
-    EventIntake, EventLogError, Exhaustion, ExpansionClaim, LogUpkeep, LoggedEvent, NewEvent,
-    OrderedSubscription, Owed, Recorded, WebhookAttempt,
+    Attempt, Claimed, Completion, DeliveryOutcomes, DeliveryQueue, EventIntake, EventLogError,
+    Exhaustion, ExpansionClaim, LogUpkeep, LoggedEvent, NewEvent, OrderedSubscription, Owed,
+    Recorded, WebhookAttempt,
 };
 use async_trait::async_trait;
 use rows::is_unique_violation;
@@ -538,82 +538,7 @@ impl DeliveryOutcomes for PostgresEventLog {
     }
 }
 
-#[async_trait]
-impl EndpointStates for PostgresEventLog {
-    async fn keep_webhook_attempts(
-        &self,
-        attempts: &[WebhookAttempt<'_>],
-    ) -> Result<(), EventLogError> {
-        operate::keep_webhook_attempts(&self.pool, attempts).await
-    }
-
-    async fn webhook_attempts(
-        &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Vec<Attempt>, EventLogError> {
-        self.attempts_by(WEBHOOK_ATTEMPTS, event_id, subscriber)
-            .await
-    }
-
-    async fn endpoints(
-        &self,
-        channel: &str,
-        limit: usize,
-    ) -> Result<Vec<EndpointRecord>, EventLogError> {
-        self.endpoints_of(channel, limit).await
-    }
-
-    async fn endpoint(
-        &self,
-        channel: &str,
-        endpoint: &str,
-    ) -> Result<Option<EndpointRecord>, EventLogError> {
-        self.endpoint_in(channel, endpoint).await
-    }
-
-    async fn tally_endpoints(
-        &self,
-        channel: &str,
-        exhausted: &[Exhaustion<'_>],
-        delivered: &[&str],
-        disable_after: u32,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<String>, EventLogError> {
-        operate::tally_endpoints(
-            &self.pool,
-            channel,
-            exhausted,
-            delivered,
-            disable_after,
-            now,
-        )
-        .await
-    }
-
-    async fn set_endpoint_disabled(
-        &self,
-        channel: &str,
-        endpoint: &str,
-        reason: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<bool, EventLogError> {
-        self.disable_endpoint(channel, endpoint, reason, now).await
-    }
-
-    async fn webhook_events_attempted_since(
-        &self,
-        subscriber: &str,
-        since: DateTime<Utc>,
-        limit: usize,
-    ) -> Result<Vec<Uuid>, EventLogError> {
-        self.webhook_events_since(subscriber, since, limit).await
-    }
-
-    fn changes(&self) -> &dyn super::EndpointChanges {
-        self
-    }
-}
+super::shared::endpoints::endpoint_states_of!(PostgresEventLog);
 
 #[async_trait]
 impl LogUpkeep for PostgresEventLog {
@@ -705,6 +630,32 @@ impl SqlEventLog for PostgresEventLog {
 
     async fn append(&self, changes: &[super::NewChange]) -> Result<(), EventLogError> {
         changes::append(self, changes).await
+    }
+
+    async fn tally_failures(
+        &self,
+        channel: &str,
+        exhausted: &[Exhaustion<'_>],
+        delivered: &[&str],
+        disable_after: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        operate::tally_endpoints(
+            &self.pool,
+            channel,
+            exhausted,
+            delivered,
+            disable_after,
+            now,
+        )
+        .await
+    }
+
+    async fn write_webhook_attempts(
+        &self,
+        attempts: &[WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError> {
+        operate::keep_webhook_attempts(&self.pool, attempts).await
     }
 
     fn reads(&self) -> &PgPool {

@@ -208,9 +208,6 @@ pub(super) async fn keep_webhook_attempts(
     pool: &PgPool,
     attempts: &[WebhookAttempt<'_>],
 ) -> Result<(), EventLogError> {
-    if attempts.is_empty() {
-        return Ok(());
-    }
     let event_ids: Vec<Uuid> = attempts.iter().map(|kept| kept.event_id).collect();
     let subscribers: Vec<&str> = attempts.iter().map(|kept| kept.subscriber).collect();
     let ats: Vec<DateTime<Utc>> = attempts.iter().map(|kept| kept.attempt.at).collect();

@@ -19,12 +19,12 @@ use uuid::Uuid;
 
 use super::{
     Attempt, ChangeFilter, Claimed, DeliveryRecord, DeliveryState, DeliverySummary, EndpointChange,
-    EndpointRecord, EventLogError, LoggedEvent, NewChange, OrderedSubscription, Replayed, Sent,
-    invalid, small_count, sql, state_of, webhook_state_of,
+    EndpointRecord, EventLogError, Exhaustion, LoggedEvent, NewChange, OrderedSubscription,
+    Replayed, Sent, WebhookAttempt, invalid, small_count, sql, state_of, webhook_state_of,
 };
 use crate::storage::dialect::{Dialect, Stored};
 
-pub(super) mod changes;
+pub(super) mod endpoints;
 mod operations;
 
 /// A backend's log, as the code written once for both databases sees it.
@@ -106,6 +106,24 @@ where
     /// Appends `changes` (not empty) to the endpoints' history and trims
     /// it to [`MAX_CHANGES`], in one transaction.
     async fn append(&self, changes: &[NewChange]) -> Result<(), EventLogError>;
+
+    /// See [`super::EndpointStates::tally_endpoints`]: PostgreSQL tallies a
+    /// batch in one statement, SQLite endpoint by endpoint.
+    async fn tally_failures(
+        &self,
+        channel: &str,
+        exhausted: &[Exhaustion<'_>],
+        delivered: &[&str],
+        disable_after: u32,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<String>, EventLogError>;
+
+    /// Keeps `attempts` (not empty); see
+    /// [`super::EndpointStates::keep_webhook_attempts`].
+    async fn write_webhook_attempts(
+        &self,
+        attempts: &[WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError>;
 
     /// The pool reads go to.
     fn reads(&self) -> &Pool<Self::Db>;
@@ -473,7 +491,7 @@ where
         filter: ChangeFilter<'_>,
         limit: usize,
     ) -> Result<Vec<EndpointChange>, EventLogError> {
-        sqlx::query(AssertSqlSafe(changes::LIST.as_str()))
+        sqlx::query(AssertSqlSafe(endpoints::LIST.as_str()))
             .bind(filter.channel)
             .bind(filter.endpoint)
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))

@@ -53,4 +53,4 @@ pub(super) async fn append(
     Ok(())
 }
 
-super::super::shared::changes::endpoint_changes_of!(SqliteEventLog);
+super::super::shared::endpoints::endpoint_changes_of!(SqliteEventLog);

@@ -67,13 +67,11 @@ super::signing::subscription_signing_of!(SqliteEventLog, |log| log.writer().awai
 use statements::{
     ANY_SINCE, ATTEMPTS, CLAIM, DELIVER_SINCE, EVENT, EVENT_EXISTS, EXPAND, INSERT_EVENT,
     INSERT_EVENT_ONCE, MARK_EXPANDED, MIGRATIONS_TABLE, RELEASE_CLAIMS, UNEXPANDED,
-    WEBHOOK_ATTEMPTS,
 };
 
 use super::{
-    Attempt, Claimed, Completion, DeliveryOutcomes, DeliveryQueue, EndpointRecord, EndpointStates,
-    EventIntake, EventLogError, Exhaustion, ExpansionClaim, LogUpkeep, LoggedEvent, NewEvent,
-    OrderedSubscription, Owed, Recorded, WebhookAttempt,
+    Attempt, Claimed, Completion, DeliveryOutcomes, DeliveryQueue, EventIntake, EventLogError,
+    ExpansionClaim, LogUpkeep, LoggedEvent, NewEvent, OrderedSubscription, Owed, Recorded,
 };
 
 /// The file is opened the way the subscription store opens it (the two share
@@ -517,87 +515,7 @@ impl DeliveryOutcomes for SqliteEventLog {
     }
 }
 
-#[async_trait]
-impl EndpointStates for SqliteEventLog {
-    async fn keep_webhook_attempts(
-        &self,
-        attempts: &[WebhookAttempt<'_>],
-    ) -> Result<(), EventLogError> {
-        if attempts.is_empty() {
-            return Ok(());
-        }
-        let mut writer = self.writer().await?;
-        operate::keep_webhook_attempts(&mut writer, attempts).await
-    }
-
-    async fn webhook_attempts(
-        &self,
-        event_id: Uuid,
-        subscriber: &str,
-    ) -> Result<Vec<Attempt>, EventLogError> {
-        self.attempts_by(WEBHOOK_ATTEMPTS, event_id, subscriber)
-            .await
-    }
-
-    async fn endpoints(
-        &self,
-        channel: &str,
-        limit: usize,
-    ) -> Result<Vec<EndpointRecord>, EventLogError> {
-        self.endpoints_of(channel, limit).await
-    }
-
-    async fn endpoint(
-        &self,
-        channel: &str,
-        endpoint: &str,
-    ) -> Result<Option<EndpointRecord>, EventLogError> {
-        self.endpoint_in(channel, endpoint).await
-    }
-
-    async fn tally_endpoints(
-        &self,
-        channel: &str,
-        exhausted: &[Exhaustion<'_>],
-        delivered: &[&str],
-        disable_after: u32,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<String>, EventLogError> {
-        let mut writer = self.writer().await?;
-        operate::tally_endpoints(
-            &mut writer,
-            channel,
-            exhausted,
-            delivered,
-            disable_after,
-            now,
-        )
-        .await
-    }
-
-    async fn set_endpoint_disabled(
-        &self,
-        channel: &str,
-        endpoint: &str,
-        reason: Option<&str>,
-        now: DateTime<Utc>,
-    ) -> Result<bool, EventLogError> {
-        self.disable_endpoint(channel, endpoint, reason, now).await
-    }
-
-    async fn webhook_events_attempted_since(
-        &self,
-        subscriber: &str,
-        since: DateTime<Utc>,
-        limit: usize,
-    ) -> Result<Vec<Uuid>, EventLogError> {
-        self.webhook_events_since(subscriber, since, limit).await
-    }
-
-    fn changes(&self) -> &dyn super::EndpointChanges {
-        self
-    }
-}
+super::shared::endpoints::endpoint_states_of!(SqliteEventLog);
 
 #[async_trait]
 impl LogUpkeep for SqliteEventLog {

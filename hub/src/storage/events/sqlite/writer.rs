@@ -79,6 +79,34 @@ impl super::SqlEventLog for SqliteEventLog {
         super::changes::append(self, changes).await
     }
 
+    async fn tally_failures(
+        &self,
+        channel: &str,
+        exhausted: &[super::super::Exhaustion<'_>],
+        delivered: &[&str],
+        disable_after: u32,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<String>, EventLogError> {
+        let mut writer = self.writer().await?;
+        super::operate::tally_endpoints(
+            &mut writer,
+            channel,
+            exhausted,
+            delivered,
+            disable_after,
+            now,
+        )
+        .await
+    }
+
+    async fn write_webhook_attempts(
+        &self,
+        attempts: &[super::super::WebhookAttempt<'_>],
+    ) -> Result<(), EventLogError> {
+        let mut writer = self.writer().await?;
+        super::operate::keep_webhook_attempts(&mut writer, attempts).await
+    }
+
     fn reads(&self) -> &sqlx::SqlitePool {
         &self.pool
     }
