@@ -32,8 +32,9 @@
 //!   behalf (the `websub-delivery` crate, re-exported);
 //! - [`storage`]: the hub's own tables: the event log and delivery records
 //!   ([`events`](storage::events)), acknowledged work not yet done
-//!   ([`backlog`](storage::backlog)), and the [`replicas`](storage::replicas)
-//!   sharing one PostgreSQL database;
+//!   ([`backlog`](storage::backlog)), the [`replicas`](storage::replicas)
+//!   sharing one PostgreSQL database, and the [`dialect`](storage::dialect)
+//!   each database is spoken in;
 //! - [`web`]: the hub over HTTP: the [`routes`](web::routes) with each
 //!   route's policy, the [`api`](web::api) handlers, the
 //!   [`admin`](web::admin) page, the subscriber [`portal`](web::portal),

@@ -7,7 +7,9 @@
 //!   verifications), durable before its answer, and the workers that claim
 //!   it;
 //! - [`replicas`]: the replicas sharing one PostgreSQL database, their
-//!   heartbeats, and the takeover of a dead one's claims.
+//!   heartbeats, and the takeover of a dead one's claims;
+//! - [`dialect`]: where SQLite and PostgreSQL part ways, for the code of
+//!   `events` and `backlog` written once for both.
 
 pub mod backlog;
 pub mod dialect;

@@ -26,6 +26,10 @@
 //! (`claimed_by`), so that a dead replica's claims are handed back within
 //! seconds by the replicas' heartbeat ([`crate::storage::replicas`]). The tables live
 //! beside the event log's and are created by its migrations.
+//!
+//! Both backends run one [`Backlog`] impl, written once in `shared`; each
+//! names where its database differs (the claims' and lists' statements,
+//! its batch writes).
 
 pub mod postgres;
 mod shared;

@@ -8,7 +8,8 @@
 //! [`postgres::PostgresEventLog`] (several hub replicas on one database:
 //! claims use `FOR UPDATE SKIP LOCKED` and never overlap). Here are the
 //! types they share and their errors; the contract, [`EventLog`] in six
-//! parts, is in `contract`.
+//! parts, is in `contract`; the code both backends run, rows read back and
+//! statements bound alike, is written once in `shared`.
 
 mod contract;
 pub mod denials;

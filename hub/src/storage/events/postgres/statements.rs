@@ -6,7 +6,8 @@ pub(super) use super::super::sql::*;
 /// Stated rather than inherited from the server's
 /// `default_transaction_isolation`: expansion and purging rely on each
 /// statement seeing what committed before it (see the migration).
-pub(super) const READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+pub(super) const READ_COMMITTED: &str =
+    <sqlx::Postgres as crate::storage::dialect::Dialect>::BEGIN_WRITE;
 
 // Marks the event expanded only if it was not: one row affected means this
 // transaction expands it first, so it has no delivery records yet (only

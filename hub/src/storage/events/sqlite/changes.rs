@@ -5,10 +5,12 @@
 
 use std::sync::LazyLock;
 
+use sqlx::{Connection, Sqlite};
+
 use super::super::sql::changes::{COLUMNS, TRIM};
 use super::super::{EventLogError, MAX_CHANGES, NewChange};
 use super::SqliteEventLog;
-use sqlx::Connection;
+use crate::storage::dialect::Dialect as _;
 
 const APPEND: &str = "INSERT INTO websub_endpoint_changes \
      (channel, endpoint, state, at, failures, since, reason, source, next_attempt_at) \
@@ -31,7 +33,7 @@ pub(super) async fn append(
     changes: &[NewChange],
 ) -> Result<(), EventLogError> {
     let mut writer = log.writer().await?;
-    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = writer.begin_with(Sqlite::BEGIN_WRITE).await?;
     for change in changes {
         sqlx::query(APPEND)
             .bind(change.channel)

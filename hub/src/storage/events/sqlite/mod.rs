@@ -44,11 +44,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::Connection;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnection, SqlitePool};
+use sqlx::{Connection, Sqlite};
 use uuid::Uuid;
 use websub_store::sqlite::Writer;
+
+use crate::storage::dialect::Dialect as _;
 
 mod changes;
 mod delivery_path;
@@ -249,7 +251,7 @@ impl EventIntake for SqliteEventLog {
         let mut writer = self.writer().await?;
         // One transaction under the write lock: an event found there stays
         // until it is read back, whatever another process purges meanwhile.
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = writer.begin_with(Sqlite::BEGIN_WRITE).await?;
         let inserted = sqlx::query(INSERT_EVENT_ONCE)
             .bind(event.id)
             .bind(&event.topic)
@@ -320,7 +322,7 @@ impl DeliveryQueue for SqliteEventLog {
         // IMMEDIATE: the write lock is taken (or waited for) at BEGIN, not on
         // the first write, where a stale read snapshot would fail at once.
         let mut writer = self.writer().await?;
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = writer.begin_with(Sqlite::BEGIN_WRITE).await?;
         let created = expand_in(&mut tx, event_id, subscribers, now.timestamp_micros()).await?;
         tx.commit().await?;
         Ok(created)
@@ -417,7 +419,7 @@ impl DeliveryQueue for SqliteEventLog {
         // process or another) can pick rows between this one's choice and
         // its mark; see `expand` for why IMMEDIATE.
         let mut writer = self.writer().await?;
-        let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = writer.begin_with(Sqlite::BEGIN_WRITE).await?;
         let (now, stale) = delivery_path::claim_times(now, visibility);
         let rows = sqlx::query(CLAIM)
             .bind(now)

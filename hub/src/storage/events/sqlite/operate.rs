@@ -8,14 +8,15 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
-use sqlx::Connection;
 use sqlx::sqlite::SqliteConnection;
+use sqlx::{Connection, Sqlite};
 use uuid::Uuid;
 
 use super::super::operate::{STATE_SQL, disabled_after};
 use super::super::sql::operate::DISABLE_TALLIED;
 use super::super::{EventLogError, Exhaustion, Replayed, WebhookAttempt};
 use super::rows::{from_micros, hex};
+use crate::storage::dialect::Dialect as _;
 
 /// Newest first; each filter is a parameter that is NULL when unset.
 pub(super) static LISTING: LazyLock<String> = LazyLock::new(|| {
@@ -82,7 +83,7 @@ pub(super) async fn redeliver(
     subscribers: &[&str],
     now: DateTime<Utc>,
 ) -> Result<Option<Uuid>, EventLogError> {
-    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = writer.begin_with(Sqlite::BEGIN_WRITE).await?;
     match copy_events(&mut tx, &[event_id], subscribers, now).await {
         Ok(copies) => {
             tx.commit().await?;
@@ -105,7 +106,7 @@ pub(super) async fn replay(
     limit: usize,
     now: DateTime<Utc>,
 ) -> Result<Replayed, EventLogError> {
-    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = writer.begin_with(Sqlite::BEGIN_WRITE).await?;
     let mut found: Vec<(Uuid, i64)> = sqlx::query_as(REPLAYED)
         .bind(topic)
         .bind(since.timestamp_micros())
@@ -154,7 +155,7 @@ pub(super) async fn tally_endpoints(
         entry.1 = exhaustion.error;
     }
     let now = now.timestamp_micros();
-    let mut tx = writer.begin_with("BEGIN IMMEDIATE").await?;
+    let mut tx = writer.begin_with(Sqlite::BEGIN_WRITE).await?;
     if !delivered.is_empty() {
         let delivered = serde_json::to_string(delivered)
             .map_err(|error| EventLogError::Invalid(error.to_string()))?;
