@@ -183,6 +183,32 @@ impl Outcome {
             Self::Postponed { error, .. } => error.as_deref(),
         }
     }
+
+    /// Its name in the completion statements, which close or reschedule a
+    /// record by it.
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Delivered => "delivered",
+            Self::Retry { .. } => "retry",
+            Self::Exhausted { .. } => "exhausted",
+            Self::Dropped { .. } => "dropped",
+            Self::Skipped { .. } => "skipped",
+            Self::Postponed { .. } => "postponed",
+        }
+    }
+
+    /// When the record is due again; none once it is closed.
+    fn next_attempt_at(&self) -> Option<DateTime<Utc>> {
+        match self {
+            Self::Retry {
+                next_attempt_at, ..
+            }
+            | Self::Postponed {
+                next_attempt_at, ..
+            } => Some(*next_attempt_at),
+            _ => None,
+        }
+    }
 }
 
 /// The outcome of one claimed delivery, ready to be recorded.
@@ -313,6 +339,13 @@ where
         .map(|migration| migration.version)
         .filter(|version| !applied.contains(version))
         .collect())
+}
+
+/// A write refused because a row like it exists.
+fn is_unique_violation(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|error| error.is_unique_violation())
 }
 
 /// A column that does not decode is a stored value the backend cannot hold,

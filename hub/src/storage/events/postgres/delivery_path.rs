@@ -7,12 +7,13 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::super::is_unique_violation;
 use super::super::{
     Claimed, Completion, EventLogError, ExpansionClaim, complete_unwritten_split, sorted_unique,
     stale_bound,
 };
 use super::SqlEventLog;
-use super::rows::{CompletionColumns, is_unique_violation, missing_event};
+use super::rows::{CompletionColumns, missing_event};
 use super::statements::{
     CLAIM_LANES, CLAIM_ORDERED, COMPLETE, EVENT_EXISTS, EXPAND_AGAIN, EXPAND_CLAIMED_AGAIN,
     EXPAND_CLAIMED_FIRST, EXPAND_ORDERED, INSERT_DELIVERED, TAKE_EXPANSION,

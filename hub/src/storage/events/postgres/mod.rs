@@ -62,13 +62,13 @@ use statements::{
     READ_COMMITTED, UNEXPANDED_FREE,
 };
 
+use super::is_unique_violation;
 use super::{
     Attempt, Claimed, Completion, DeliveryOutcomes, DeliveryQueue, EventIntake, EventLogError,
     Exhaustion, ExpansionClaim, LogUpkeep, LoggedEvent, NewEvent, OrderedSubscription, Owed,
     Recorded, WebhookAttempt,
 };
 use async_trait::async_trait;
-use rows::is_unique_violation;
 
 /// Connections [`PostgresEventLog::connect`] keeps open while idle: what a
 /// dispatcher uses at once in a fan-out (the expander, the claim loop and its

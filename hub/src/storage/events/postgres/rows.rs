@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::super::{Completion, EventLogError, Outcome};
+use super::super::{Completion, EventLogError};
 
 /// The completions as the column arrays [`COMPLETE`] unnests.
 pub(super) struct CompletionColumns<'a> {
@@ -40,20 +40,8 @@ impl<'a> CompletionColumns<'a> {
             responses: Vec::with_capacity(count),
         };
         for completion in completions {
-            let (kind, error, next) = match &completion.outcome {
-                Outcome::Delivered => ("delivered", None, None),
-                Outcome::Retry {
-                    error,
-                    next_attempt_at,
-                } => ("retry", Some(error.as_str()), Some(*next_attempt_at)),
-                Outcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
-                Outcome::Dropped { reason } => ("dropped", Some(reason.as_str()), None),
-                Outcome::Skipped { reason } => ("skipped", Some(reason.as_str()), None),
-                Outcome::Postponed {
-                    error,
-                    next_attempt_at,
-                } => ("postponed", error.as_deref(), Some(*next_attempt_at)),
-            };
+            let outcome = &completion.outcome;
+            let (kind, error, next) = (outcome.kind(), outcome.error(), outcome.next_attempt_at());
             columns.event_ids.push(completion.event_id);
             columns.subscribers.push(&completion.subscriber);
             columns.kinds.push(kind);
@@ -77,13 +65,6 @@ impl<'a> CompletionColumns<'a> {
         }
         columns
     }
-}
-
-/// A record refused because one like it exists.
-pub(super) fn is_unique_violation(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|error| error.is_unique_violation())
 }
 
 /// A foreign-key failure of an insert means the event is not in the log.

@@ -13,11 +13,11 @@ use uuid::Uuid;
 
 use super::super::{
     Claimed, Completion, EventLogError, Outcome, complete_unwritten_split, count, invalid,
-    sorted_unique,
+    is_unique_violation, sorted_unique,
 };
 use super::rows::{
     attempts_json, completions_json, delivered_by_event_json, delivered_json,
-    is_foreign_key_violation, is_unique_violation,
+    is_foreign_key_violation,
 };
 use super::statements::{
     CLAIM_LANES_SCRIPTS, CLAIM_ORDERED_SCRIPTS, COMPLETE_DELIVERED_SCRIPT, COMPLETE_SCRIPT,

@@ -4,17 +4,11 @@
 
 use chrono::{DateTime, Utc};
 
-use super::super::{Completion, EventLogError, Outcome};
+use super::super::{Completion, EventLogError};
 
 pub(super) fn from_micros(micros: i64) -> Result<DateTime<Utc>, EventLogError> {
     DateTime::from_timestamp_micros(micros)
         .ok_or_else(|| EventLogError::Invalid(format!("timestamp {micros} µs out of range")))
-}
-
-pub(super) fn is_unique_violation(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|error| error.is_unique_violation())
 }
 
 /// A record refused for want of its event.
@@ -29,28 +23,12 @@ pub(super) fn completions_json(completions: &[&Completion]) -> Result<String, Ev
     let rows: Vec<_> = completions
         .iter()
         .map(|completion| {
-            let (kind, error, next) = match &completion.outcome {
-                Outcome::Delivered => ("delivered", None, None),
-                Outcome::Retry {
-                    error,
-                    next_attempt_at,
-                } => (
-                    "retry",
-                    Some(error.as_str()),
-                    Some(next_attempt_at.timestamp_micros()),
-                ),
-                Outcome::Exhausted { error } => ("exhausted", Some(error.as_str()), None),
-                Outcome::Dropped { reason } => ("dropped", Some(reason.as_str()), None),
-                Outcome::Skipped { reason } => ("skipped", Some(reason.as_str()), None),
-                Outcome::Postponed {
-                    error,
-                    next_attempt_at,
-                } => (
-                    "postponed",
-                    error.as_deref(),
-                    Some(next_attempt_at.timestamp_micros()),
-                ),
-            };
+            let outcome = &completion.outcome;
+            let (kind, error, next) = (
+                outcome.kind(),
+                outcome.error(),
+                outcome.next_attempt_at().map(|at| at.timestamp_micros()),
+            );
             (
                 completion.event_id.simple().to_string(),
                 completion.subscriber.as_str(),
