@@ -15,6 +15,7 @@ mod outbox_listener;
 mod outbox_producer;
 mod outbox_reload;
 mod quota;
+mod readiness;
 mod replicas;
 mod subscriber;
 mod verification;

@@ -37,6 +37,8 @@
 //! # }).unwrap();
 //! ```
 
+#[cfg(feature = "sql")]
+mod bounded;
 mod error;
 pub mod memory;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -55,6 +57,8 @@ mod subscription;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+#[cfg(feature = "sql")]
+pub use bounded::bounded;
 pub use error::StoreError;
 pub use subscription::{OwnerQuota, Subscription, expiry_bound_micros, to_micros};
 
@@ -192,6 +196,21 @@ pub trait SubscriptionStore: Send + Sync + std::fmt::Debug {
     /// How many subscriptions name `owner` as their owner.
     async fn count_by_owner(&self, owner: &str) -> Result<u64, StoreError>;
 
+    /// Whether the store answers a read within `limit`, for a readiness
+    /// check. The provided method reads a count for nobody and gives up
+    /// when `limit` passes; the SQL backends also close the connection of
+    /// a read that does not answer ([`bounded`](crate::bounded)), so that a
+    /// peer gone silent does not keep its place in the pool.
+    async fn ready(&self, limit: std::time::Duration) -> Result<(), StoreError> {
+        match tokio::time::timeout(limit, self.count_by_owner("")).await {
+            Ok(counted) => counted.map(drop),
+            Err(_) => Err(StoreError::backend(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the store did not answer within {limit:?}"),
+            ))),
+        }
+    }
+
     /// Every subscription naming `owner` as its owner, in no particular
     /// order.
     async fn list_by_owner(&self, owner: &str) -> Result<Vec<Subscription>, StoreError>;
@@ -263,6 +282,9 @@ impl<S: SubscriptionStore + ?Sized> SubscriptionStore for std::sync::Arc<S> {
     }
     async fn count_by_owner(&self, owner: &str) -> Result<u64, StoreError> {
         (**self).count_by_owner(owner).await
+    }
+    async fn ready(&self, limit: std::time::Duration) -> Result<(), StoreError> {
+        (**self).ready(limit).await
     }
     async fn list_by_owner(&self, owner: &str) -> Result<Vec<Subscription>, StoreError> {
         (**self).list_by_owner(owner).await

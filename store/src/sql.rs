@@ -29,3 +29,30 @@ macro_rules! renew_on_conflict {
          owner = excluded.owner"
     };
 }
+
+/// What a SQL backend's [`SubscriptionStore::ready`] reads: a count for
+/// nobody, one indexed read.
+///
+/// [`SubscriptionStore::ready`]: crate::SubscriptionStore::ready
+pub(crate) const READY: &str = "SELECT COUNT(*) FROM websub_subscriptions WHERE owner = ''";
+
+/// [`READY`] on `pool` within `limit`, its connection closed if it does not
+/// answer ([`crate::bounded`]).
+pub(crate) async fn ready<Db>(
+    pool: &sqlx::Pool<Db>,
+    limit: std::time::Duration,
+) -> Result<(), crate::StoreError>
+where
+    Db: sqlx::Database,
+    for<'c> &'c mut Db::Connection: sqlx::Executor<'c, Database = Db>,
+    Db::Arguments: sqlx::IntoArguments<Db>,
+{
+    crate::bounded(limit, pool, async |connection| {
+        sqlx::query(READY)
+            .fetch_one(&mut *connection)
+            .await
+            .map(drop)
+    })
+    .await
+    .map_err(crate::StoreError::from)
+}

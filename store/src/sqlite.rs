@@ -514,6 +514,10 @@ impl SubscriptionStore for SqliteStore {
         count(used)
     }
 
+    async fn ready(&self, limit: std::time::Duration) -> Result<(), StoreError> {
+        crate::sql::ready(&self.pool, limit).await
+    }
+
     async fn list_by_owner(&self, owner: &str) -> Result<Vec<Subscription>, StoreError> {
         sqlx::query(concat!(
             "SELECT ",

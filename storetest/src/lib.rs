@@ -63,6 +63,7 @@ macro_rules! __with_checks {
             save_twice_leaves_one_subscription,
             save_all_saves_each_as_save_would,
             renew_all_keeps_when_a_pair_was_created,
+            a_store_that_answers_is_ready,
             get_missing_is_unknown_subscription,
             get_after_delete_is_unknown_subscription,
             delete_missing_is_ok,

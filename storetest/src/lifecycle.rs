@@ -89,6 +89,14 @@ pub async fn save_all_saves_each_as_save_would(store: SharedStore) {
     assert_eq!(callbacks_of(&store, &topic).await.len(), 2);
 }
 
+/// A store that answers is ready, with subscriptions stored or none.
+pub async fn a_store_that_answers_is_ready(store: SharedStore) {
+    let limit = std::time::Duration::from_secs(5);
+    store.ready(limit).await.expect("ready with nothing stored");
+    must_save(&store, &leased(&unique_topic(), &unique_callback())).await;
+    store.ready(limit).await.expect("ready with a subscription");
+}
+
 /// `renew_all` saves each of a group as `save_all` would, except that a
 /// pair already stored keeps when it was created; a new pair takes the
 /// `created_at` given, and an empty group is no change.
