@@ -95,6 +95,33 @@ fn limit(value: usize) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
+/// The rows a claim's `statement` returns, bound as
+/// [`SqlBacklog::CLAIM_FETCHES`] says.
+async fn claimed<Log>(
+    log: &Log,
+    statement: &'static str,
+    now: DateTime<Utc>,
+    visibility: std::time::Duration,
+    limit_to: usize,
+) -> Result<Vec<<Log::Db as Database>::Row>, BacklogError>
+where
+    Log: SqlBacklog,
+    for<'c> &'c mut <Log::Db as Database>::Connection: Executor<'c, Database = Log::Db>,
+    <Log::Db as Database>::Arguments: IntoArguments<Log::Db>,
+    i64: Stored<Log::Db>,
+    Uuid: Stored<Log::Db>,
+{
+    let mut claim = sqlx::query(statement)
+        .bind(Log::Db::time(now))
+        .bind(Log::Db::time(stale_bound(now, visibility)))
+        .bind(limit(limit_to));
+    if let Some(claimant) = log.claimant() {
+        claim = claim.bind(claimant);
+    }
+    let mut writer = log.writer().await?;
+    Ok(claim.fetch_all(&mut *writer).await?)
+}
+
 // The bounds say what the statements bind and read on the backend's
 // database.
 #[async_trait]
@@ -131,17 +158,9 @@ where
         now: DateTime<Utc>,
         visibility: std::time::Duration,
     ) -> Result<Vec<ClaimedFetch>, BacklogError> {
-        let mut claim = sqlx::query(Log::CLAIM_FETCHES)
-            .bind(Log::Db::time(now))
-            .bind(Log::Db::time(stale_bound(now, visibility)))
-            .bind(limit(limit_to));
-        if let Some(claimant) = self.claimant() {
-            claim = claim.bind(claimant);
-        }
-        let mut writer = self.writer().await?;
-        let rows = claim.fetch_all(&mut *writer).await?;
-        drop(writer);
-        rows.iter()
+        claimed(self, Log::CLAIM_FETCHES, now, visibility, limit_to)
+            .await?
+            .iter()
             .map(|row| {
                 Ok(ClaimedFetch {
                     topic: row.try_get("topic")?,
@@ -272,17 +291,9 @@ where
         now: DateTime<Utc>,
         visibility: std::time::Duration,
     ) -> Result<Vec<Intent>, BacklogError> {
-        let mut claim = sqlx::query(Log::CLAIM_INTENTS)
-            .bind(Log::Db::time(now))
-            .bind(Log::Db::time(stale_bound(now, visibility)))
-            .bind(limit(limit_to));
-        if let Some(claimant) = self.claimant() {
-            claim = claim.bind(claimant);
-        }
-        let mut writer = self.writer().await?;
-        let rows = claim.fetch_all(&mut *writer).await?;
-        drop(writer);
-        rows.iter()
+        claimed(self, Log::CLAIM_INTENTS, now, visibility, limit_to)
+            .await?
+            .iter()
             .map(|row| {
                 let lease: Option<i64> = row.try_get("lease_seconds")?;
                 let stated: String = row.try_get("mode")?;
