@@ -90,6 +90,16 @@ fn at<Db: Dialect>(kept: Db::Time) -> Result<DateTime<Utc>, BacklogError> {
     Db::at(kept).ok_or_else(|| BacklogError::Invalid("a timestamp is out of range".to_owned()))
 }
 
+/// A time the database may have kept.
+fn optional_at<Db: Dialect>(kept: Option<Db::Time>) -> Result<Option<DateTime<Utc>>, BacklogError> {
+    kept.map(at::<Db>).transpose()
+}
+
+/// A row's count of failed attempts.
+fn attempts(kept: i32) -> Result<u32, BacklogError> {
+    unsigned(kept.into())
+}
+
 /// The limit a statement is bound with.
 fn limit(value: usize) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
@@ -166,7 +176,7 @@ where
                     topic: row.try_get("topic")?,
                     requested_at: at::<Log::Db>(row.try_get("requested_at")?)?,
                     generation: row.try_get("generation")?,
-                    attempts: unsigned(row.try_get::<i32, _>("attempts")?.into())?,
+                    attempts: attempts(row.try_get("attempts")?)?,
                     trace_context: row.try_get("trace_context")?,
                     validators: Validators {
                         etag: row.try_get("etag")?,
@@ -186,7 +196,7 @@ where
         let now = Log::Db::time(now);
         let mut writer = self.writer().await?;
         let mut tx = writer.begin_with(<Log::Db as Dialect>::BEGIN_WRITE).await?;
-        match result {
+        let failure = match result {
             FetchResult::Done { validators } => {
                 if let Some(validators) = validators {
                     let keep = if validators == Validators::default() {
@@ -213,27 +223,21 @@ where
                         .execute(&mut *tx)
                         .await?;
                 }
+                None
             }
-            FetchResult::Retry { at, error } => {
-                sqlx::query(FETCH_FAILED)
-                    .bind(fetch.topic.as_str())
-                    .bind(fetch.generation)
-                    .bind(error.as_str())
-                    .bind(Some(Log::Db::time(at)))
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            FetchResult::Failed { error } => {
-                sqlx::query(FETCH_FAILED)
-                    .bind(fetch.topic.as_str())
-                    .bind(fetch.generation)
-                    .bind(error.as_str())
-                    .bind(None::<<Log::Db as Dialect>::Time>)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-            }
+            // When a failure is due again; none once it failed for good.
+            FetchResult::Retry { at, error } => Some((Some(at), error)),
+            FetchResult::Failed { error } => Some((None, error)),
+        };
+        if let Some((next, error)) = failure {
+            sqlx::query(FETCH_FAILED)
+                .bind(fetch.topic.as_str())
+                .bind(fetch.generation)
+                .bind(error.as_str())
+                .bind(next.map(Log::Db::time))
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(())
@@ -255,11 +259,8 @@ where
                 Ok(FetchState {
                     topic: row.try_get("topic")?,
                     requested_at: at::<Log::Db>(row.try_get("requested_at")?)?,
-                    attempts: unsigned(row.try_get::<i32, _>("attempts")?.into())?,
-                    next_attempt_at: row
-                        .try_get::<Option<<Log::Db as Dialect>::Time>, _>("next_attempt_at")?
-                        .map(at::<Log::Db>)
-                        .transpose()?,
+                    attempts: attempts(row.try_get("attempts")?)?,
+                    next_attempt_at: optional_at::<Log::Db>(row.try_get("next_attempt_at")?)?,
                     last_error: row.try_get("last_error")?,
                 })
             })
@@ -308,7 +309,7 @@ where
                         owner: row.try_get("owner")?,
                     },
                     requested_at: at::<Log::Db>(row.try_get("requested_at")?)?,
-                    attempts: unsigned(row.try_get::<i32, _>("attempts")?.into())?,
+                    attempts: attempts(row.try_get("attempts")?)?,
                 })
             })
             .collect()
@@ -364,11 +365,8 @@ where
                     callback: row.try_get("callback")?,
                     owner: row.try_get("owner")?,
                     requested_at: at::<Log::Db>(row.try_get("requested_at")?)?,
-                    attempts: unsigned(row.try_get::<i32, _>("attempts")?.into())?,
-                    next_attempt_at: row
-                        .try_get::<Option<<Log::Db as Dialect>::Time>, _>("next_attempt_at")?
-                        .map(at::<Log::Db>)
-                        .transpose()?,
+                    attempts: attempts(row.try_get("attempts")?)?,
+                    next_attempt_at: optional_at::<Log::Db>(row.try_get("next_attempt_at")?)?,
                     last_error: row.try_get("last_error")?,
                 })
             })
