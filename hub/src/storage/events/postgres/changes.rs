@@ -1,4 +1,5 @@
-//! The PostgreSQL parts of the endpoints' history ([`EndpointChanges`]): a
+//! The PostgreSQL parts of the endpoints' history
+//! ([`EndpointChanges`](super::super::EndpointChanges)): a
 //! batch appended as arrays, and the claim, which skips the rows another
 //! claim holds (`FOR UPDATE SKIP LOCKED`), so replicas sharing the database
 //! send each change to the operator webhook from one of them at a time.
@@ -6,9 +7,10 @@
 
 use std::sync::LazyLock;
 
-use super::super::sql::changes::{COLUMNS, TRIM};
-use super::super::{EventLogError, MAX_CHANGES, NewChange};
+use super::super::sql::changes::COLUMNS;
+use super::super::{EventLogError, NewChange};
 use super::PostgresEventLog;
+use sqlx::postgres::PgConnection;
 
 const APPEND: &str = "INSERT INTO websub_endpoint_changes \
      (channel, endpoint, state, at, failures, since, reason, source, next_attempt_at) \
@@ -29,15 +31,15 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Appends `changes` (not empty); see [`super::super::shared::SqlEventLog::append`].
-pub(super) async fn append(
-    log: &PostgresEventLog,
+/// Writes `changes` on `connection`, as one row per element of the
+/// arrays; see [`super::super::shared::SqlEventLog::append_rows`].
+pub(super) async fn append_rows(
+    connection: &mut PgConnection,
     changes: &[NewChange],
 ) -> Result<(), EventLogError> {
     let column = |get: fn(&NewChange) -> Option<String>| -> Vec<Option<String>> {
         changes.iter().map(get).collect()
     };
-    let mut tx = log.pool.begin().await?;
     sqlx::query(APPEND)
         .bind(column(|change| Some(change.channel.to_owned())))
         .bind(column(|change| Some(change.endpoint.clone())))
@@ -57,13 +59,8 @@ pub(super) async fn append(
         )
         .bind(column(|change| change.reason.clone()))
         .bind(column(|change| Some(change.source.to_owned())))
-        .execute(&mut *tx)
+        .execute(&mut *connection)
         .await?;
-    sqlx::query(TRIM)
-        .bind(MAX_CHANGES)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
     Ok(())
 }
 

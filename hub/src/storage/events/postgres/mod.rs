@@ -628,8 +628,11 @@ impl SqlEventLog for PostgresEventLog {
         &changes::CLAIM
     }
 
-    async fn append(&self, changes: &[super::NewChange]) -> Result<(), EventLogError> {
-        changes::append(self, changes).await
+    async fn append_rows(
+        connection: &mut sqlx::postgres::PgConnection,
+        changes: &[super::NewChange],
+    ) -> Result<(), EventLogError> {
+        changes::append_rows(connection, changes).await
     }
 
     async fn tally_failures(

@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::super::{Completion, EventLogError};
 
-/// The completions as the column arrays [`COMPLETE`] unnests.
+/// The completions as the column arrays [`COMPLETE`](super::statements::COMPLETE) unnests.
 pub(super) struct CompletionColumns<'a> {
     pub(super) event_ids: Vec<Uuid>,
     pub(super) subscribers: Vec<&'a str>,

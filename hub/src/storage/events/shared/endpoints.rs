@@ -33,10 +33,7 @@ macro_rules! endpoint_changes_of {
                 &self,
                 changes: &[$crate::storage::events::NewChange],
             ) -> Result<(), $crate::storage::events::EventLogError> {
-                if changes.is_empty() {
-                    return Ok(());
-                }
-                $crate::storage::events::shared::SqlEventLog::append(self, changes).await
+                $crate::storage::events::shared::SqlEventLog::changes_appended(self, changes).await
             }
 
             async fn list_changes(

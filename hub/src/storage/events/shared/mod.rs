@@ -19,8 +19,9 @@ use uuid::Uuid;
 
 use super::{
     Attempt, ChangeFilter, Claimed, DeliveryRecord, DeliveryState, DeliverySummary, EndpointChange,
-    EndpointRecord, EventLogError, Exhaustion, LoggedEvent, NewChange, OrderedSubscription,
-    Replayed, Sent, WebhookAttempt, invalid, small_count, sql, state_of, webhook_state_of,
+    EndpointRecord, EventLogError, Exhaustion, LoggedEvent, MAX_CHANGES, NewChange,
+    OrderedSubscription, Replayed, Sent, WebhookAttempt, invalid, small_count, sql, state_of,
+    webhook_state_of,
 };
 use crate::storage::dialect::{Dialect, Stored};
 
@@ -62,16 +63,16 @@ where
     /// [`super::DeliveryQueue::release_endpoint`]).
     const RELEASE_ENDPOINT: &'static str;
 
-    /// The exhausted records a [`FailedFilter`] matches, newest first.
+    /// The exhausted records a [`FailedFilter`](super::FailedFilter) matches, newest first.
     const FAILED: &'static str;
 
     /// Makes the records [`Self::FAILED`] matches due again.
     const RETRY_FAILED: &'static str;
 
-    /// A delivery's recent health (see [`DeliveryOperations::health`]).
+    /// A delivery's recent health (see [`DeliveryOperations::health`](super::DeliveryOperations::health)).
     const HEALTH: &'static str;
 
-    /// The records a [`DeliveryFilter`] matches, newest first.
+    /// The records a [`DeliveryFilter`](super::DeliveryFilter) matches, newest first.
     fn listing() -> &'static str;
 
     /// The attempts of a window counted by bucket (see
@@ -79,7 +80,7 @@ where
     /// window's start in µs is the dialect's.
     fn activity_buckets() -> &'static str;
 
-    /// See [`DeliveryOperations::redeliver`]: how a copy is locked against a
+    /// See [`DeliveryOperations::redeliver`](super::DeliveryOperations::redeliver): how a copy is locked against a
     /// purge is the database's.
     async fn redeliver_copy(
         &self,
@@ -88,7 +89,7 @@ where
         now: DateTime<Utc>,
     ) -> Result<Option<Uuid>, EventLogError>;
 
-    /// See [`DeliveryOperations::replay`].
+    /// See [`DeliveryOperations::replay`](super::DeliveryOperations::replay).
     async fn replay_since(
         &self,
         topic: &str,
@@ -99,13 +100,17 @@ where
     ) -> Result<Replayed, EventLogError>;
 
     /// Claims the endpoint changes not yet sent whose time has come (see
-    /// [`EndpointChanges::claim_unsent`]): `$1` now, `$2` the claim's end,
+    /// [`EndpointChanges::claim_unsent`](super::EndpointChanges::claim_unsent)): `$1` now, `$2` the claim's end,
     /// `$3` how many, returning [`sql::changes::COLUMNS`].
     fn change_claim() -> &'static str;
 
-    /// Appends `changes` (not empty) to the endpoints' history and trims
-    /// it to [`MAX_CHANGES`], in one transaction.
-    async fn append(&self, changes: &[NewChange]) -> Result<(), EventLogError>;
+    /// Writes `changes` (not empty) to the endpoints' history on
+    /// `connection`, in the transaction [`Self::changes_appended`] began:
+    /// row by row on SQLite, as arrays on PostgreSQL.
+    async fn append_rows(
+        connection: &mut <Self::Db as Database>::Connection,
+        changes: &[NewChange],
+    ) -> Result<(), EventLogError>;
 
     /// See [`super::EndpointStates::tally_endpoints`]: PostgreSQL tallies a
     /// batch in one statement, SQLite endpoint by endpoint.
@@ -483,6 +488,25 @@ where
             .iter()
             .map(|row| row.try_get(0usize).map_err(invalid))
             .collect()
+    }
+
+    /// See [`super::EndpointChanges::append_changes`]: `changes` and the
+    /// trim of the history to [`MAX_CHANGES`], in one transaction.
+    async fn changes_appended(&self, changes: &[NewChange]) -> Result<(), EventLogError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut writer = self.writer().await?;
+        let mut tx = writer
+            .begin_with(<Self::Db as Dialect>::BEGIN_WRITE)
+            .await?;
+        Self::append_rows(&mut tx, changes).await?;
+        sqlx::query(sql::changes::TRIM)
+            .bind(MAX_CHANGES)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// See [`super::EndpointChanges::list_changes`].

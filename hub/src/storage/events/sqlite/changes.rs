@@ -1,16 +1,16 @@
-//! The SQLite parts of the endpoints' history ([`EndpointChanges`]): a
+//! The SQLite parts of the endpoints' history
+//! ([`EndpointChanges`](super::super::EndpointChanges)): a
 //! batch appended row by row on the write connection, and the claim, which
 //! the one write connection keeps from overlapping another. The rest is
 //! written once ([`super::super::shared`]).
 
 use std::sync::LazyLock;
 
-use sqlx::{Connection, Sqlite};
+use sqlx::sqlite::SqliteConnection;
 
-use super::super::sql::changes::{COLUMNS, TRIM};
-use super::super::{EventLogError, MAX_CHANGES, NewChange};
+use super::super::sql::changes::COLUMNS;
+use super::super::{EventLogError, NewChange};
 use super::SqliteEventLog;
-use crate::storage::dialect::Dialect as _;
 
 const APPEND: &str = "INSERT INTO websub_endpoint_changes \
      (channel, endpoint, state, at, failures, since, reason, source, next_attempt_at) \
@@ -27,13 +27,12 @@ pub(super) static CLAIM: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Appends `changes` (not empty); see [`super::super::shared::SqlEventLog::append`].
-pub(super) async fn append(
-    log: &SqliteEventLog,
+/// Writes `changes` on `connection`, one row each; see
+/// [`super::super::shared::SqlEventLog::append_rows`].
+pub(super) async fn append_rows(
+    connection: &mut SqliteConnection,
     changes: &[NewChange],
 ) -> Result<(), EventLogError> {
-    let mut writer = log.writer().await?;
-    let mut tx = writer.begin_with(Sqlite::BEGIN_WRITE).await?;
     for change in changes {
         sqlx::query(APPEND)
             .bind(change.channel)
@@ -44,14 +43,9 @@ pub(super) async fn append(
             .bind(change.since.map(|since| since.timestamp_micros()))
             .bind(change.reason.as_deref())
             .bind(change.source)
-            .execute(&mut *tx)
+            .execute(&mut *connection)
             .await?;
     }
-    sqlx::query(TRIM)
-        .bind(MAX_CHANGES)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
     Ok(())
 }
 

@@ -18,7 +18,7 @@ pub(super) fn is_foreign_key_violation(error: &sqlx::Error) -> bool {
         .is_some_and(|error| error.is_foreign_key_violation())
 }
 
-/// The completions as the JSON array [`COMPLETE`] reads.
+/// The completions as the JSON array [`COMPLETE`](super::statements::COMPLETE) reads.
 pub(super) fn completions_json(completions: &[&Completion]) -> Result<String, EventLogError> {
     let rows: Vec<_> = completions
         .iter()
@@ -63,7 +63,7 @@ fn delivered_record(completion: &Completion) -> DeliveredRecord<'_> {
     )
 }
 
-/// Delivered `completions` as [`COMPLETE_DELIVERED`] reads them: [event id
+/// Delivered `completions` as [`COMPLETE_DELIVERED`](super::statements::COMPLETE_DELIVERED) reads them: [event id
 /// as hex, then the record's fields].
 pub(super) fn delivered_json(completions: &[&Completion]) -> Result<String, EventLogError> {
     let rows: Vec<_> = completions
@@ -77,7 +77,7 @@ pub(super) fn delivered_json(completions: &[&Completion]) -> Result<String, Even
     serde_json::to_string(&rows).map_err(|error| EventLogError::Invalid(error.to_string()))
 }
 
-/// Delivered `completions` as [`INSERT_DELIVERED`] reads them, grouped by
+/// Delivered `completions` as [`INSERT_DELIVERED`](super::statements::INSERT_DELIVERED) reads them, grouped by
 /// event (a fan-out's outcomes are mostly one event's): [[event id as hex,
 /// [the records' fields, …]], …].
 pub(super) fn delivered_by_event_json(
@@ -102,7 +102,7 @@ pub(super) fn delivered_by_event_json(
     serde_json::to_string(&events).map_err(|error| EventLogError::Invalid(error.to_string()))
 }
 
-/// The attempts `completions` carry, as [`RECORD_ATTEMPTS`] reads them; none
+/// The attempts `completions` carry, as [`RECORD_ATTEMPTS`](super::statements::RECORD_ATTEMPTS) reads them; none
 /// when no completion carries one.
 pub(super) fn attempts_json(completions: &[&Completion]) -> Result<Option<String>, EventLogError> {
     let rows: Vec<_> = completions

@@ -75,8 +75,11 @@ impl super::SqlEventLog for SqliteEventLog {
         &super::changes::CLAIM
     }
 
-    async fn append(&self, changes: &[super::super::NewChange]) -> Result<(), EventLogError> {
-        super::changes::append(self, changes).await
+    async fn append_rows(
+        connection: &mut SqliteConnection,
+        changes: &[super::super::NewChange],
+    ) -> Result<(), EventLogError> {
+        super::changes::append_rows(connection, changes).await
     }
 
     async fn tally_failures(
