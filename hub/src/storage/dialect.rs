@@ -73,3 +73,9 @@ impl Dialect for Postgres {
         done.rows_affected()
     }
 }
+
+/// A count bound as a statement's parameter (a `LIMIT`, a window): SQL
+/// integers are signed, and a count past `i64::MAX` means no bound.
+pub(crate) fn bound(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}

@@ -21,7 +21,7 @@ use super::{
     IntentState, Listing, Validators, Waiting, admissions, mode, releases, stale_bound, unsigned,
 };
 use crate::protocol::SubscriptionRequest;
-use crate::storage::dialect::{Dialect, Stored};
+use crate::storage::dialect::{Dialect, Stored, bound};
 
 /// A backend's backlog, as the code written once for both databases sees
 /// it.
@@ -100,11 +100,6 @@ fn attempts(kept: i32) -> Result<u32, BacklogError> {
     unsigned(kept.into())
 }
 
-/// The limit a statement is bound with.
-fn limit(value: usize) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
-
 /// The rows a claim's `statement` returns, bound as
 /// [`SqlBacklog::CLAIM_FETCHES`] says.
 async fn claimed<Log>(
@@ -124,7 +119,7 @@ where
     let mut claim = sqlx::query(statement)
         .bind(Log::Db::time(now))
         .bind(Log::Db::time(stale_bound(now, visibility)))
-        .bind(limit(limit_to));
+        .bind(bound(limit_to));
     if let Some(claimant) = log.claimant() {
         claim = claim.bind(claimant);
     }
@@ -250,7 +245,7 @@ where
     ) -> Result<Vec<FetchState>, BacklogError> {
         let rows = sqlx::query(Log::FETCHES)
             .bind(listing.failed)
-            .bind(limit(limit_to))
+            .bind(bound(limit_to))
             .bind(listing.search)
             .fetch_all(self.reads())
             .await?;
@@ -352,7 +347,7 @@ where
         let rows = sqlx::query(Log::INTENTS)
             .bind(listing.owner)
             .bind(listing.failed)
-            .bind(limit(limit_to))
+            .bind(bound(limit_to))
             .bind(listing.search)
             .fetch_all(self.reads())
             .await?;

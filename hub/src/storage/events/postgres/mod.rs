@@ -51,6 +51,7 @@ mod rows;
 mod statements;
 
 use super::shared::SqlEventLog;
+use crate::storage::dialect::bound;
 
 super::sessions::admin_sessions_of!(PostgresEventLog, |log| log.pool.acquire().await?);
 super::denials::deny_list_of!(PostgresEventLog, |log| log.pool.acquire().await?);
@@ -317,7 +318,7 @@ impl EventIntake for PostgresEventLog {
 
     async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
         sqlx::query(UNEXPANDED_FREE)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(bound(limit))
             .bind(self.replica)
             .fetch_all(&self.pool)
             .await?
@@ -474,7 +475,7 @@ impl DeliveryQueue for PostgresEventLog {
         sqlx::query(CLAIM)
             .bind(now)
             .bind(super::stale_bound(now, visibility))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(bound(limit))
             .bind(self.replica)
             .fetch_all(&self.pool)
             .await?

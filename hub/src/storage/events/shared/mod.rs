@@ -23,7 +23,7 @@ use super::{
     OrderedSubscription, Replayed, Sent, WebhookAttempt, invalid, small_count, sql, state_of,
     webhook_state_of,
 };
-use crate::storage::dialect::{Dialect, Stored};
+use crate::storage::dialect::{Dialect, Stored, bound};
 
 pub(super) mod endpoints;
 mod operations;
@@ -284,7 +284,7 @@ where
     ) -> Result<Vec<EndpointRecord>, EventLogError> {
         sqlx::query(sql::operate::ENDPOINTS)
             .bind(channel)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(bound(limit))
             .fetch_all(self.reads())
             .await?
             .iter()
@@ -403,7 +403,7 @@ where
     /// See [`super::DeliveryQueue::ordered_subscriptions`].
     async fn ordered(&self, limit: usize) -> Result<Vec<OrderedSubscription>, EventLogError> {
         sqlx::query(sql::ORDERED_SUBSCRIPTIONS)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(bound(limit))
             .fetch_all(self.reads())
             .await?
             .iter()
@@ -420,7 +420,7 @@ where
     /// See [`super::DeliveryQueue::due_lanes`].
     async fn lanes_due(&self, limit: usize) -> Result<Vec<(String, DateTime<Utc>)>, EventLogError> {
         sqlx::query(Self::DUE_LANES)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(bound(limit))
             .fetch_all(self.reads())
             .await?
             .iter()
@@ -482,7 +482,7 @@ where
         sqlx::query(sql::WEBHOOK_EVENTS_SINCE)
             .bind(subscriber)
             .bind(Self::Db::time(since))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(bound(limit))
             .fetch_all(self.reads())
             .await?
             .iter()
@@ -518,7 +518,7 @@ where
         sqlx::query(AssertSqlSafe(endpoints::LIST.as_str()))
             .bind(filter.channel)
             .bind(filter.endpoint)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(bound(limit))
             .fetch_all(self.reads())
             .await?
             .iter()
@@ -536,7 +536,7 @@ where
         let query = sqlx::query(AssertSqlSafe(Self::change_claim()))
             .bind(Self::Db::time(now))
             .bind(Self::Db::time(until))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+            .bind(bound(limit));
         let mut writer = self.writer().await?;
         let mut claimed = query
             .fetch_all(&mut *writer)
@@ -589,7 +589,7 @@ where
         older_than: DateTime<Utc>,
     ) -> Result<u64, EventLogError> {
         let query = sqlx::query(sql::changes::SHED)
-            .bind(i64::try_from(keep).unwrap_or(i64::MAX))
+            .bind(bound(keep))
             .bind(Self::Db::time(older_than));
         let mut writer = self.writer().await?;
         let shed = query.execute(&mut *writer).await?;

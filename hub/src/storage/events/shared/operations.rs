@@ -14,7 +14,7 @@ use super::super::{
     Undelivered, count, invalid, sql,
 };
 use super::SqlEventLog;
-use crate::storage::dialect::{Dialect, Stored};
+use crate::storage::dialect::{Dialect, Stored, bound};
 
 // The bounds are [`SqlEventLog`]'s, which Rust does not carry over from
 // its declaration.
@@ -111,7 +111,7 @@ where
         let row = sqlx::query(Log::HEALTH)
             .bind(topic)
             .bind(subscriber)
-            .bind(i64::try_from(window).unwrap_or(i64::MAX))
+            .bind(bound(window))
             .fetch_one(self.reads())
             .await?;
         Ok(DeliveryHealth {
@@ -130,7 +130,7 @@ where
         sqlx::query(Log::FAILED)
             .bind(filter.topic)
             .bind(filter.subscriber)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(bound(limit))
             .bind(filter.event_id)
             .fetch_all(self.reads())
             .await?
@@ -175,7 +175,7 @@ where
             .bind(filter.state.map(DeliveryState::as_str))
             .bind(filter.since.map(Log::Db::time))
             .bind(filter.until.map(Log::Db::time))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(bound(limit))
             .fetch_all(self.reads())
             .await?
             .iter()

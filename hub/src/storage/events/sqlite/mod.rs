@@ -50,7 +50,7 @@ use sqlx::{Connection, Sqlite};
 use uuid::Uuid;
 use websub_store::sqlite::Writer;
 
-use crate::storage::dialect::Dialect as _;
+use crate::storage::dialect::{Dialect as _, bound};
 
 mod changes;
 mod delivery_path;
@@ -281,7 +281,7 @@ impl EventIntake for SqliteEventLog {
 
     async fn unexpanded(&self, limit: usize) -> Result<Vec<LoggedEvent>, EventLogError> {
         sqlx::query(UNEXPANDED)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(bound(limit))
             .fetch_all(&self.pool)
             .await?
             .iter()
@@ -424,7 +424,7 @@ impl DeliveryQueue for SqliteEventLog {
         let rows = sqlx::query(CLAIM)
             .bind(now)
             .bind(stale)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(bound(limit))
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
